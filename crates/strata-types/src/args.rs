@@ -1,0 +1,348 @@
+//! Task arguments: tagged tensors, then scalars.
+
+use crate::error::TypesError;
+use crate::identity::BufferIdentity;
+use crate::tag::ArgTag;
+use crate::view::TensorView;
+use half::{bf16, f16};
+
+/// Where a buffer's bytes live, as far as the receiver of a task needs to know.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BufferLocation {
+    /// Host shared memory every process of the worker tree can map: a region id (assigned
+    /// by the layer that created the region) and a byte offset inside it.
+    HostShared {
+        /// The region.
+        region: u64,
+        /// Offset of the buffer inside the region.
+        offset: u64,
+    },
+    /// Memory of one chip: the next-level worker id that owns it and the device address.
+    Device {
+        /// Worker id of the chip that owns the memory.
+        worker: u32,
+        /// Device address.
+        addr: u64,
+    },
+    /// Private memory of the submitting process. Valid only in that process; a child
+    /// process can not see it.
+    HostLocal {
+        /// Address in the submitting process.
+        addr: u64,
+    },
+}
+
+impl BufferLocation {
+    /// Short name for messages.
+    pub fn kind_name(&self) -> &'static str {
+        match self {
+            BufferLocation::HostShared { .. } => "host-shared",
+            BufferLocation::Device { .. } => "device",
+            BufferLocation::HostLocal { .. } => "host-local",
+        }
+    }
+}
+
+/// A buffer: its identity, size and location.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct BufferDesc {
+    /// The identity dependency keys are derived from.
+    pub identity: BufferIdentity,
+    /// Size of the whole buffer in bytes.
+    pub nbytes: u64,
+    /// Where the bytes are.
+    pub location: BufferLocation,
+}
+
+/// One tensor argument: a view into a buffer and how the task accesses it.
+///
+/// ```
+/// use strata_types::*;
+/// let id = IdentityMinter::new().mint();
+/// let buf = BufferDesc { identity: id, nbytes: 64, location: BufferLocation::HostLocal { addr: 0x1000 } };
+/// let view = TensorView::contiguous(DataType::F32, &[16]).unwrap();
+/// let arg = TensorArg::new(buf, view, ArgTag::Input).unwrap();
+/// assert_eq!(arg.tag, ArgTag::Input);
+/// let too_big = TensorView::contiguous(DataType::F32, &[17]).unwrap();
+/// assert!(TensorArg::new(buf, too_big, ArgTag::Input).is_err());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct TensorArg {
+    /// The buffer.
+    pub buffer: BufferDesc,
+    /// The part of the buffer the task sees.
+    pub view: TensorView,
+    /// How the task accesses it.
+    pub tag: ArgTag,
+}
+
+impl TensorArg {
+    /// A tensor argument, checked to lie inside its buffer.
+    ///
+    /// # Errors
+    /// [`TypesError::ViewOutOfBounds`] if the view reaches past the buffer.
+    pub fn new(buffer: BufferDesc, view: TensorView, tag: ArgTag) -> Result<Self, TypesError> {
+        view.check_fits(buffer.nbytes)?;
+        Ok(TensorArg { buffer, view, tag })
+    }
+}
+
+/// Limits on the number of arguments of one task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ArgLimits {
+    /// Maximum tensor arguments.
+    pub max_tensors: usize,
+    /// Maximum scalar arguments.
+    pub max_scalars: usize,
+}
+
+impl ArgLimits {
+    /// Limits of a host-level (L3/L4) task: 256 tensors, 128 scalars.
+    pub const HOST: ArgLimits = ArgLimits {
+        max_tensors: 256,
+        max_scalars: 128,
+    };
+    /// Limits of a kernel task submitted by a chip orchestration: 32 tensors, 16 scalars.
+    pub const CHIP_TASK: ArgLimits = ArgLimits {
+        max_tensors: 32,
+        max_scalars: 16,
+    };
+}
+
+impl Default for ArgLimits {
+    fn default() -> Self {
+        ArgLimits::HOST
+    }
+}
+
+/// The arguments of one task: tensors first, then scalars (raw 64-bit patterns).
+///
+/// ```
+/// use strata_types::*;
+/// let mut args = TaskArgs::with_limits(ArgLimits { max_tensors: 1, max_scalars: 2 });
+/// args.push_scalar(1.5f32).unwrap();
+/// args.push_scalar(-3i32).unwrap();
+/// assert_eq!(args.scalar::<f32>(0), Some(1.5));
+/// assert_eq!(args.scalar::<i32>(1), Some(-3));
+/// assert!(args.push_scalar(0u64).is_err()); // over the limit
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TaskArgs {
+    limits: ArgLimits,
+    tensors: Vec<TensorArg>,
+    scalars: Vec<u64>,
+}
+
+impl TaskArgs {
+    /// Empty arguments with host-level limits.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Empty arguments with the given limits.
+    pub fn with_limits(limits: ArgLimits) -> Self {
+        TaskArgs {
+            limits,
+            tensors: Vec::new(),
+            scalars: Vec::new(),
+        }
+    }
+
+    /// The limits these arguments are checked against.
+    pub fn limits(&self) -> ArgLimits {
+        self.limits
+    }
+
+    /// Appends a tensor argument.
+    ///
+    /// # Errors
+    /// [`TypesError::TensorAfterScalar`] once a scalar was pushed;
+    /// [`TypesError::TooManyTensors`] past the limit.
+    pub fn push_tensor(&mut self, arg: TensorArg) -> Result<&mut Self, TypesError> {
+        if !self.scalars.is_empty() {
+            return Err(TypesError::TensorAfterScalar {
+                index: self.tensors.len(),
+            });
+        }
+        if self.tensors.len() >= self.limits.max_tensors {
+            return Err(TypesError::TooManyTensors {
+                max: self.limits.max_tensors,
+            });
+        }
+        self.tensors.push(arg);
+        Ok(self)
+    }
+
+    /// Appends a scalar argument (stored as its raw bits, zero-extended).
+    ///
+    /// # Errors
+    /// [`TypesError::TooManyScalars`] past the limit.
+    pub fn push_scalar<S: Scalar>(&mut self, value: S) -> Result<&mut Self, TypesError> {
+        self.push_scalar_bits(value.to_bits())
+    }
+
+    /// Appends a raw 64-bit scalar.
+    ///
+    /// # Errors
+    /// [`TypesError::TooManyScalars`] past the limit.
+    pub fn push_scalar_bits(&mut self, bits: u64) -> Result<&mut Self, TypesError> {
+        if self.scalars.len() >= self.limits.max_scalars {
+            return Err(TypesError::TooManyScalars {
+                max: self.limits.max_scalars,
+            });
+        }
+        self.scalars.push(bits);
+        Ok(self)
+    }
+
+    /// The tensor arguments, in order.
+    pub fn tensors(&self) -> &[TensorArg] {
+        &self.tensors
+    }
+
+    /// Mutable access to the tensor arguments (to rewrite locations when staging).
+    pub fn tensors_mut(&mut self) -> &mut [TensorArg] {
+        &mut self.tensors
+    }
+
+    /// The raw scalar arguments, in order.
+    pub fn scalars(&self) -> &[u64] {
+        &self.scalars
+    }
+
+    /// Scalar `i` reinterpreted as `S`, if present.
+    pub fn scalar<S: Scalar>(&self, i: usize) -> Option<S> {
+        self.scalars.get(i).map(|&b| S::from_bits(b))
+    }
+
+    /// Total number of arguments.
+    pub fn len(&self) -> usize {
+        self.tensors.len() + self.scalars.len()
+    }
+
+    /// Whether there are no arguments.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A value that travels as a 64-bit scalar argument.
+///
+/// Floats travel as their IEEE bit pattern in the low bits (an `f32` occupies the low 32
+/// bits), integers zero-extended from their unsigned bit pattern, as in the reference ABI.
+pub trait Scalar: Copy {
+    /// The 64-bit pattern.
+    fn to_bits(self) -> u64;
+    /// Recovers the value from its 64-bit pattern (high bits beyond the type are ignored).
+    fn from_bits(bits: u64) -> Self;
+}
+
+macro_rules! scalar_int {
+    ($($t:ty => $u:ty),*) => {
+        $(
+            impl Scalar for $t {
+                fn to_bits(self) -> u64 { self as $u as u64 }
+                fn from_bits(bits: u64) -> Self { bits as $u as $t }
+            }
+        )*
+    };
+}
+scalar_int!(u8 => u8, i8 => u8, u16 => u16, i16 => u16, u32 => u32, i32 => u32, u64 => u64, i64 => u64, usize => u64);
+
+impl Scalar for bool {
+    fn to_bits(self) -> u64 {
+        self as u64
+    }
+    fn from_bits(bits: u64) -> Self {
+        bits & 1 == 1
+    }
+}
+impl Scalar for f32 {
+    fn to_bits(self) -> u64 {
+        f32::to_bits(self) as u64
+    }
+    fn from_bits(bits: u64) -> Self {
+        f32::from_bits(bits as u32)
+    }
+}
+impl Scalar for f64 {
+    fn to_bits(self) -> u64 {
+        f64::to_bits(self)
+    }
+    fn from_bits(bits: u64) -> Self {
+        f64::from_bits(bits)
+    }
+}
+impl Scalar for f16 {
+    fn to_bits(self) -> u64 {
+        f16::to_bits(self) as u64
+    }
+    fn from_bits(bits: u64) -> Self {
+        f16::from_bits(bits as u16)
+    }
+}
+impl Scalar for bf16 {
+    fn to_bits(self) -> u64 {
+        bf16::to_bits(self) as u64
+    }
+    fn from_bits(bits: u64) -> Self {
+        bf16::from_bits(bits as u16)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{DataType, IdentityMinter};
+
+    fn arg(tag: ArgTag) -> TensorArg {
+        let buf = BufferDesc {
+            identity: IdentityMinter::new().mint(),
+            nbytes: 16,
+            location: BufferLocation::HostLocal { addr: 0 },
+        };
+        TensorArg::new(
+            buf,
+            TensorView::contiguous(DataType::U8, &[16]).unwrap(),
+            tag,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn tensors_must_precede_scalars_and_limits_are_enforced() {
+        let mut a = TaskArgs::with_limits(ArgLimits {
+            max_tensors: 2,
+            max_scalars: 1,
+        });
+        a.push_tensor(arg(ArgTag::Input)).unwrap();
+        a.push_tensor(arg(ArgTag::Output)).unwrap();
+        assert_eq!(
+            a.push_tensor(arg(ArgTag::Input)).unwrap_err(),
+            TypesError::TooManyTensors { max: 2 }
+        );
+        a.push_scalar(7u32).unwrap();
+        assert_eq!(
+            a.push_tensor(arg(ArgTag::Input)).unwrap_err(),
+            TypesError::TensorAfterScalar { index: 2 }
+        );
+        assert_eq!(
+            a.push_scalar(8u32).unwrap_err(),
+            TypesError::TooManyScalars { max: 1 }
+        );
+        assert_eq!(a.len(), 3);
+    }
+
+    #[test]
+    fn scalar_bit_patterns_match_the_reference_abi() {
+        assert_eq!(Scalar::to_bits(1.0f32), 0x3f80_0000);
+        assert_eq!(Scalar::to_bits(-1i32), 0xffff_ffff);
+        assert_eq!(<i32 as Scalar>::from_bits(0xffff_ffff), -1);
+        assert_eq!(Scalar::to_bits(-1i64), u64::MAX);
+        assert_eq!(
+            <f16 as Scalar>::from_bits(Scalar::to_bits(f16::from_f32(2.5))).to_f32(),
+            2.5
+        );
+        assert!(<bool as Scalar>::from_bits(true.to_bits()));
+    }
+}

@@ -1,0 +1,48 @@
+//! # strata-types
+//!
+//! The vocabulary every strata crate shares: element [`DataType`]s, strided
+//! [`TensorView`]s of up to five axes, argument tags ([`ArgTag`]) from which dependencies
+//! are inferred, task arguments ([`TaskArgs`]), per-call configuration ([`CallConfig`]),
+//! buffer identities ([`BufferIdentity`]) and callable identities ([`CallableId`], a
+//! SHA-256 digest of a stable descriptor), plus their wire encodings ([`wire`]).
+//!
+//! Bad input — too many dimensions, zero strides, a view that does not fit its buffer,
+//! too many arguments — is a typed [`TypesError`], never a panic.
+//!
+//! ```
+//! use strata_types::*;
+//! let minter = IdentityMinter::new();
+//! let buffer = BufferDesc {
+//!     identity: minter.mint(),
+//!     nbytes: 128 * 128 * 4,
+//!     location: BufferLocation::HostShared { region: 1, offset: 0 },
+//! };
+//! let whole = TensorView::contiguous(DataType::F32, &[128, 128])?;
+//! let top_half = whole.slice(0, 0, 64)?;
+//! let mut args = TaskArgs::new();
+//! args.push_tensor(TensorArg::new(buffer, top_half, ArgTag::InOut)?)?;
+//! args.push_scalar(0.5f32)?;
+//! assert_eq!(args.len(), 2);
+//! # Ok::<(), TypesError>(())
+//! ```
+
+mod args;
+mod config;
+mod dtype;
+mod error;
+mod identity;
+mod tag;
+mod view;
+pub mod wire;
+
+pub use args::{ArgLimits, BufferDesc, BufferLocation, Scalar, TaskArgs, TensorArg};
+pub use config::{CallConfig, RingOverride, OUTPUT_PREFIX_MAX, RING_COUNT};
+pub use dtype::{DataType, Element};
+pub use error::TypesError;
+pub use half::{bf16, f16};
+pub use identity::{
+    BufferIdentity, CallableDescriptor, CallableId, CallableKind, IdentityMinter, OwnerNonce,
+    ParamDirection, CALLABLE_DESCRIPTOR_SCHEMA,
+};
+pub use tag::ArgTag;
+pub use view::{ContiguousRuns, ElementOffsets, TensorView, MAX_DIMS};
