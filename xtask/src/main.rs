@@ -1,1 +1,250 @@
-fn main() {}
+//! `cargo xtask`: the project's task runner.
+//!
+//! - `cargo xtask sim` builds every example and runs it end to end on the emulator, with a
+//!   progress bar, then prints a summary table (example, result, time).
+//! - `cargo xtask ci` runs what `.ci/run` runs: fmt, clippy, the test suite, loom models, docs.
+//! - `cargo xtask bench <name>` runs one side-by-side benchmark; each prints a human table
+//!   and, as its last line, one JSON object with its figures. `cargo xtask bench list`
+//!   names them.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+/// A side-by-side benchmark: a `harness = false` bench target of some package.
+struct Bench {
+    name: &'static str,
+    package: &'static str,
+    target: &'static str,
+    what: &'static str,
+}
+
+const BENCHES: &[Bench] = &[
+    Bench {
+        name: "mailbox",
+        package: "strata-mailbox",
+        target: "mailbox_rtt",
+        what: "no-op task round trip through a mailbox between two processes vs a raw cache-line ping-pong",
+    },
+    Bench {
+        name: "graph",
+        package: "strata-graph",
+        target: "graph_dags",
+        what: "µs per task through strata-graph for chain / fan-out-fan-in / wavefront DAGs vs GCC OpenMP task depend",
+    },
+];
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives one level below the workspace root")
+        .to_path_buf()
+}
+
+fn cargo() -> Command {
+    let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    c.current_dir(workspace_root());
+    c
+}
+
+fn run_step(name: &str, cmd: &mut Command) -> Result<(), String> {
+    eprintln!("\n==> {name}");
+    let t = Instant::now();
+    let status = cmd
+        .status()
+        .map_err(|e| format!("{name}: could not start: {e}"))?;
+    eprintln!("<== {name}: {status} in {:.1}s", t.elapsed().as_secs_f64());
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("{name} failed ({status})"))
+    }
+}
+
+fn ci() -> Result<(), String> {
+    run_step(
+        "cargo fmt --check",
+        cargo().args(["fmt", "--all", "--", "--check"]),
+    )?;
+    run_step(
+        "cargo clippy",
+        cargo().args([
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ]),
+    )?;
+    run_step(
+        "cargo test --workspace",
+        cargo().args(["test", "--workspace"]),
+    )?;
+    // Loom models in their own build (cfg(loom) swaps the sync primitives), with bounded
+    // preemptions so the step stays within minutes.
+    run_step(
+        "loom models",
+        cargo()
+            .args([
+                "test",
+                "--release",
+                "--target-dir",
+                "target/loom",
+                "-p",
+                "strata-graph",
+                "-p",
+                "strata-mailbox",
+                "--lib",
+                "loom",
+            ])
+            .env("RUSTFLAGS", "--cfg loom")
+            .env("LOOM_MAX_PREEMPTIONS", "3"),
+    )?;
+    run_step(
+        "cargo doc",
+        cargo()
+            .args(["doc", "--workspace", "--no-deps"])
+            .env("RUSTDOCFLAGS", "-D warnings"),
+    )?;
+    Ok(())
+}
+
+fn bench(name: &str) -> Result<(), String> {
+    if name == "list" {
+        for b in BENCHES {
+            println!("{:<10} {}", b.name, b.what);
+        }
+        return Ok(());
+    }
+    let b = BENCHES.iter().find(|b| b.name == name).ok_or_else(|| {
+        let names: Vec<_> = BENCHES.iter().map(|b| b.name).collect();
+        format!("unknown bench {name:?}; known: {}", names.join(", "))
+    })?;
+    run_step(
+        &format!("bench {}", b.name),
+        cargo().args(["bench", "-q", "-p", b.package, "--bench", b.target]),
+    )
+}
+
+/// Names of the runnable examples of the facade package, from `examples/*.rs`.
+fn examples() -> Result<Vec<String>, String> {
+    let dir = workspace_root().join("examples");
+    let mut names = vec![];
+    for entry in std::fs::read_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))? {
+        let p = entry.map_err(|e| e.to_string())?.path();
+        if p.extension().is_some_and(|e| e == "rs") {
+            if let Some(stem) = p.file_stem() {
+                names.push(stem.to_string_lossy().into_owned());
+            }
+        }
+    }
+    names.sort();
+    Ok(names)
+}
+
+fn draw_bar(done: usize, total: usize, current: &str) {
+    const WIDTH: usize = 30;
+    let filled = if total == 0 {
+        WIDTH
+    } else {
+        done * WIDTH / total
+    };
+    eprint!(
+        "\r[{}{}] {done}/{total} {:<40}",
+        "#".repeat(filled),
+        "-".repeat(WIDTH - filled),
+        current
+    );
+    let _ = std::io::stderr().flush();
+}
+
+fn sim() -> Result<(), String> {
+    let names = examples()?;
+    run_step(
+        "build examples (release)",
+        cargo().args(["build", "--release", "-q", "-p", "strata", "--examples"]),
+    )?;
+    let bin_dir = workspace_root().join("target/release/examples");
+    let mut rows: Vec<(String, Result<String, String>, Duration)> = vec![];
+    for (i, name) in names.iter().enumerate() {
+        draw_bar(i, names.len(), name);
+        let t = Instant::now();
+        let out = Command::new(bin_dir.join(name))
+            .current_dir(workspace_root())
+            .stdin(Stdio::null())
+            .output();
+        let elapsed = t.elapsed();
+        let result = match out {
+            Ok(o) if o.status.success() => {
+                let stdout = String::from_utf8_lossy(&o.stdout);
+                Ok(stdout.lines().last().unwrap_or("ok").trim().to_owned())
+            }
+            Ok(o) => Err(format!(
+                "{}: {}",
+                o.status,
+                String::from_utf8_lossy(&o.stderr)
+                    .lines()
+                    .last()
+                    .unwrap_or("")
+                    .trim()
+            )),
+            Err(e) => Err(format!("could not start: {e}")),
+        };
+        rows.push((name.clone(), result, elapsed));
+    }
+    draw_bar(names.len(), names.len(), "done");
+    eprintln!();
+    let w = rows.iter().map(|r| r.0.len()).max().unwrap_or(7).max(7);
+    println!("{:<w$}  {:<6}  {:>9}  detail", "example", "result", "time");
+    println!("{}", "-".repeat(w + 40));
+    let mut failed = 0;
+    for (name, result, t) in &rows {
+        let (status, detail) = match result {
+            Ok(d) => ("ok", d.as_str()),
+            Err(e) => {
+                failed += 1;
+                ("FAILED", e.as_str())
+            }
+        };
+        println!(
+            "{name:<w$}  {status:<6}  {:>7.1}ms  {detail}",
+            t.as_secs_f64() * 1e3
+        );
+    }
+    println!(
+        "{} examples, {} passed, {failed} failed",
+        rows.len(),
+        rows.len() - failed
+    );
+    if failed > 0 {
+        Err(format!("{failed} example(s) failed"))
+    } else {
+        Ok(())
+    }
+}
+
+fn usage() -> String {
+    "usage: cargo xtask <sim | ci | bench <name>|list>".into()
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let result = match args.first().map(String::as_str) {
+        Some("sim") => sim(),
+        Some("ci") => ci(),
+        Some("bench") => match args.get(1) {
+            Some(n) => bench(n),
+            None => Err(usage()),
+        },
+        _ => Err(usage()),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
