@@ -1,0 +1,1041 @@
+//! The orchestrator handle: builds runs, submits tasks, opens and closes scopes, allocates
+//! runtime-owned buffers. Exactly one exists per graph; it owns the TensorMap, the rings
+//! and the scope stack outright, so submission takes no lock of its own.
+
+use crate::access::{Access, BufferKey};
+use crate::core::{Core, ReadyTask};
+use crate::error::{DeadlockCause, Failure, FailureKind, GraphError};
+use crate::ring::{align_up, ring_for_depth, HeapSlab, Ring, RingConfig, Shortage, RING_COUNT};
+use crate::run::{run_word, RunId, RunPhase, MAX_PIPELINE_DEPTH};
+use crate::scheduler::Scheduler;
+use crate::scope::ScopeStack;
+use crate::slot::{TaskRef, TaskState};
+use crate::sync::{Arc, Ordering};
+use crate::tensormap::TensorMap;
+use std::time::{Duration, Instant};
+
+/// Configuration of a graph.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GraphConfig {
+    /// Sizing of the four scope-depth rings.
+    pub rings: [RingConfig; RING_COUNT],
+    /// How long a submit or allocation may wait for ring space, a dependency-pool entry,
+    /// or a producer without any progress before failing.
+    pub wait_timeout: Duration,
+    /// Runs in flight at once (1 or 2).
+    pub pipeline_depth: usize,
+}
+
+impl Default for GraphConfig {
+    fn default() -> Self {
+        GraphConfig {
+            rings: [RingConfig::default(); RING_COUNT],
+            wait_timeout: Duration::from_secs(10),
+            pipeline_depth: MAX_PIPELINE_DEPTH,
+        }
+    }
+}
+
+impl GraphConfig {
+    /// Checks the configuration.
+    ///
+    /// # Errors
+    /// [`GraphError::InvalidConfig`] naming the bad field.
+    pub fn validate(&self) -> Result<(), GraphError> {
+        if !(1..=MAX_PIPELINE_DEPTH).contains(&self.pipeline_depth) {
+            return Err(GraphError::InvalidConfig(format!(
+                "pipeline_depth = {} (must be 1 or 2)",
+                self.pipeline_depth
+            )));
+        }
+        for (i, r) in self.rings.iter().enumerate() {
+            if r.heap_bytes % crate::ring::HEAP_ALIGN != 0 {
+                return Err(GraphError::InvalidConfig(format!(
+                    "ring {i} heap_bytes = {} (must be a multiple of 1024)",
+                    r.heap_bytes
+                )));
+            }
+            if matches!(r.task_window, Some(w) if w < 2) {
+                return Err(GraphError::InvalidConfig(format!(
+                    "ring {i} task_window = {:?} (must be at least 2: one slot always stays free)",
+                    r.task_window
+                )));
+            }
+            if matches!(r.dep_pool, Some(0)) {
+                return Err(GraphError::InvalidConfig(format!(
+                    "ring {i} dep_pool = 0 (must be at least 1, or None for unbounded)"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Creates a graph and returns its two handles: the orchestrator (submits) and the
+/// scheduler (dispatches and completes). Each may live on its own thread.
+///
+/// ```
+/// use strata_graph::*;
+/// use strata_types::{ArgTag, IdentityMinter};
+///
+/// let (mut orch, mut sched) = graph::<&'static str>(GraphConfig::default()).unwrap();
+/// let x = BufferKey::new(IdentityMinter::new().mint(), KeySpace::Host);
+/// let run = orch.begin_run().unwrap();
+/// let w = orch.submit(TaskSpec::new("write x", &[Access::new(x, Footprint::WHOLE, ArgTag::Output)])).unwrap();
+/// let r = orch.submit(TaskSpec::new("read x", &[Access::new(x, Footprint::WHOLE, ArgTag::Input)])).unwrap();
+/// assert!(w.ready && !r.ready); // the reader waits for the writer
+/// orch.close_run().unwrap();
+///
+/// let mut ready = vec![];
+/// let claimed = sched.claim(w.task).unwrap();
+/// assert_eq!(claimed.payload, "write x");
+/// sched.complete(w.task, Ok(()), &mut ready).unwrap();
+/// assert_eq!(ready[0].task, r.task);
+/// sched.claim(r.task).unwrap();
+/// sched.complete(r.task, Ok(()), &mut ready).unwrap();
+/// assert_eq!(orch.wait_run(run, None).unwrap(), Some(Ok(())));
+/// ```
+///
+/// # Errors
+/// [`GraphError::InvalidConfig`] for an invalid configuration.
+pub fn graph<P: Send>(config: GraphConfig) -> Result<(Orchestrator<P>, Scheduler<P>), GraphError> {
+    config.validate()?;
+    let core = Arc::new(Core::new(config.pipeline_depth));
+    let orch = Orchestrator {
+        core: core.clone(),
+        config,
+        rings: std::array::from_fn(|i| Ring::new(config.rings[i])),
+        map: TensorMap::default(),
+        scopes: ScopeStack::default(),
+        side: Vec::new(),
+        free: Vec::new(),
+        next_id: 1,
+        stamp: 0,
+        building: None,
+        lease_runs: [None; MAX_PIPELINE_DEPTH],
+        producers: Vec::new(),
+    };
+    Ok((orch, Scheduler::new(core)))
+}
+
+/// A task to submit.
+///
+/// ```
+/// use strata_graph::*;
+/// use strata_types::{ArgTag, IdentityMinter};
+/// let key = BufferKey::new(IdentityMinter::new().mint(), KeySpace::Host);
+/// let accesses = [Access::new(key, Footprint::WHOLE, ArgTag::InOut)];
+/// let spec = TaskSpec::new(42u32, &accesses).with_route(7);
+/// assert_eq!(spec.route, 7);
+/// ```
+#[derive(Debug)]
+pub struct TaskSpec<'a, P> {
+    /// What the scheduler gets back when it claims the task.
+    pub payload: P,
+    /// A caller-defined tag returned with the task when it becomes ready (e.g. a target
+    /// worker id).
+    pub route: u64,
+    /// The accesses of a single task.
+    pub accesses: &'a [Access],
+    /// For a group task: the accesses of each member (then `accesses` is ignored). A group
+    /// is one node of the graph whose members launch together.
+    pub members: Option<&'a [&'a [Access]]>,
+    /// Explicit extra producers (tasks already consumed are skipped).
+    pub deps: &'a [TaskRef],
+    /// Heap bytes to reserve for the task in its scope's ring (rounded up to 1024).
+    pub heap_bytes: u64,
+    /// Buffers the task allocates in that heap slab: later accesses to them retain this
+    /// task, and any access after it was consumed is an error.
+    pub creates: &'a [BufferKey],
+}
+
+impl<'a, P> TaskSpec<'a, P> {
+    /// A single task with the given accesses.
+    pub fn new(payload: P, accesses: &'a [Access]) -> Self {
+        TaskSpec {
+            payload,
+            route: 0,
+            accesses,
+            members: None,
+            deps: &[],
+            heap_bytes: 0,
+            creates: &[],
+        }
+    }
+
+    /// A group task with one access list per member.
+    pub fn group(payload: P, members: &'a [&'a [Access]]) -> Self {
+        TaskSpec {
+            members: Some(members),
+            ..TaskSpec::new(payload, &[])
+        }
+    }
+
+    /// Sets the route.
+    pub fn with_route(mut self, route: u64) -> Self {
+        self.route = route;
+        self
+    }
+
+    /// Sets explicit extra producers.
+    pub fn with_deps(mut self, deps: &'a [TaskRef]) -> Self {
+        self.deps = deps;
+        self
+    }
+
+    /// Reserves a heap slab for buffers the task creates.
+    pub fn with_heap(mut self, bytes: u64, creates: &'a [BufferKey]) -> Self {
+        self.heap_bytes = bytes;
+        self.creates = creates;
+        self
+    }
+
+    fn member_lists(&self) -> MemberIter<'_, 'a> {
+        MemberIter {
+            single: self.members.is_none().then_some(self.accesses),
+            group: self.members.unwrap_or(&[]).iter(),
+        }
+    }
+
+    fn group_size(&self) -> usize {
+        self.members.map_or(1, |m| m.len())
+    }
+}
+
+struct MemberIter<'s, 'a> {
+    single: Option<&'a [Access]>,
+    group: std::slice::Iter<'s, &'a [Access]>,
+}
+
+impl<'a> Iterator for MemberIter<'_, 'a> {
+    type Item = &'a [Access];
+    fn next(&mut self) -> Option<&'a [Access]> {
+        self.single.take().or_else(|| self.group.next().copied())
+    }
+}
+
+/// The result of a submit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Submitted {
+    /// The task.
+    pub task: TaskRef,
+    /// Whether it is ready to dispatch now (no live producer).
+    pub ready: bool,
+    /// Whether it was poisoned at submit (a producer had already failed); it will never
+    /// be dispatched and the run has failed.
+    pub poisoned: bool,
+    /// Its heap slab, if it asked for one.
+    pub heap: Option<HeapSlab>,
+    /// The run it belongs to.
+    pub run: RunId,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Journal {
+    Access(BufferKey),
+    Owned(BufferKey),
+}
+
+/// Orchestrator-only bookkeeping per slot.
+#[derive(Debug, Default)]
+struct Side {
+    run: u64,
+    journal: Vec<Journal>,
+    stamp: u64,
+    scope: Option<u64>,
+}
+
+/// The orchestrator handle of a graph (see [`graph`]).
+pub struct Orchestrator<P> {
+    core: Arc<Core<P>>,
+    config: GraphConfig,
+    rings: [Ring; RING_COUNT],
+    map: TensorMap,
+    scopes: ScopeStack,
+    side: Vec<Side>,
+    free: Vec<u32>,
+    next_id: u64,
+    stamp: u64,
+    building: Option<(RunId, usize)>,
+    /// The run that last held each pipeline lease (its TensorMap partition is dropped
+    /// when the lease is reused, by which time every one of its tasks was consumed).
+    lease_runs: [Option<u64>; MAX_PIPELINE_DEPTH],
+    producers: Vec<TaskRef>,
+}
+
+impl<P> std::fmt::Debug for Orchestrator<P> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Orchestrator")
+            .field("building", &self.building)
+            .field("scope_depth", &self.scopes.depth())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<P: Send> Orchestrator<P> {
+    // ----- runs -------------------------------------------------------------------------
+
+    /// Begins a run (waiting while `pipeline_depth` runs are in flight) and opens its outer
+    /// scope.
+    ///
+    /// # Errors
+    /// [`GraphError::RunAlreadyBuilding`] if a run is being built; [`GraphError::Shutdown`].
+    pub fn begin_run(&mut self) -> Result<RunId, GraphError> {
+        self.begin_run_timeout(None)
+    }
+
+    /// [`Orchestrator::begin_run`] with a bound on the wait for a pipeline lease.
+    ///
+    /// # Errors
+    /// As `begin_run`, plus [`GraphError::Timeout`].
+    pub fn begin_run_timeout(&mut self, timeout: Option<Duration>) -> Result<RunId, GraphError> {
+        if let Some((r, _)) = self.building {
+            return Err(GraphError::RunAlreadyBuilding { building: r.0 });
+        }
+        self.recycle();
+        let (run, lease) = self.core.runs.begin(timeout)?;
+        if let Some(old) = self.lease_runs[lease].replace(run.0) {
+            self.map.clear_run(old);
+        }
+        self.building = Some((run, lease));
+        self.scopes.begin()?;
+        Ok(run)
+    }
+
+    fn building(&self, op: &'static str) -> Result<(RunId, usize), GraphError> {
+        self.building.ok_or(GraphError::NoBuildingRun { op })
+    }
+
+    /// Closes the building run's submission (closing any scope left open). The run
+    /// completes once all its tasks are consumed.
+    ///
+    /// # Errors
+    /// [`GraphError::NoBuildingRun`].
+    pub fn close_run(&mut self) -> Result<RunId, GraphError> {
+        let (run, _) = self.building("close_run")?;
+        while self.scopes.depth() > 0 {
+            self.scope_end()?;
+        }
+        self.building = None;
+        if self.core.runs.close(run.0)? {
+            self.core.progress.bump();
+        }
+        Ok(run)
+    }
+
+    /// Fails the building run's construction (its orchestration returned an error):
+    /// closes its scopes, records `failure` as its first error unless a task failed
+    /// first, and cancels every task that has not started. Running tasks finish.
+    ///
+    /// # Errors
+    /// [`GraphError::NoBuildingRun`].
+    pub fn fail_run(&mut self, failure: Failure) -> Result<RunId, GraphError> {
+        let (run, lease) = self.building("fail_run")?;
+        while self.scopes.depth() > 0 {
+            self.scope_end()?;
+        }
+        self.building = None;
+        self.core.runs.fail_submission(run.0, &failure)?;
+        self.core.cancel_run(run_word(run.0, lease), &failure);
+        if self.core.runs.settle(run.0) {
+            self.core.progress.bump();
+        }
+        Ok(run)
+    }
+
+    /// The building run, if any.
+    pub fn current_run(&self) -> Option<RunId> {
+        self.building.map(|b| b.0)
+    }
+
+    /// Waits for run `run` to finish. `Ok(None)` if `timeout` elapsed first (the run goes
+    /// on); `Ok(Some(Err(f)))` carries the run's first error.
+    ///
+    /// # Errors
+    /// [`GraphError::UnknownRun`] for a run that was released or never existed.
+    pub fn wait_run(
+        &self,
+        run: RunId,
+        timeout: Option<Duration>,
+    ) -> Result<Option<Result<(), Failure>>, GraphError> {
+        self.core.runs.wait(run.0, timeout)
+    }
+
+    /// The phase of a run (`None` once released).
+    pub fn run_phase(&self, run: RunId) -> Option<RunPhase> {
+        self.core.runs.phase(run.0)
+    }
+
+    /// Forgets a finished run's outcome.
+    ///
+    /// # Errors
+    /// If the run is still in flight or unknown.
+    pub fn release_run(&mut self, run: RunId) -> Result<(), GraphError> {
+        self.core.runs.release(run.0)
+    }
+
+    /// The run whose tasks may be dispatched now.
+    pub fn dispatchable_run(&self) -> Option<RunId> {
+        self.core.runs.dispatchable()
+    }
+
+    /// The first error of the building run, if a task of it has failed.
+    pub fn run_error(&self) -> Option<Failure> {
+        let (run, lease) = self.building?;
+        if self.core.runs.has_failed(run_word(run.0, lease)) {
+            self.core.runs.first_error(run.0)
+        } else {
+            None
+        }
+    }
+
+    // ----- scopes -----------------------------------------------------------------------
+
+    /// Opens a nested scope. Tasks submitted in it are retained until it ends, and
+    /// allocations in it come from the ring of its depth.
+    ///
+    /// # Errors
+    /// [`GraphError::NoBuildingRun`], [`GraphError::ScopeDepthExceeded`] (64 including the
+    /// run's outer scope).
+    pub fn scope_begin(&mut self) -> Result<(), GraphError> {
+        self.building("scope_begin")?;
+        self.scopes.begin()
+    }
+
+    /// Ends the innermost scope, releasing its reference on each of its tasks. Never blocks.
+    ///
+    /// # Errors
+    /// [`GraphError::NoOpenScope`].
+    pub fn scope_end(&mut self) -> Result<(), GraphError> {
+        let core = &self.core;
+        self.scopes.end(|t| core.release(t))?;
+        Ok(())
+    }
+
+    /// Open scopes, including the run's outer scope.
+    pub fn scope_depth(&self) -> usize {
+        self.scopes.depth()
+    }
+
+    // ----- submission -------------------------------------------------------------------
+
+    /// Submits a task: infers its producers from the TensorMap (read-after-write,
+    /// write-after-write, write-after-read on overlapping footprints), reserves its slot
+    /// (and heap slab) in the ring of the current scope depth, wires it, and publishes it
+    /// PENDING or READY.
+    ///
+    /// A task that depends on a task that already failed is published FAILED
+    /// (`poisoned`): it never runs and the run reports the producer's error.
+    ///
+    /// # Errors
+    /// - [`GraphError::RunFailed`] if a task of the run already failed (fail-fast);
+    /// - [`GraphError::InvalidArgs`] for an empty group, a write that overlaps a later
+    ///   argument of the same task, or an unknown explicit dependency;
+    /// - [`GraphError::BufferReclaimed`] for a runtime-allocated buffer whose scope ended;
+    /// - ring errors: [`GraphError::ScopeDeadlock`], [`GraphError::FlowControlDeadlock`],
+    ///   [`GraphError::HeapDeadlock`], [`GraphError::HeapRequestTooLarge`],
+    ///   [`GraphError::HeapDisabled`], [`GraphError::DepPoolOverflow`].
+    pub fn submit(&mut self, spec: TaskSpec<'_, P>) -> Result<Submitted, GraphError> {
+        let (run, lease) = self.building("submit")?;
+        let word = run_word(run.0, lease);
+        self.check_fail_fast(word)?;
+        Self::validate(&spec)?;
+        self.recycle();
+
+        // Producers: explicit deps, allocators of runtime-owned buffers, TensorMap hits.
+        self.stamp += 1;
+        let stamp = self.stamp;
+        let mut producers = std::mem::take(&mut self.producers);
+        producers.clear();
+        let result = self.collect_producers(&spec, run.0, stamp, &mut producers);
+        if let Err(e) = result {
+            self.producers = producers;
+            return Err(e);
+        }
+
+        let ring_idx = ring_for_depth(self.scopes.current_depth());
+        let aligned = self.check_heap_request(ring_idx, spec.heap_bytes)?;
+        if let Err(e) = self.reserve_edges(ring_idx, producers.len() as u64) {
+            self.producers = producers;
+            return Err(e);
+        }
+        let offset = match self.reserve_slot(ring_idx, aligned) {
+            Ok(o) => o,
+            Err(e) => {
+                self.producers = producers;
+                return Err(e);
+            }
+        };
+
+        // Past this point nothing fails.
+        let group_size = spec.group_size();
+        let task = self.new_slot(word, spec.route, group_size);
+        self.rings[ring_idx].commit(task, offset, aligned);
+        self.core.runs.add_task(lease);
+        let slot = self.core.arena.get(task.index);
+        if let Some(serial) = self.scopes.register(task) {
+            slot.add_ref();
+            self.side[task.index as usize].scope = Some(serial);
+        }
+        // Record this task's accesses (and the buffers it creates) in the TensorMap.
+        {
+            let core = &self.core;
+            let live = |t: &TaskRef| core.is_live(t);
+            let side = &mut self.side[task.index as usize];
+            for member in spec.member_lists() {
+                for a in member {
+                    if self.map.record(run.0, a, task, &live) {
+                        side.journal.push(Journal::Access(a.key));
+                    }
+                }
+            }
+            for key in spec.creates {
+                self.map.register_owned(run.0, *key, task);
+                side.journal.push(Journal::Owned(*key));
+            }
+        }
+        // Wire onto each producer.
+        let mut live_fanin = 0u32;
+        let mut poisoned_by: Option<Failure> = None;
+        producers.retain(|p| {
+            let ps = self.core.arena.get(p.index);
+            let pin = ps.inner.lock();
+            let Some(state) = ps.state_of(p.id) else {
+                return false;
+            };
+            if state == TaskState::Consumed || !ps.add_ref() {
+                return false;
+            }
+            let mut pin = pin;
+            match state {
+                TaskState::Failed => {
+                    if poisoned_by.is_none() {
+                        poisoned_by = pin.failure.clone();
+                    }
+                }
+                TaskState::Completed => {}
+                _ => {
+                    pin.consumers.push(task);
+                    live_fanin += 1;
+                }
+            }
+            true
+        });
+        let edges = producers.len() as u64;
+        if edges > 0 && self.rings[ring_idx].cfg.dep_pool.is_some() {
+            self.core.deps.charge(ring_idx, edges);
+            slot.dep_charge
+                .store(((ring_idx as u64) << 32) | edges, Ordering::Release);
+        }
+        if poisoned_by.is_none() && self.core.runs.has_failed(word) {
+            poisoned_by = self.core.runs.first_error(run.0);
+        }
+
+        // Publish.
+        let mut inner = slot.inner.lock();
+        inner.payload = Some(spec.payload);
+        std::mem::swap(&mut inner.producers, &mut producers);
+        self.producers = producers;
+        let mut ready = false;
+        let mut poisoned = true;
+        if let Some(f) = poisoned_by {
+            if slot.claim_failure(task.id).is_some() {
+                inner.failure = Some(f);
+                inner.group.skip_undispatched();
+            }
+        } else if slot.transition(task.id, TaskState::Building, TaskState::Pending) {
+            poisoned = false;
+            inner.fanin_count = Some(live_fanin);
+            if inner.fanin_released >= live_fanin {
+                ready = slot.transition(task.id, TaskState::Pending, TaskState::Ready);
+            }
+        }
+        // Otherwise a producer failed while this task was being wired and claimed it.
+        if poisoned {
+            // This submit owns the propagation of its own failure (a producer that claimed
+            // it mid-wiring left the debt to us).
+            slot.debt.store(false, Ordering::Release);
+            let mut prods = std::mem::take(&mut inner.producers);
+            let f = inner
+                .failure
+                .clone()
+                .unwrap_or_else(|| Failure::new(FailureKind::Task, "producer task failed"));
+            drop(inner);
+            self.core.runs.record_error(word, &f);
+            self.core.release(task);
+            self.core.release_producers(task, &mut prods);
+        } else {
+            drop(inner);
+        }
+        Ok(Submitted {
+            task,
+            ready,
+            poisoned,
+            heap: (spec.heap_bytes > 0).then_some(HeapSlab {
+                ring: ring_idx,
+                offset,
+                len: aligned,
+            }),
+            run,
+        })
+    }
+
+    /// Allocates a runtime-owned buffer of `bytes` (rounded up to 1024) from the current
+    /// scope's heap ring. It is owned by a synthetic, already completed task that the
+    /// current scope retains: any task that names `key` depends on and retains it, and the
+    /// bytes are reclaimed (FIFO) once the scope has ended and every such task finished.
+    ///
+    /// # Errors
+    /// [`GraphError::NoBuildingRun`], and the heap/window errors of [`Orchestrator::submit`].
+    pub fn alloc(&mut self, key: BufferKey, bytes: u64) -> Result<(TaskRef, HeapSlab), GraphError> {
+        let (run, lease) = self.building("alloc")?;
+        let word = run_word(run.0, lease);
+        self.check_fail_fast(word)?;
+        self.recycle();
+        let ring_idx = ring_for_depth(self.scopes.current_depth());
+        let aligned = self.check_heap_request(ring_idx, bytes.max(1))?;
+        let offset = self.reserve_slot(ring_idx, aligned)?;
+        let task = self.new_slot(word, 0, 1);
+        self.rings[ring_idx].commit(task, offset, aligned);
+        self.core.runs.add_task(lease);
+        let slot = self.core.arena.get(task.index);
+        if let Some(serial) = self.scopes.register(task) {
+            slot.add_ref();
+            self.side[task.index as usize].scope = Some(serial);
+        }
+        self.map.register_owned(run.0, key, task);
+        self.side[task.index as usize]
+            .journal
+            .push(Journal::Owned(key));
+        slot.store(task.id, TaskState::Completed);
+        self.core.release(task); // the self-release of an already complete task
+        Ok((
+            task,
+            HeapSlab {
+                ring: ring_idx,
+                offset,
+                len: aligned,
+            },
+        ))
+    }
+
+    /// Waits until every task that an access like `access` would depend on has finished
+    /// (for reading: earlier writers; for writing: earlier writers and readers). Lets the
+    /// orchestration read or write tensor data directly.
+    ///
+    /// # Errors
+    /// [`GraphError::RunFailed`] if one of them failed, [`GraphError::Timeout`] after
+    /// `timeout` (default: the graph's wait timeout).
+    pub fn wait_for_access(
+        &mut self,
+        access: &Access,
+        timeout: Option<Duration>,
+    ) -> Result<(), GraphError> {
+        let (run, _) = self.building("wait_for_access")?;
+        let mut waits = Vec::new();
+        {
+            let core = &self.core;
+            let live = |t: &TaskRef| core.is_live(t);
+            self.map.collect(run.0, access, &live, |t| waits.push(t));
+            if let Some(Some(owner)) = self.map.owner(run.0, &access.key) {
+                waits.push(owner);
+            }
+        }
+        let timeout = timeout.unwrap_or(self.config.wait_timeout);
+        let deadline = Instant::now() + timeout;
+        for t in waits {
+            loop {
+                let seen = self.core.progress.seq();
+                let slot = self.core.arena.get(t.index);
+                match slot.state_of(t.id) {
+                    None | Some(TaskState::Completed) | Some(TaskState::Consumed) => break,
+                    Some(TaskState::Failed) => {
+                        let f = slot.inner.lock().failure.clone().unwrap_or_else(|| {
+                            Failure::new(FailureKind::Task, "producer task failed")
+                        });
+                        return Err(GraphError::RunFailed(f));
+                    }
+                    _ => {}
+                }
+                if Instant::now() >= deadline {
+                    return Err(GraphError::Timeout {
+                        what: format!("producer {t} of buffer {}", access.key.identity),
+                        after: timeout,
+                    });
+                }
+                self.core.progress.wait(seen, Some(deadline));
+            }
+        }
+        Ok(())
+    }
+
+    /// The state of a task, or `None` once it was consumed and its slot recycled.
+    pub fn task_state(&self, t: TaskRef) -> Option<TaskState> {
+        self.core.arena.get(t.index).state_of(t.id)
+    }
+
+    /// Live (not consumed) tasks of the building run.
+    pub fn live_tasks(&self) -> u64 {
+        self.building
+            .map_or(0, |(_, lease)| self.core.runs.active(lease))
+    }
+
+    /// Live TensorMap entries (diagnostics).
+    pub fn tensormap_entries(&self) -> usize {
+        let core = &self.core;
+        self.map.live_entries(&|t: &TaskRef| core.is_live(t))
+    }
+
+    /// Live writers of `key` in the building run, oldest first (diagnostics and tests).
+    pub fn writers_of(&self, key: &BufferKey) -> Vec<TaskRef> {
+        let Some((run, _)) = self.building else {
+            return vec![];
+        };
+        let core = &self.core;
+        self.map.writers(run.0, key, &|t: &TaskRef| core.is_live(t))
+    }
+
+    /// Live slots in each ring (oldest unreclaimed to newest).
+    pub fn ring_live(&mut self) -> [usize; RING_COUNT] {
+        self.recycle();
+        let core = &self.core;
+        for r in &mut self.rings {
+            r.advance(|t| !core.is_live(t));
+        }
+        std::array::from_fn(|i| self.rings[i].live())
+    }
+
+    /// Replaces the ring sizing. Only allowed while no run is in flight and every ring is
+    /// drained.
+    ///
+    /// # Errors
+    /// [`GraphError::NotQuiescent`], [`GraphError::InvalidConfig`].
+    pub fn configure_rings(&mut self, rings: [RingConfig; RING_COUNT]) -> Result<(), GraphError> {
+        GraphConfig {
+            rings,
+            ..self.config
+        }
+        .validate()?;
+        let live: usize = self.ring_live().iter().sum();
+        let in_flight = self.core.runs.in_flight();
+        if live > 0 || in_flight > 0 {
+            return Err(GraphError::NotQuiescent {
+                op: "configure_rings",
+                live: live as u64 + in_flight as u64,
+            });
+        }
+        self.config.rings = rings;
+        self.rings = std::array::from_fn(|i| Ring::new(rings[i]));
+        Ok(())
+    }
+
+    /// The current configuration.
+    pub fn config(&self) -> &GraphConfig {
+        &self.config
+    }
+
+    /// Waits until some progress happens (a task completes or is consumed, a run ends),
+    /// or `timeout` passes.
+    pub fn wait_progress(&self, timeout: Duration) {
+        let seen = self.core.progress.seq();
+        self.core
+            .progress
+            .wait(seen, Some(Instant::now() + timeout));
+    }
+
+    /// Shuts the graph down: pending `begin_run` waits return [`GraphError::Shutdown`].
+    pub fn shutdown(&self) {
+        self.core.shutdown.store(true, Ordering::Release);
+        self.core.runs.shutdown();
+    }
+
+    /// A task's route and run, in the form the scheduler receives for tasks that become
+    /// ready (convenient for routing a task that [`Orchestrator::submit`] found ready).
+    pub fn ready_task(&self, t: TaskRef) -> ReadyTask {
+        self.core.ready_task(t)
+    }
+
+    // ----- internals --------------------------------------------------------------------
+
+    fn check_fail_fast(&self, word: u64) -> Result<(), GraphError> {
+        if self.core.runs.has_failed(word) {
+            if let Some(f) = self.core.runs.first_error(word >> 1) {
+                return Err(GraphError::RunFailed(f));
+            }
+        }
+        Ok(())
+    }
+
+    fn validate(spec: &TaskSpec<'_, P>) -> Result<(), GraphError> {
+        if let Some(m) = spec.members {
+            if m.is_empty() {
+                return Err(GraphError::InvalidArgs(
+                    "a group task needs at least one member".into(),
+                ));
+            }
+        }
+        for (mi, member) in spec.member_lists().enumerate() {
+            for (i, a) in member.iter().enumerate() {
+                if !a.tag.writes() {
+                    continue;
+                }
+                for (j, b) in member.iter().enumerate().skip(i + 1) {
+                    if a.key == b.key && a.footprint.certainly_intersects(&b.footprint) {
+                        return Err(GraphError::InvalidArgs(format!(
+                            "member {mi}: argument {i} ({}) overlaps argument {j} ({}) of the same buffer; a written view must not alias a later argument — tag one INOUT instead",
+                            a.tag, b.tag
+                        )));
+                    }
+                }
+            }
+        }
+        if spec.heap_bytes == 0 && !spec.creates.is_empty() {
+            return Err(GraphError::InvalidArgs(
+                "a task that creates buffers needs heap_bytes > 0".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    fn collect_producers(
+        &mut self,
+        spec: &TaskSpec<'_, P>,
+        run: u64,
+        stamp: u64,
+        producers: &mut Vec<TaskRef>,
+    ) -> Result<(), GraphError> {
+        let core = &self.core;
+        let created = self.side.len();
+        let side = &mut self.side;
+        let mut add = |t: TaskRef| {
+            let s = &mut side[t.index as usize];
+            if s.stamp != stamp {
+                s.stamp = stamp;
+                producers.push(t);
+            }
+        };
+        for d in spec.deps {
+            if d.id == 0 || d.id >= self.next_id || (d.index as usize) >= created {
+                return Err(GraphError::InvalidArgs(format!(
+                    "explicit dependency {d} was not issued by this graph"
+                )));
+            }
+            if core.is_live(d) {
+                add(*d);
+            }
+        }
+        let live = |t: &TaskRef| core.is_live(t);
+        let mut arg = 0usize;
+        for member in spec.member_lists() {
+            for a in member {
+                match self.map.owner(run, &a.key) {
+                    Some(Some(owner)) if live(&owner) => add(owner),
+                    Some(_) => {
+                        return Err(GraphError::BufferReclaimed {
+                            arg,
+                            buffer: a.key.identity.to_string(),
+                        })
+                    }
+                    None => {}
+                }
+                self.map.collect(run, a, &live, &mut add);
+                arg += 1;
+            }
+        }
+        Ok(())
+    }
+
+    fn check_heap_request(&self, ring: usize, bytes: u64) -> Result<u64, GraphError> {
+        if bytes == 0 {
+            return Ok(0);
+        }
+        let size = self.rings[ring].cfg.heap_bytes;
+        if size == 0 {
+            return Err(GraphError::HeapDisabled {
+                ring,
+                request: bytes,
+            });
+        }
+        let aligned = align_up(bytes).unwrap_or(u64::MAX);
+        if aligned > size {
+            return Err(GraphError::HeapRequestTooLarge {
+                ring,
+                ring_bytes: size,
+                request: aligned,
+            });
+        }
+        Ok(aligned)
+    }
+
+    /// Recycles consumed slots: erases their TensorMap entries and frees their indices.
+    fn recycle(&mut self) {
+        while let Some(index) = self.core.retired.pop() {
+            let side = &mut self.side[index as usize];
+            let run = side.run;
+            side.scope = None;
+            let core = &self.core;
+            let live = |t: &TaskRef| core.is_live(t);
+            let slot_id = core.arena.get(index).load().0;
+            for j in side.journal.drain(..) {
+                match j {
+                    Journal::Access(key) => self.map.retire(run, key, &live),
+                    Journal::Owned(key) => {
+                        self.map
+                            .reclaim_owned(run, key, TaskRef { index, id: slot_id });
+                        self.map.retire(run, key, &live);
+                    }
+                }
+            }
+            self.free.push(index);
+        }
+    }
+
+    fn new_slot(&mut self, word: u64, route: u64, group_size: usize) -> TaskRef {
+        let index = match self.free.pop() {
+            Some(i) => i,
+            None => {
+                let i = self.side.len() as u32;
+                self.core.arena.ensure(i);
+                self.side.push(Side::default());
+                self.core.created.store(i + 1, Ordering::Release);
+                i
+            }
+        };
+        let id = self.next_id;
+        self.next_id += 1;
+        let side = &mut self.side[index as usize];
+        side.run = word >> 1;
+        side.scope = None;
+        side.journal.clear();
+        self.core
+            .arena
+            .get(index)
+            .reset(id, word, route, group_size);
+        TaskRef { index, id }
+    }
+
+    /// Whether the oldest live task of `ring` is held by a scope still open on our stack.
+    fn front_held_by_open_scope(&self, ring: usize) -> bool {
+        self.rings[ring].front().is_some_and(|t| {
+            self.side[t.index as usize]
+                .scope
+                .is_some_and(|s| self.scopes.is_open(s))
+        })
+    }
+
+    /// Finds room for one slot (and `aligned` heap bytes) in `ring`, waiting for
+    /// reclamation while it progresses. Returns the heap offset.
+    fn reserve_slot(&mut self, ring: usize, aligned: u64) -> Result<u64, GraphError> {
+        if let Some(w) = self.rings[ring].cfg.task_window {
+            let in_scope = self.scopes.innermost_len();
+            if in_scope as u64 + 1 >= w {
+                return Err(GraphError::ScopeDeadlock {
+                    ring,
+                    window: w,
+                    in_scope,
+                });
+            }
+        }
+        let timeout = self.config.wait_timeout;
+        let mut last_progress = Instant::now();
+        loop {
+            let seen = self.core.progress.seq();
+            self.recycle();
+            let core = &self.core;
+            let before = self.rings[ring].live();
+            self.rings[ring].advance(|t| !core.is_live(t));
+            if self.rings[ring].live() < before {
+                last_progress = Instant::now();
+            }
+            let shortage = match self.rings[ring].check(aligned) {
+                Ok(offset) => return Ok(offset),
+                Err(s) => s,
+            };
+            let waited = last_progress.elapsed();
+            let cause = if self.front_held_by_open_scope(ring) {
+                Some(DeadlockCause::ScopeHeld)
+            } else if waited >= timeout {
+                Some(DeadlockCause::NoProgress(waited))
+            } else {
+                None
+            };
+            if let Some(cause) = cause {
+                let cfg = self.rings[ring].cfg;
+                return Err(match shortage {
+                    Shortage::Window => GraphError::FlowControlDeadlock {
+                        ring,
+                        window: cfg.task_window.unwrap_or(0),
+                        cause,
+                    },
+                    Shortage::Heap { free } => GraphError::HeapDeadlock {
+                        ring,
+                        ring_bytes: cfg.heap_bytes,
+                        request: aligned,
+                        free,
+                        cause,
+                    },
+                });
+            }
+            self.core.progress.wait(seen, Some(last_progress + timeout));
+        }
+    }
+
+    /// Waits until `ring`'s dependency pool can hold `edges` more edges.
+    fn reserve_edges(&mut self, ring: usize, edges: u64) -> Result<(), GraphError> {
+        let Some(pool) = self.rings[ring].cfg.dep_pool else {
+            return Ok(());
+        };
+        if edges == 0 {
+            return Ok(());
+        }
+        if edges > pool {
+            return Err(GraphError::DepPoolOverflow {
+                ring,
+                pool,
+                free: pool.saturating_sub(self.core.deps.used(ring)),
+                needed: edges,
+                cause: DeadlockCause::NoProgress(Duration::ZERO),
+            });
+        }
+        let timeout = self.config.wait_timeout;
+        let mut last_progress = Instant::now();
+        let mut last_used = self.core.deps.used(ring);
+        loop {
+            let seen = self.core.progress.seq();
+            let used = self.core.deps.used(ring);
+            if used + edges <= pool {
+                return Ok(());
+            }
+            if used < last_used {
+                last_progress = Instant::now();
+            }
+            last_used = used;
+            let waited = last_progress.elapsed();
+            if waited >= timeout {
+                return Err(GraphError::DepPoolOverflow {
+                    ring,
+                    pool,
+                    free: pool.saturating_sub(used),
+                    needed: edges,
+                    cause: DeadlockCause::NoProgress(waited),
+                });
+            }
+            self.recycle();
+            self.core.progress.wait(seen, Some(last_progress + timeout));
+        }
+    }
+}
+
+impl<P> Drop for Orchestrator<P> {
+    fn drop(&mut self) {
+        self.core.shutdown.store(true, Ordering::Release);
+        self.core.runs.shutdown();
+    }
+}
+
+#[cfg(test)]
+impl<P: Send> Orchestrator<P> {
+    pub(crate) fn core(&self) -> &Core<P> {
+        &self.core
+    }
+}
