@@ -1,1 +1,393 @@
-fn main() {}
+//! `cargo xtask bench graph`: µs per task through strata-graph for three DAGs — a chain of
+//! 100 000 tasks, fan-out/fan-in 1→1000→1 ×100, a 300×300 wavefront — driven by a minimal
+//! in-process scheduler, next to the same DAGs with GCC OpenMP `task depend` (a small C
+//! program this bench builds with `cc -fopenmp`) measured in the same run.
+//!
+//! strata runs with the orchestrator on the main thread and the scheduler on a second
+//! thread (the machine has two cores; OpenMP gets two threads too). A single-thread
+//! figure (build the whole run, then drain it) is printed as well. The last line is a
+//! JSON object with the figures.
+
+use crossbeam_queue::SegQueue;
+use std::collections::VecDeque;
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use strata_graph::*;
+use strata_types::{ArgTag, IdentityMinter};
+
+const CHAIN: usize = 100_000;
+const FAN_ROUNDS: usize = 100;
+const FAN_WIDTH: usize = 1000;
+const WAVE: usize = 300;
+const REPS: usize = 5;
+
+#[derive(Clone, Copy, Debug)]
+enum Dag {
+    Chain,
+    Fan,
+    Wavefront,
+}
+
+impl Dag {
+    fn tasks(self) -> usize {
+        match self {
+            Dag::Chain => CHAIN,
+            Dag::Fan => FAN_ROUNDS * (FAN_WIDTH + 2),
+            Dag::Wavefront => WAVE * WAVE,
+        }
+    }
+    fn name(self) -> &'static str {
+        match self {
+            Dag::Chain => "chain",
+            Dag::Fan => "fan",
+            Dag::Wavefront => "wavefront",
+        }
+    }
+}
+
+struct Keys {
+    x: BufferKey,
+    y: Vec<BufferKey>,
+    cells: Vec<BufferKey>,
+}
+
+fn keys() -> Keys {
+    let m = IdentityMinter::new();
+    let k = || BufferKey::new(m.mint(), KeySpace::Host);
+    Keys {
+        x: k(),
+        y: (0..FAN_WIDTH).map(|_| k()).collect(),
+        cells: (0..WAVE * WAVE).map(|_| k()).collect(),
+    }
+}
+
+fn acc(k: BufferKey, tag: ArgTag) -> Access {
+    Access::new(k, Footprint::WHOLE, tag)
+}
+
+/// Submits the DAG, calling `ready` for every task that is ready at submit.
+fn build(dag: Dag, keys: &Keys, orch: &mut Orchestrator<()>, mut ready: impl FnMut(TaskRef)) {
+    let mut submit = |orch: &mut Orchestrator<()>, a: &[Access]| {
+        let s = orch.submit(TaskSpec::new((), a)).expect("submit");
+        if s.ready {
+            ready(s.task);
+        }
+    };
+    match dag {
+        Dag::Chain => {
+            let a = [acc(keys.x, ArgTag::InOut)];
+            for _ in 0..CHAIN {
+                submit(orch, &a);
+            }
+        }
+        Dag::Fan => {
+            let mut sink: Vec<Access> = keys.y.iter().map(|y| acc(*y, ArgTag::Input)).collect();
+            sink.push(acc(keys.x, ArgTag::InOut));
+            for _ in 0..FAN_ROUNDS {
+                submit(orch, &[acc(keys.x, ArgTag::InOut)]);
+                for y in &keys.y {
+                    submit(orch, &[acc(keys.x, ArgTag::Input), acc(*y, ArgTag::Output)]);
+                }
+                submit(orch, &sink);
+            }
+        }
+        Dag::Wavefront => {
+            let mut a = Vec::with_capacity(3);
+            for i in 0..WAVE {
+                for j in 0..WAVE {
+                    a.clear();
+                    if i > 0 {
+                        a.push(acc(keys.cells[(i - 1) * WAVE + j], ArgTag::Input));
+                    }
+                    if j > 0 {
+                        a.push(acc(keys.cells[i * WAVE + j - 1], ArgTag::Input));
+                    }
+                    a.push(acc(keys.cells[i * WAVE + j], ArgTag::Output));
+                    submit(orch, &a);
+                }
+            }
+        }
+    }
+}
+
+/// Orchestrator on this thread, scheduler on another: returns the wall time of one run.
+fn two_threads(
+    dag: Dag,
+    keys: &Keys,
+    orch: &mut Orchestrator<()>,
+    sched: Scheduler<()>,
+) -> (Duration, Scheduler<()>) {
+    let incoming = Arc::new(SegQueue::<TaskRef>::new());
+    let stop = Arc::new(AtomicBool::new(false));
+    let (inc, st) = (incoming.clone(), stop.clone());
+    let worker = std::thread::spawn(move || {
+        let mut sched = sched;
+        let mut local: VecDeque<TaskRef> = VecDeque::new();
+        let mut newly: Vec<ReadyTask> = Vec::new();
+        let mut executed = 0usize;
+        loop {
+            let t = match local.pop_front().or_else(|| inc.pop()) {
+                Some(t) => t,
+                None => {
+                    if st.load(Ordering::Acquire) {
+                        break;
+                    }
+                    std::hint::spin_loop();
+                    continue;
+                }
+            };
+            if sched.claim(t).is_some() {
+                sched.complete(t, Ok(()), &mut newly).expect("complete");
+                executed += 1;
+                local.extend(newly.drain(..).map(|r| r.task));
+            }
+        }
+        (sched, executed)
+    });
+    let t0 = Instant::now();
+    let run = orch.begin_run().expect("begin");
+    build(dag, keys, orch, |t| incoming.push(t));
+    orch.close_run().expect("close");
+    let out = orch.wait_run(run, None).expect("wait");
+    let elapsed = t0.elapsed();
+    stop.store(true, Ordering::Release);
+    let (sched, executed) = worker.join().expect("scheduler thread");
+    assert_eq!(out, Some(Ok(())));
+    assert_eq!(executed, dag.tasks());
+    orch.release_run(run).expect("release");
+    (elapsed, sched)
+}
+
+/// Build the whole run, then drain it, all on this thread.
+fn one_thread(
+    dag: Dag,
+    keys: &Keys,
+    orch: &mut Orchestrator<()>,
+    sched: &mut Scheduler<()>,
+) -> Duration {
+    let t0 = Instant::now();
+    let run = orch.begin_run().expect("begin");
+    let mut queue: VecDeque<TaskRef> = VecDeque::new();
+    build(dag, keys, orch, |t| queue.push_back(t));
+    orch.close_run().expect("close");
+    let mut newly = Vec::new();
+    let mut executed = 0;
+    while let Some(t) = queue.pop_front() {
+        if sched.claim(t).is_some() {
+            sched.complete(t, Ok(()), &mut newly).expect("complete");
+            executed += 1;
+            queue.extend(newly.drain(..).map(|r| r.task));
+        }
+    }
+    let elapsed = t0.elapsed();
+    assert_eq!(orch.wait_run(run, None).expect("wait"), Some(Ok(())));
+    assert_eq!(executed, dag.tasks());
+    orch.release_run(run).expect("release");
+    elapsed
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+fn strata(dag: Dag, keys: &Keys) -> (f64, f64) {
+    let (mut orch, mut sched) = graph::<()>(GraphConfig::default()).expect("graph");
+    let per_task = |d: Duration| d.as_secs_f64() * 1e6 / dag.tasks() as f64;
+    // Warm up (grows the slot arena and the TensorMap once).
+    one_thread(dag, keys, &mut orch, &mut sched);
+    let single = median(
+        (0..REPS)
+            .map(|_| per_task(one_thread(dag, keys, &mut orch, &mut sched)))
+            .collect(),
+    );
+    let mut samples = vec![];
+    for _ in 0..REPS {
+        let (d, s) = two_threads(dag, keys, &mut orch, sched);
+        sched = s;
+        samples.push(per_task(d));
+    }
+    (median(samples), single)
+}
+
+const OMP_SRC: &str = r#"
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#define CHAIN 100000
+#define ROUNDS 100
+#define WIDTH 1000
+#define WAVE 300
+static long X, Y[WIDTH];
+static long A[WAVE][WAVE];
+static double chain(void) {
+  double t0 = omp_get_wtime();
+  #pragma omp parallel
+  #pragma omp single
+  for (long i = 0; i < CHAIN; i++) {
+    #pragma omp task depend(inout: X)
+    { X++; }
+  }
+  return (omp_get_wtime() - t0) * 1e6 / CHAIN;
+}
+static double fan(int taskgroup) {
+  double t0 = omp_get_wtime();
+  #pragma omp parallel
+  #pragma omp single
+  for (int r = 0; r < ROUNDS; r++) {
+    #pragma omp task depend(inout: X)
+    { X++; }
+    if (taskgroup) {
+      #pragma omp taskgroup
+      {
+        for (int i = 0; i < WIDTH; i++) {
+          #pragma omp task depend(in: X) depend(out: Y[i])
+          { Y[i] = X; }
+        }
+      }
+      #pragma omp task depend(inout: X)
+      { long s = 0; for (int i = 0; i < WIDTH; i++) s += Y[i]; X += s > 0; }
+    } else {
+      for (int i = 0; i < WIDTH; i++) {
+        #pragma omp task depend(in: X) depend(out: Y[i])
+        { Y[i] = X; }
+      }
+      #pragma omp task depend(iterator(j = 0:WIDTH), in: Y[j]) depend(inout: X)
+      { long s = 0; for (int i = 0; i < WIDTH; i++) s += Y[i]; X += s > 0; }
+    }
+  }
+  return (omp_get_wtime() - t0) * 1e6 / (ROUNDS * (WIDTH + 2.0));
+}
+static double wavefront(void) {
+  double t0 = omp_get_wtime();
+  #pragma omp parallel
+  #pragma omp single
+  for (int i = 0; i < WAVE; i++)
+    for (int j = 0; j < WAVE; j++) {
+      if (i > 0 && j > 0) {
+        #pragma omp task depend(in: A[i-1][j], A[i][j-1]) depend(out: A[i][j])
+        { A[i][j] = A[i-1][j] + A[i][j-1]; }
+      } else if (i > 0) {
+        #pragma omp task depend(in: A[i-1][j]) depend(out: A[i][j])
+        { A[i][j] = A[i-1][j]; }
+      } else if (j > 0) {
+        #pragma omp task depend(in: A[i][j-1]) depend(out: A[i][j])
+        { A[i][j] = A[i][j-1]; }
+      } else {
+        #pragma omp task depend(out: A[i][j])
+        { A[i][j] = 1; }
+      }
+    }
+  return (omp_get_wtime() - t0) * 1e6 / (WAVE * WAVE);
+}
+int main(int argc, char **argv) {
+  const char *w = argv[1];
+  double us = !strcmp(w, "chain") ? chain()
+            : !strcmp(w, "fan") ? fan(0)
+            : !strcmp(w, "fan_taskgroup") ? fan(1)
+            : wavefront();
+  printf("%f\n", us);
+  return 0;
+}
+"#;
+
+/// Builds the OpenMP peer; `None` (with a reason printed) if no OpenMP compiler is present.
+fn build_omp() -> Option<std::path::PathBuf> {
+    let dir = std::env::temp_dir().join(format!("strata-omp-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).ok()?;
+    let src = dir.join("omp_dag.c");
+    let bin = dir.join("omp_dag");
+    std::fs::write(&src, OMP_SRC).ok()?;
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    match Command::new(&cc)
+        .args(["-O2", "-fopenmp", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .status()
+    {
+        Ok(s) if s.success() => Some(bin),
+        Ok(s) => {
+            eprintln!(
+                "OpenMP peer: `{cc} -fopenmp` failed ({s}); install gcc (Debian: build-essential)"
+            );
+            None
+        }
+        Err(e) => {
+            eprintln!("OpenMP peer: cannot run `{cc}`: {e}; install gcc (Debian: build-essential)");
+            None
+        }
+    }
+}
+
+fn omp(bin: &std::path::Path, which: &str) -> Option<f64> {
+    let mut samples = vec![];
+    for _ in 0..REPS {
+        let out = Command::new(bin)
+            .arg(which)
+            .env("OMP_NUM_THREADS", "2")
+            .output()
+            .ok()?;
+        if !out.status.success() {
+            return None;
+        }
+        samples.push(
+            String::from_utf8_lossy(&out.stdout)
+                .trim()
+                .parse::<f64>()
+                .ok()?,
+        );
+    }
+    Some(median(samples))
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; ignore arguments.
+    let keys = keys();
+    let bin = build_omp();
+    let mut rows = vec![];
+    let mut json = vec![];
+    // STRATA_BENCH_DAGS=chain,fan limits the run (for profiling).
+    let only = std::env::var("STRATA_BENCH_DAGS").ok();
+    for dag in [Dag::Chain, Dag::Fan, Dag::Wavefront] {
+        if only
+            .as_deref()
+            .is_some_and(|o| !o.split(',').any(|n| n == dag.name()))
+        {
+            continue;
+        }
+        let (two, one) = strata(dag, &keys);
+        let peer = bin.as_deref().and_then(|b| omp(b, dag.name()));
+        json.push(format!("\"{}_us\": {:.4}", dag.name(), two));
+        json.push(format!("\"{}_us_single_thread\": {:.4}", dag.name(), one));
+        json.push(format!(
+            "\"omp_{}_us\": {}",
+            dag.name(),
+            peer.map_or("null".into(), |v| format!("{v:.4}"))
+        ));
+        rows.push((dag.name(), dag.tasks(), two, one, peer));
+    }
+    let taskgroup = bin.as_deref().and_then(|b| omp(b, "fan_taskgroup"));
+    json.push(format!(
+        "\"omp_fan_taskgroup_us\": {}",
+        taskgroup.map_or("null".into(), |v| format!("{v:.4}"))
+    ));
+    println!("graph: µs per task (median of {REPS}; strata = orchestrator + scheduler thread, OpenMP = 2 threads)");
+    println!(
+        "{:<10} {:>8} {:>12} {:>14} {:>12} {:>10}",
+        "dag", "tasks", "strata", "strata 1-thr", "openmp", "speedup"
+    );
+    for (name, n, two, one, peer) in &rows {
+        let p = peer.map_or("n/a".to_string(), |v| format!("{v:.3}"));
+        let s = peer.map_or("n/a".to_string(), |v| format!("{:.2}x", v / two));
+        println!("{name:<10} {n:>8} {two:>12.3} {one:>14.3} {p:>12} {s:>10}");
+    }
+    if let Some(tg) = taskgroup {
+        println!(
+            "(OpenMP fan with a taskgroup barrier instead of an iterator fan-in: {tg:.3} µs/task)"
+        );
+    }
+    println!("{{{}}}", json.join(", "));
+}

@@ -55,7 +55,7 @@ impl BufferKey {
 /// let a = Access::new(key, Footprint::bytes(0, 64).unwrap(), ArgTag::InOut);
 /// assert!(a.tag.writes());
 /// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Access {
     /// The buffer.
     pub key: BufferKey,

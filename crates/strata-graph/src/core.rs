@@ -7,7 +7,7 @@ use crate::event::Progress;
 use crate::ring::DepPools;
 use crate::run::{RunId, Runs};
 use crate::slot::{SlotArena, SlotInner, TaskRef, TaskState};
-use crate::sync::{AtomicBool, AtomicU32, IndexQueue, MutexGuard, Ordering};
+use crate::sync::{AtomicBool, AtomicU32, Mutex, MutexGuard, Ordering};
 
 /// A task that became ready to dispatch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,8 +24,10 @@ pub(crate) struct Core<P> {
     pub(crate) arena: SlotArena<P>,
     /// Slot indices created so far (every index below this exists in the arena).
     pub(crate) created: AtomicU32,
-    /// Consumed slots waiting for the orchestrator to recycle them.
-    pub(crate) retired: IndexQueue,
+    /// Slots consumed on the scheduler side, handed to the orchestrator (which recycles
+    /// them) in batches.
+    pub(crate) retired: Mutex<Vec<u32>>,
+    pub(crate) retired_pending: AtomicBool,
     pub(crate) runs: Runs,
     pub(crate) progress: Progress,
     pub(crate) deps: DepPools,
@@ -37,7 +39,8 @@ impl<P> Core<P> {
         Core {
             arena: SlotArena::new(),
             created: AtomicU32::new(0),
-            retired: IndexQueue::default(),
+            retired: Mutex::new(Vec::new()),
+            retired_pending: AtomicBool::new(false),
             runs: Runs::new(depth),
             progress: Progress::new(),
             deps: DepPools::default(),
@@ -58,17 +61,34 @@ impl<P> Core<P> {
         }
     }
 
-    /// Releases one reference on `t`; the releaser that crosses the threshold consumes it.
-    pub(crate) fn release(&self, t: TaskRef) {
+    /// Releases one reference on `t`; the releaser that crosses the threshold consumes it
+    /// and appends its slot index to `retired` (to be handed to the orchestrator).
+    pub(crate) fn release(&self, t: TaskRef, retired: &mut Vec<u32>) {
         let slot = self.arena.get(t.index);
         if slot.release_ref() {
-            self.consume(t);
+            self.consume(t, retired);
         }
     }
 
-    /// Consumes a terminal, unreferenced task: its run's accounting drops, and the
-    /// orchestrator is handed the slot to reclaim its dependency entries, heap and slot.
-    fn consume(&self, t: TaskRef) {
+    /// Hands a batch of consumed slots to the orchestrator.
+    pub(crate) fn flush_retired(&self, retired: &mut Vec<u32>) {
+        if retired.is_empty() {
+            return;
+        }
+        self.retired.lock().append(retired);
+        self.retired_pending.store(true, Ordering::Release);
+    }
+
+    /// Takes every slot handed over so far (orchestrator side).
+    pub(crate) fn take_retired(&self, into: &mut Vec<u32>) {
+        if self.retired_pending.swap(false, Ordering::AcqRel) {
+            into.append(&mut self.retired.lock());
+        }
+    }
+
+    /// Consumes a terminal, unreferenced task: its run's accounting drops, and its slot is
+    /// queued for the orchestrator to reclaim its dependency entries and recycle it.
+    fn consume(&self, t: TaskRef, retired: &mut Vec<u32>) {
         let slot = self.arena.get(t.index);
         let won = slot.transition(t.id, TaskState::Completed, TaskState::Consumed)
             || slot.transition(t.id, TaskState::Failed, TaskState::Consumed);
@@ -77,7 +97,7 @@ impl<P> Core<P> {
             return;
         }
         let run_word = slot.run.load(Ordering::Relaxed);
-        self.retired.push(t.index);
+        retired.push(t.index);
         if self.runs.task_consumed(run_word) {
             self.progress.bump();
         }
@@ -92,10 +112,15 @@ impl<P> Core<P> {
     }
 
     /// Releases the references `t` holds on its producers, and its own edges.
-    pub(crate) fn release_producers(&self, t: TaskRef, producers: &mut Vec<TaskRef>) {
+    pub(crate) fn release_producers(
+        &self,
+        t: TaskRef,
+        producers: &mut Vec<TaskRef>,
+        retired: &mut Vec<u32>,
+    ) {
         self.refund_edges(t);
         for p in producers.drain(..) {
-            self.release(p);
+            self.release(p, retired);
         }
     }
 
@@ -161,10 +186,13 @@ impl<P> Core<P> {
                 scratch.consumers = stack;
             }
         }
-        self.release(t);
+        self.release(t, &mut scratch.retired);
         let mut producers = std::mem::take(&mut scratch.producers);
-        self.release_producers(t, &mut producers);
+        self.release_producers(t, &mut producers, &mut scratch.retired);
         scratch.producers = producers;
+        if scratch.retired.len() >= RETIRE_BATCH {
+            self.flush_retired(&mut scratch.retired);
+        }
         self.progress.bump();
     }
 
@@ -179,7 +207,7 @@ impl<P> Core<P> {
                 continue; // running, terminal, or recycled: left alone
             };
             inner.failure = Some(f.clone());
-            inner.group.skip_undispatched();
+            inner.skip_undispatched();
             if prior == TaskState::Building {
                 slot.debt.store(true, Ordering::Release);
                 continue;
@@ -187,16 +215,16 @@ impl<P> Core<P> {
             stack.append(&mut inner.consumers);
             std::mem::swap(&mut inner.producers, &mut scratch.poison_producers);
             drop(inner);
-            self.release(c);
+            self.release(c, &mut scratch.retired);
             let mut producers = std::mem::take(&mut scratch.poison_producers);
-            self.release_producers(c, &mut producers);
+            self.release_producers(c, &mut producers, &mut scratch.retired);
             scratch.poison_producers = producers;
         }
     }
 
     /// Claims every unstarted task of run `run_word` as failed (cancellation) and
     /// releases what they hold. Running tasks are left to finish.
-    pub(crate) fn cancel_run(&self, run_word: u64, f: &Failure) -> usize {
+    pub(crate) fn cancel_run(&self, run_word: u64, f: &Failure, retired: &mut Vec<u32>) -> usize {
         let created = self.created.load(Ordering::Acquire);
         let mut cancelled = Vec::new();
         self.arena.for_each(created, |index, slot| {
@@ -218,7 +246,7 @@ impl<P> Core<P> {
                 return;
             };
             inner.failure = Some(f.clone());
-            inner.group.skip_undispatched();
+            inner.skip_undispatched();
             let t = TaskRef { index, id };
             // A slot claimed while building had its debt adopted here: the submit that
             // abandoned it will never settle it.
@@ -229,13 +257,16 @@ impl<P> Core<P> {
         });
         let n = cancelled.len();
         for (t, mut producers) in cancelled {
-            self.release(t);
-            self.release_producers(t, &mut producers);
+            self.release(t, retired);
+            self.release_producers(t, &mut producers, retired);
         }
         self.progress.bump();
         n
     }
 }
+
+/// Consumed slots the scheduler accumulates before handing them to the orchestrator.
+pub(crate) const RETIRE_BATCH: usize = 64;
 
 /// Reusable buffers for completion processing.
 #[derive(Debug, Default)]
@@ -243,6 +274,8 @@ pub(crate) struct Scratch {
     pub(crate) consumers: Vec<TaskRef>,
     pub(crate) producers: Vec<TaskRef>,
     pub(crate) poison_producers: Vec<TaskRef>,
+    /// Slots consumed by this side, not yet handed over.
+    pub(crate) retired: Vec<u32>,
 }
 
 /// A snapshot of a slot's bookkeeping, for tests.

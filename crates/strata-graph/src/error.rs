@@ -29,50 +29,49 @@ pub enum FailureKind {
 /// assert_eq!(f.to_string(), "kernel vector_add: index out of range");
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Failure {
+pub struct Failure(Arc<FailureInner>);
+
+#[derive(Debug, PartialEq, Eq)]
+struct FailureInner {
     kind: FailureKind,
     code: i32,
-    message: Arc<str>,
+    message: String,
 }
 
 impl Failure {
     /// A failure with code 0.
-    pub fn new(kind: FailureKind, message: impl Into<Arc<str>>) -> Self {
-        Failure {
-            kind,
-            code: 0,
-            message: message.into(),
-        }
+    pub fn new(kind: FailureKind, message: impl Into<String>) -> Self {
+        Self::with_code(kind, 0, message)
     }
 
     /// A failure carrying a numeric code (e.g. a chip fatal code).
-    pub fn with_code(kind: FailureKind, code: i32, message: impl Into<Arc<str>>) -> Self {
-        Failure {
+    pub fn with_code(kind: FailureKind, code: i32, message: impl Into<String>) -> Self {
+        Failure(Arc::new(FailureInner {
             kind,
             code,
             message: message.into(),
-        }
+        }))
     }
 
     /// The kind.
     pub fn kind(&self) -> FailureKind {
-        self.kind
+        self.0.kind
     }
 
     /// The numeric code (0 when none applies).
     pub fn code(&self) -> i32 {
-        self.code
+        self.0.code
     }
 
     /// The message.
     pub fn message(&self) -> &str {
-        &self.message
+        &self.0.message
     }
 }
 
 impl fmt::Display for Failure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.message)
+        f.write_str(&self.0.message)
     }
 }
 

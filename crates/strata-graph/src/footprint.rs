@@ -7,6 +7,7 @@
 //! no axis wrapping into the next row) the test is exact per axis. Anything else that
 //! intersects is [`Overlap::Partial`]: a false dependency is possible, a missed one never.
 
+use std::sync::Arc;
 use strata_types::{TensorView, TypesError, MAX_DIMS};
 
 /// How a probe footprint relates to an existing entry's footprint.
@@ -87,10 +88,13 @@ impl Lattice {
 /// assert_eq!(Footprint::of_view(&m).overlap(&left), Overlap::Covered);
 /// assert_eq!(Footprint::WHOLE.overlap(&left), Overlap::Covered);
 /// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+///
+/// A footprint is 32 bytes; the per-axis description of a regular multi-axis view is
+/// shared behind an `Arc`, so cloning never copies it.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Footprint(Repr);
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 enum Repr {
     Whole,
     View {
@@ -98,7 +102,9 @@ enum Repr {
         end: u64,
         /// Every byte in `[start, end)` is an element of the view.
         dense: bool,
-        lattice: Option<Lattice>,
+        /// Per-axis coordinates, for regular views of two or more axes (a regular 1-D
+        /// view is dense, and dense ranges are compared exactly without it).
+        lattice: Option<Arc<Lattice>>,
     },
 }
 
@@ -109,11 +115,16 @@ impl Footprint {
     /// The footprint of a tensor view.
     pub fn of_view(view: &TensorView) -> Footprint {
         let (start, end) = view.byte_span();
+        let lattice = if view.ndims() > 1 {
+            Lattice::of(view).map(Arc::new)
+        } else {
+            None
+        };
         Footprint(Repr::View {
             start,
             end,
             dense: view.is_contiguous(),
-            lattice: Lattice::of(view),
+            lattice,
         })
     }
 
@@ -134,13 +145,7 @@ impl Footprint {
             start,
             end,
             dense: true,
-            lattice: Some(Lattice {
-                elem: 1,
-                ndims: 1,
-                strides: [1, 0, 0, 0, 0],
-                lo: [start, 0, 0, 0, 0],
-                hi: [end, 0, 0, 0, 0],
-            }),
+            lattice: None,
         }))
     }
 

@@ -17,12 +17,9 @@ fn acc(k: BufferKey, tag: ArgTag) -> [Access; 1] {
     [Access::new(k, Footprint::WHOLE, tag)]
 }
 
-fn drain_retired(orch: &Orchestrator<u32>) -> Vec<u32> {
-    let mut v = vec![];
-    while let Some(i) = orch.core().retired.pop() {
-        v.push(i);
-    }
-    v
+fn drain_retired(orch: &mut Orchestrator<u32>, sched: &mut Scheduler<u32>) -> Vec<u32> {
+    sched.flush();
+    orch.take_unrecycled()
 }
 
 /// A consumer published while its producer completes successfully is made ready exactly
@@ -71,7 +68,7 @@ fn loom_publication_vs_failure_poisons_and_releases_once() {
             sched
         });
         let c = orch.submit(TaskSpec::new(2, &acc(k, ArgTag::Input)));
-        let _sched = t.join().unwrap();
+        let mut sched = t.join().unwrap();
         match &c {
             Ok(s) => {
                 assert!(!s.ready);
@@ -85,7 +82,7 @@ fn loom_publication_vs_failure_poisons_and_releases_once() {
             Err(e) => panic!("{e}"),
         }
         orch.close_run().unwrap();
-        let retired = drain_retired(&orch);
+        let retired = drain_retired(&mut orch, &mut sched);
         let mut unique = retired.clone();
         unique.sort();
         unique.dedup();
@@ -113,9 +110,12 @@ fn loom_completion_vs_scope_end_consumes_once() {
             sched
         });
         orch.scope_end().unwrap();
-        let _sched = t.join().unwrap();
+        let mut sched = t.join().unwrap();
         assert_eq!(orch.task_state(a.task), Some(TaskState::Consumed));
-        assert_eq!(drain_retired(&orch), vec![a.task.slot_index()]);
+        assert_eq!(
+            drain_retired(&mut orch, &mut sched),
+            vec![a.task.slot_index()]
+        );
         assert_eq!(orch.core().debug(a.task).refs_released, 2);
     });
 }

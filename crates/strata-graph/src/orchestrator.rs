@@ -11,7 +11,7 @@ use crate::scheduler::Scheduler;
 use crate::scope::ScopeStack;
 use crate::slot::{TaskRef, TaskState};
 use crate::sync::{Arc, Ordering};
-use crate::tensormap::TensorMap;
+use crate::tensormap::{JournalEntry, TensorMap};
 use std::time::{Duration, Instant};
 
 /// Configuration of a graph.
@@ -114,6 +114,8 @@ pub fn graph<P: Send>(config: GraphConfig) -> Result<(Orchestrator<P>, Scheduler
         building: None,
         lease_runs: [None; MAX_PIPELINE_DEPTH],
         producers: Vec::new(),
+        heads: Vec::new(),
+        retired: Vec::new(),
     };
     Ok((orch, Scheduler::new(core)))
 }
@@ -230,17 +232,13 @@ pub struct Submitted {
     pub run: RunId,
 }
 
-#[derive(Debug, Clone, Copy)]
-enum Journal {
-    Access(BufferKey),
-    Owned(BufferKey),
-}
+const NO_HEAD: u32 = u32::MAX;
 
 /// Orchestrator-only bookkeeping per slot.
 #[derive(Debug, Default)]
 struct Side {
-    run: u64,
-    journal: Vec<Journal>,
+    /// TensorMap entries this task recorded, retired when it is consumed.
+    journal: Vec<JournalEntry>,
     stamp: u64,
     scope: Option<u64>,
 }
@@ -261,6 +259,10 @@ pub struct Orchestrator<P> {
     /// when the lease is reused, by which time every one of its tasks was consumed).
     lease_runs: [Option<u64>; MAX_PIPELINE_DEPTH],
     producers: Vec<TaskRef>,
+    /// TensorMap heads of the accesses of the task being submitted, in member order.
+    heads: Vec<u32>,
+    /// Slots consumed on this side (or handed over by the scheduler) awaiting recycling.
+    retired: Vec<u32>,
 }
 
 impl<P> std::fmt::Debug for Orchestrator<P> {
@@ -295,8 +297,9 @@ impl<P: Send> Orchestrator<P> {
         self.recycle();
         let (run, lease) = self.core.runs.begin(timeout)?;
         if let Some(old) = self.lease_runs[lease].replace(run.0) {
-            self.map.clear_run(old);
+            self.map.forget_run(old);
         }
+        self.map.sweep(run.0);
         self.building = Some((run, lease));
         self.scopes.begin()?;
         Ok(run)
@@ -336,7 +339,8 @@ impl<P: Send> Orchestrator<P> {
         }
         self.building = None;
         self.core.runs.fail_submission(run.0, &failure)?;
-        self.core.cancel_run(run_word(run.0, lease), &failure);
+        self.core
+            .cancel_run(run_word(run.0, lease), &failure, &mut self.retired);
         if self.core.runs.settle(run.0) {
             self.core.progress.bump();
         }
@@ -408,7 +412,8 @@ impl<P: Send> Orchestrator<P> {
     /// [`GraphError::NoOpenScope`].
     pub fn scope_end(&mut self) -> Result<(), GraphError> {
         let core = &self.core;
-        self.scopes.end(|t| core.release(t))?;
+        let retired = &mut self.retired;
+        self.scopes.end(|t| core.release(t, retired))?;
         Ok(())
     }
 
@@ -440,7 +445,11 @@ impl<P: Send> Orchestrator<P> {
         let word = run_word(run.0, lease);
         self.check_fail_fast(word)?;
         Self::validate(&spec)?;
-        self.recycle();
+        // Recycle before dependency lookup: recycling may free TensorMap heads, so it
+        // must never run between a submit's lookups and its records.
+        if self.free.is_empty() {
+            self.recycle();
+        }
 
         // Producers: explicit deps, allocators of runtime-owned buffers, TensorMap hits.
         self.stamp += 1;
@@ -473,25 +482,36 @@ impl<P: Send> Orchestrator<P> {
         self.rings[ring_idx].commit(task, offset, aligned);
         self.core.runs.add_task(lease);
         let slot = self.core.arena.get(task.index);
-        if let Some(serial) = self.scopes.register(task) {
-            slot.add_ref();
-            self.side[task.index as usize].scope = Some(serial);
+        // Only a task that owns runtime memory is retained by its scope: a task without
+        // any is reclaimed as soon as it and its consumers finish (a completed producer
+        // imposes no wait, so keeping it would only keep memory).
+        if aligned > 0 || !spec.creates.is_empty() {
+            if let Some(serial) = self.scopes.register(task) {
+                slot.add_ref();
+                self.side[task.index as usize].scope = Some(serial);
+            }
         }
         // Record this task's accesses (and the buffers it creates) in the TensorMap.
         {
             let core = &self.core;
             let live = |t: &TaskRef| core.is_live(t);
             let side = &mut self.side[task.index as usize];
+            let mut i = 0;
             for member in spec.member_lists() {
                 for a in member {
-                    if self.map.record(run.0, a, task, &live) {
-                        side.journal.push(Journal::Access(a.key));
+                    let h = self.heads[i];
+                    i += 1;
+                    if h != NO_HEAD {
+                        if let Some(j) = self.map.record(h, run.0, a, task, &live) {
+                            side.journal.push(j);
+                        }
                     }
                 }
             }
             for key in spec.creates {
-                self.map.register_owned(run.0, *key, task);
-                side.journal.push(Journal::Owned(*key));
+                if let Some(h) = self.map.head(*key, run.0, true) {
+                    side.journal.push(self.map.register_owned(h, run.0, task));
+                }
             }
         }
         // Wire onto each producer.
@@ -541,7 +561,7 @@ impl<P: Send> Orchestrator<P> {
         if let Some(f) = poisoned_by {
             if slot.claim_failure(task.id).is_some() {
                 inner.failure = Some(f);
-                inner.group.skip_undispatched();
+                inner.skip_undispatched();
             }
         } else if slot.transition(task.id, TaskState::Building, TaskState::Pending) {
             poisoned = false;
@@ -562,8 +582,9 @@ impl<P: Send> Orchestrator<P> {
                 .unwrap_or_else(|| Failure::new(FailureKind::Task, "producer task failed"));
             drop(inner);
             self.core.runs.record_error(word, &f);
-            self.core.release(task);
-            self.core.release_producers(task, &mut prods);
+            self.core.release(task, &mut self.retired);
+            self.core
+                .release_producers(task, &mut prods, &mut self.retired);
         } else {
             drop(inner);
         }
@@ -591,7 +612,9 @@ impl<P: Send> Orchestrator<P> {
         let (run, lease) = self.building("alloc")?;
         let word = run_word(run.0, lease);
         self.check_fail_fast(word)?;
-        self.recycle();
+        if self.free.is_empty() {
+            self.recycle();
+        }
         let ring_idx = ring_for_depth(self.scopes.current_depth());
         let aligned = self.check_heap_request(ring_idx, bytes.max(1))?;
         let offset = self.reserve_slot(ring_idx, aligned)?;
@@ -603,12 +626,12 @@ impl<P: Send> Orchestrator<P> {
             slot.add_ref();
             self.side[task.index as usize].scope = Some(serial);
         }
-        self.map.register_owned(run.0, key, task);
-        self.side[task.index as usize]
-            .journal
-            .push(Journal::Owned(key));
+        if let Some(h) = self.map.head(key, run.0, true) {
+            let j = self.map.register_owned(h, run.0, task);
+            self.side[task.index as usize].journal.push(j);
+        }
         slot.store(task.id, TaskState::Completed);
-        self.core.release(task); // the self-release of an already complete task
+        self.core.release(task, &mut self.retired); // the self-release of a complete task
         Ok((
             task,
             HeapSlab {
@@ -636,9 +659,11 @@ impl<P: Send> Orchestrator<P> {
         {
             let core = &self.core;
             let live = |t: &TaskRef| core.is_live(t);
-            self.map.collect(run.0, access, &live, |t| waits.push(t));
-            if let Some(Some(owner)) = self.map.owner(run.0, &access.key) {
-                waits.push(owner);
+            if let Some(h) = self.map.head(access.key, run.0, false) {
+                self.map.collect(h, run.0, access, &live, |t| waits.push(t));
+                if let Some(owner) = self.map.owner(h, run.0) {
+                    waits.push(owner);
+                }
             }
         }
         let timeout = timeout.unwrap_or(self.config.wait_timeout);
@@ -825,21 +850,26 @@ impl<P: Send> Orchestrator<P> {
             }
         }
         let live = |t: &TaskRef| core.is_live(t);
-        let mut arg = 0usize;
+        let heads = &mut self.heads;
+        heads.clear();
         for member in spec.member_lists() {
             for a in member {
-                match self.map.owner(run, &a.key) {
-                    Some(Some(owner)) if live(&owner) => add(owner),
+                let Some(h) = self.map.head(a.key, run, a.tag.tracked()) else {
+                    heads.push(NO_HEAD);
+                    continue;
+                };
+                heads.push(h);
+                match self.map.owner(h, run) {
+                    Some(owner) if live(&owner) => add(owner),
                     Some(_) => {
                         return Err(GraphError::BufferReclaimed {
-                            arg,
+                            arg: heads.len() - 1,
                             buffer: a.key.identity.to_string(),
                         })
                     }
                     None => {}
                 }
-                self.map.collect(run, a, &live, &mut add);
-                arg += 1;
+                self.map.collect(h, run, a, &live, &mut add);
             }
         }
         Ok(())
@@ -867,24 +897,18 @@ impl<P: Send> Orchestrator<P> {
         Ok(aligned)
     }
 
-    /// Recycles consumed slots: erases their TensorMap entries and frees their indices.
+    /// Recycles consumed slots: retires their TensorMap entries (marking reclaimed the
+    /// buffers they allocated) and frees their indices.
+    ///
+    /// Never call it between a submit's TensorMap lookups and its records: retiring may
+    /// free a head the submit has looked up.
     fn recycle(&mut self) {
-        while let Some(index) = self.core.retired.pop() {
+        self.core.take_retired(&mut self.retired);
+        for index in self.retired.drain(..) {
             let side = &mut self.side[index as usize];
-            let run = side.run;
             side.scope = None;
-            let core = &self.core;
-            let live = |t: &TaskRef| core.is_live(t);
-            let slot_id = core.arena.get(index).load().0;
             for j in side.journal.drain(..) {
-                match j {
-                    Journal::Access(key) => self.map.retire(run, key, &live),
-                    Journal::Owned(key) => {
-                        self.map
-                            .reclaim_owned(run, key, TaskRef { index, id: slot_id });
-                        self.map.retire(run, key, &live);
-                    }
-                }
+                self.map.retire(j);
             }
             self.free.push(index);
         }
@@ -904,7 +928,6 @@ impl<P: Send> Orchestrator<P> {
         let id = self.next_id;
         self.next_id += 1;
         let side = &mut self.side[index as usize];
-        side.run = word >> 1;
         side.scope = None;
         side.journal.clear();
         self.core
@@ -936,11 +959,16 @@ impl<P: Send> Orchestrator<P> {
                 });
             }
         }
+        // Fast path: room now (reclaiming what the ring already knows is free).
+        let core = &self.core;
+        self.rings[ring].advance_lazily(|t| !core.is_live(t));
+        if let Ok(offset) = self.rings[ring].check(aligned) {
+            return Ok(offset);
+        }
         let timeout = self.config.wait_timeout;
         let mut last_progress = Instant::now();
         loop {
             let seen = self.core.progress.seq();
-            self.recycle();
             let core = &self.core;
             let before = self.rings[ring].live();
             self.rings[ring].advance(|t| !core.is_live(t));
@@ -1020,7 +1048,6 @@ impl<P: Send> Orchestrator<P> {
                     cause: DeadlockCause::NoProgress(waited),
                 });
             }
-            self.recycle();
             self.core.progress.wait(seen, Some(last_progress + timeout));
         }
     }
@@ -1037,5 +1064,12 @@ impl<P> Drop for Orchestrator<P> {
 impl<P: Send> Orchestrator<P> {
     pub(crate) fn core(&self) -> &Core<P> {
         &self.core
+    }
+
+    /// Slot indices consumed and not yet recycled (draining them).
+    #[cfg(loom)]
+    pub(crate) fn take_unrecycled(&mut self) -> Vec<u32> {
+        self.core.take_retired(&mut self.retired);
+        std::mem::take(&mut self.retired)
     }
 }

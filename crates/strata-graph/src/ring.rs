@@ -73,6 +73,8 @@ pub(crate) struct Ring {
     top: u64,
     tail: u64,
     fifo: VecDeque<FifoEntry>,
+    /// FIFO length at which [`Ring::advance_lazily`] next sweeps.
+    advance_at: usize,
 }
 
 /// Why a reservation could not be made right now.
@@ -95,6 +97,7 @@ impl Ring {
             top: 0,
             tail: 0,
             fifo: VecDeque::new(),
+            advance_at: 64,
         }
     }
 
@@ -111,6 +114,21 @@ impl Ring {
             // Nothing live: rebase so the whole heap is one free run.
             self.top = 0;
             self.tail = 0;
+        }
+    }
+
+    /// Like [`Ring::advance`], but only when the FIFO has grown since the last time (so
+    /// the common submit pays a check of the front entry at most, and the FIFO of a ring
+    /// that never runs short stays bounded by about twice its live entries).
+    pub(crate) fn advance_lazily(&mut self, released: impl Fn(&TaskRef) -> bool) {
+        if self.fifo.len() >= self.advance_at {
+            self.advance(released);
+            self.advance_at = 2 * self.fifo.len() + 64;
+        } else if let Some(front) = self.fifo.front() {
+            // Cheap: keep the heap tail moving when the oldest task is gone.
+            if released(&front.task) {
+                self.advance(released);
+            }
         }
     }
 

@@ -4,6 +4,7 @@
 use crate::access::FxHashMap;
 use crate::error::{Failure, GraphError};
 use crate::sync::{wait_timeout, AtomicBool, AtomicU64, Condvar, Mutex, MutexGuard, Ordering};
+use crossbeam_utils::CachePadded;
 use std::collections::VecDeque;
 use std::fmt;
 use std::time::{Duration, Instant};
@@ -36,12 +37,24 @@ pub enum RunPhase {
     Failed,
 }
 
-/// Hot-path accounting of the run holding one pipeline lease.
+/// Hot-path accounting of the run holding one pipeline lease. The orchestrator counts
+/// submitted tasks and whoever consumes a task counts consumed ones, each on its own cache
+/// line, so the two threads never write the same line per task; the run is drained when
+/// the counts meet after submission closed.
 #[derive(Debug, Default)]
 pub(crate) struct RunCell {
     id: AtomicU64,
-    active: AtomicU64,
+    closed: AtomicBool,
     failed: AtomicBool,
+    submitted: CachePadded<AtomicU64>,
+    consumed: CachePadded<AtomicU64>,
+}
+
+impl RunCell {
+    fn active(&self) -> u64 {
+        let consumed = self.consumed.load(Ordering::SeqCst);
+        self.submitted.load(Ordering::SeqCst) - consumed
+    }
 }
 
 #[derive(Debug)]
@@ -134,8 +147,10 @@ impl Runs {
         let id = g.next_id;
         g.next_id += 1;
         let cell = &self.cells[lease];
-        cell.active.store(0, Ordering::Relaxed);
-        cell.failed.store(false, Ordering::Relaxed);
+        cell.submitted.store(0, Ordering::SeqCst);
+        cell.consumed.store(0, Ordering::SeqCst);
+        cell.closed.store(false, Ordering::SeqCst);
+        cell.failed.store(false, Ordering::SeqCst);
         cell.id.store(id, Ordering::Release);
         g.fifo.push_back(RunRec {
             id,
@@ -160,12 +175,12 @@ impl Runs {
     }
 
     pub(crate) fn add_task(&self, lease: usize) {
-        self.cells[lease].active.fetch_add(1, Ordering::AcqRel);
+        self.cells[lease].submitted.fetch_add(1, Ordering::SeqCst);
     }
 
     /// Live (not yet consumed) tasks of the run on `lease`.
     pub(crate) fn active(&self, lease: usize) -> u64 {
-        self.cells[lease].active.load(Ordering::Acquire)
+        self.cells[lease].active()
     }
 
     /// Whether the run in `word` has a recorded error (fast path for fail-fast submits).
@@ -208,7 +223,8 @@ impl Runs {
         if cell.id.load(Ordering::Acquire) != id {
             return false;
         }
-        if cell.active.fetch_sub(1, Ordering::AcqRel) == 1 {
+        let consumed = cell.consumed.fetch_add(1, Ordering::SeqCst) + 1;
+        if cell.closed.load(Ordering::SeqCst) && consumed == cell.submitted.load(Ordering::SeqCst) {
             let mut g = self.inner.lock();
             return self.maybe_finish(&mut g, id);
         }
@@ -224,6 +240,7 @@ impl Runs {
         g.building = None;
         if let Some(r) = g.fifo.iter_mut().find(|r| r.id == id) {
             r.closed = true;
+            self.cells[r.lease].closed.store(true, Ordering::SeqCst);
         }
         Ok(self.maybe_finish(&mut g, id))
     }
@@ -246,6 +263,7 @@ impl Runs {
             .ok_or(GraphError::UnknownRun(id))?;
         r.closed = true;
         r.submission_failed = true;
+        self.cells[r.lease].closed.store(true, Ordering::SeqCst);
         if r.first_error.is_none() {
             r.first_error = Some(failure.clone());
         }
@@ -265,7 +283,7 @@ impl Runs {
             return false;
         };
         let r = &g.fifo[pos];
-        if !r.closed || self.cells[r.lease].active.load(Ordering::Acquire) != 0 {
+        if !r.closed || self.cells[r.lease].active() != 0 {
             return false;
         }
         if pos != 0 && !r.submission_failed {

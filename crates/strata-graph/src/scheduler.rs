@@ -27,6 +27,12 @@ pub struct Scheduler<P> {
     scratch: Scratch,
 }
 
+impl<P> Drop for Scheduler<P> {
+    fn drop(&mut self) {
+        self.core.flush_retired(&mut self.scratch.retired);
+    }
+}
+
 impl<P> std::fmt::Debug for Scheduler<P> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Scheduler").finish_non_exhaustive()
@@ -51,7 +57,7 @@ impl<P: Send> Scheduler<P> {
         }
         let mut inner = slot.inner.lock();
         let payload = inner.payload.take()?;
-        let group_size = inner.group.members.len().max(1);
+        let group_size = inner.members().len().max(1);
         drop(inner);
         let rt = self.core.ready_task(t);
         Some(Claimed {
@@ -82,7 +88,7 @@ impl<P: Send> Scheduler<P> {
                 "completion of {t}, which is not running"
             )));
         }
-        if !inner.group.members.is_empty() {
+        if !inner.members().is_empty() {
             return Err(GraphError::InvalidArgs(format!(
                 "{t} is a group task: complete its members with complete_member"
             )));
@@ -104,7 +110,10 @@ impl<P: Send> Scheduler<P> {
         if slot.state_of(t.id) != Some(TaskState::Running) {
             return Err(GraphError::InvalidArgs(format!("{t} is not running")));
         }
-        match inner.group.members.get_mut(member) {
+        let members = inner
+            .group_mut()
+            .map_or(&mut [][..], |g| &mut g.members[..]);
+        match members.get_mut(member) {
             Some(m @ MemberState::NotDispatched) => {
                 *m = MemberState::Running;
                 Ok(true)
@@ -133,20 +142,23 @@ impl<P: Send> Scheduler<P> {
     ) -> Result<bool, GraphError> {
         let slot = self.core.arena.get(t.index);
         let mut inner = slot.inner.lock();
-        if slot.state_of(t.id) != Some(TaskState::Running) || inner.group.members.is_empty() {
+        if slot.state_of(t.id) != Some(TaskState::Running) || inner.members().is_empty() {
             return Err(GraphError::InvalidArgs(format!(
                 "{t} is not a running group task"
             )));
         }
-        if member >= inner.group.members.len() {
+        let Some(group) = inner.group_mut() else {
+            unreachable!("checked above");
+        };
+        if member >= group.members.len() {
             let f = Failure::new(
                 FailureKind::Endpoint,
                 format!(
                     "completion for member {member} of {t}, which has {} members",
-                    inner.group.members.len()
+                    group.members.len()
                 ),
             );
-            for m in &mut inner.group.members {
+            for m in &mut group.members {
                 if matches!(m, MemberState::NotDispatched | MemberState::Running) {
                     *m = MemberState::Skipped;
                 }
@@ -155,17 +167,17 @@ impl<P: Send> Scheduler<P> {
                 .finish_locked(t, inner, Err(f), ready, &mut self.scratch);
             return Ok(true);
         }
-        if !inner.group.record(member, &outcome) {
+        if !group.record(member, &outcome) {
             return Ok(false);
         }
         if let Err(f) = &outcome {
             let run_word = slot.run.load(Ordering::Relaxed);
             self.core.runs.record_error(run_word, f);
         }
-        if !inner.group.all_terminal() {
+        if !group.all_terminal() {
             return Ok(false);
         }
-        let aggregate = match &inner.group.first_failure {
+        let aggregate = match &group.first_failure {
             Some((_, f)) => Err(f.clone()),
             None => Ok(()),
         };
@@ -181,7 +193,7 @@ impl<P: Send> Scheduler<P> {
         if slot.state_of(t.id).is_none() {
             return vec![];
         }
-        inner.group.members.clone()
+        inner.members().to_vec()
     }
 
     /// The run whose tasks may be dispatched now: the oldest run in flight. Tasks of a
@@ -224,6 +236,12 @@ impl<P: Send> Scheduler<P> {
         self.core
             .progress
             .wait(seen, Some(Instant::now() + timeout))
+    }
+
+    /// Hands the slots this scheduler consumed to the orchestrator for recycling now
+    /// (otherwise they are handed over in batches). Call it before going idle.
+    pub fn flush(&mut self) {
+        self.core.flush_retired(&mut self.scratch.retired);
     }
 
     /// Whether the orchestrator has shut the graph down (or was dropped).

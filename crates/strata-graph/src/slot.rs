@@ -195,8 +195,27 @@ pub(crate) struct SlotInner<P> {
     pub(crate) fanin_count: Option<u32>,
     /// Live producers that completed so far.
     pub(crate) fanin_released: u32,
-    /// Group bookkeeping; `members` is empty for a single task.
-    pub(crate) group: GroupState,
+    /// Group bookkeeping (boxed: rare); absent or with no members for a single task.
+    pub(crate) group: Option<Box<GroupState>>,
+}
+
+impl<P> SlotInner<P> {
+    /// The group state of a group task (`None` for a single task).
+    pub(crate) fn group_mut(&mut self) -> Option<&mut GroupState> {
+        self.group.as_deref_mut().filter(|g| !g.members.is_empty())
+    }
+
+    /// Members of a group task (empty for a single task).
+    pub(crate) fn members(&self) -> &[MemberState] {
+        self.group.as_deref().map_or(&[], |g| &g.members)
+    }
+
+    /// Marks undispatched members of a group skipped (no-op for a single task).
+    pub(crate) fn skip_undispatched(&mut self) {
+        if let Some(g) = self.group_mut() {
+            g.skip_undispatched();
+        }
+    }
 }
 
 // Bit layout of `refs`: released references in the low 32 bits, the number of references
@@ -250,7 +269,7 @@ impl<P> Slot<P> {
                 payload: None,
                 fanin_count: None,
                 fanin_released: 0,
-                group: GroupState::default(),
+                group: None,
             }),
         }
     }
@@ -373,9 +392,14 @@ impl<P> Slot<P> {
         inner.payload = None;
         inner.fanin_count = None;
         inner.fanin_released = 0;
-        inner
-            .group
-            .reset(if group_size > 1 { group_size } else { 0 });
+        if group_size > 1 {
+            inner
+                .group
+                .get_or_insert_with(Default::default)
+                .reset(group_size);
+        } else if let Some(g) = inner.group.as_mut() {
+            g.reset(0);
+        }
         self.refs.store(0, Ordering::Relaxed);
         self.debt.store(false, Ordering::Relaxed);
         self.route.store(route, Ordering::Relaxed);

@@ -66,33 +66,3 @@ pub(crate) fn wait_timeout<'a, T>(
 ) -> MutexGuard<'a, T> {
     cv.wait(guard).unwrap_or_else(|e| e.into_inner())
 }
-
-/// A multi-producer queue of slot indices handed from whoever consumes a slot to the
-/// orchestrator, which recycles it.
-#[cfg(not(loom))]
-#[derive(Debug, Default)]
-pub(crate) struct IndexQueue(crossbeam_queue::SegQueue<u32>);
-
-#[cfg(not(loom))]
-impl IndexQueue {
-    pub(crate) fn push(&self, v: u32) {
-        self.0.push(v)
-    }
-    pub(crate) fn pop(&self) -> Option<u32> {
-        self.0.pop()
-    }
-}
-
-#[cfg(loom)]
-#[derive(Debug, Default)]
-pub(crate) struct IndexQueue(Mutex<std::collections::VecDeque<u32>>);
-
-#[cfg(loom)]
-impl IndexQueue {
-    pub(crate) fn push(&self, v: u32) {
-        self.0.lock().push_back(v)
-    }
-    pub(crate) fn pop(&self) -> Option<u32> {
-        self.0.lock().pop_front()
-    }
-}

@@ -56,6 +56,12 @@ impl H {
     fn submit(&mut self, payload: u32, acc: &[Access]) -> Submitted {
         self.orch.submit(TaskSpec::new(payload, acc)).unwrap()
     }
+    /// Submits a task that owns a heap slab (and is therefore retained by its scope).
+    fn submit_heap(&mut self, payload: u32, acc: &[Access]) -> Submitted {
+        self.orch
+            .submit(TaskSpec::new(payload, acc).with_heap(1024, &[]))
+            .unwrap()
+    }
     fn debug(&self, t: TaskRef) -> crate::core::DebugSlot {
         self.orch.core().debug(t)
     }
@@ -146,7 +152,11 @@ fn group_duplicate_inputs_keep_one_producer() {
     let d = h.debug(g.task);
     assert_eq!(d.fanin_count, Some(1));
     assert_eq!(d.producers, vec![p.task]);
-    assert_eq!(h.debug(p.task).refs_total, 2, "scope + one consumer edge");
+    assert_eq!(
+        h.debug(p.task).refs_total,
+        1,
+        "one consumer edge (no heap: no scope ref)"
+    );
 }
 
 #[test]
@@ -266,12 +276,29 @@ fn a_reader_of_the_whole_backing_depends_on_every_disjoint_writer() {
 }
 
 #[test]
-fn scope_registers_and_releases_its_reference() {
+fn a_task_without_runtime_memory_is_not_retained_by_its_scope() {
     let mut h = h();
     h.orch.begin_run().unwrap();
     h.orch.scope_begin().unwrap();
     let k = h.key();
     let a = h.submit(1, &[whole(k, ArgTag::Output)]);
+    assert_eq!(h.debug(a.task).refs_total, 0);
+    h.run_one(a.task);
+    assert!(
+        consumed(h.orch.task_state(a.task)),
+        "reclaimed at completion"
+    );
+    // A later reader finds nothing to wait for.
+    assert!(h.submit(2, &[whole(k, ArgTag::Input)]).ready);
+}
+
+#[test]
+fn scope_registers_and_releases_its_reference() {
+    let mut h = h();
+    h.orch.begin_run().unwrap();
+    h.orch.scope_begin().unwrap();
+    let k = h.key();
+    let a = h.submit_heap(1, &[whole(k, ArgTag::Output)]);
     assert_eq!(h.debug(a.task).refs_total, 1);
     h.run_one(a.task);
     assert_eq!(h.orch.task_state(a.task), Some(TaskState::Completed));
@@ -312,7 +339,7 @@ fn inout_wires_a_completed_creator_without_delay_but_retains_it() {
     let mut h = h();
     h.orch.begin_run().unwrap();
     let k = h.key();
-    let c = h.submit(1, &[whole(k, ArgTag::Output)]);
+    let c = h.submit_heap(1, &[whole(k, ArgTag::Output)]);
     h.run_one(c.task);
     let w = h.submit(2, &[whole(k, ArgTag::InOut)]);
     assert!(w.ready);
@@ -412,7 +439,7 @@ fn cancel_keeps_producer_refs_held_by_a_running_consumer() {
     let mut h = h();
     h.orch.begin_run().unwrap();
     let k = h.key();
-    let p = h.submit(1, &[whole(k, ArgTag::Output)]);
+    let p = h.submit_heap(1, &[whole(k, ArgTag::Output)]);
     h.run_one(p.task);
     let c = h.submit(2, &[whole(k, ArgTag::Input)]);
     h.sched.claim(c.task).unwrap();
@@ -1006,7 +1033,10 @@ fn scope_deadlock_is_code_1() {
     let mut err = None;
     for i in 0..8 {
         let k = h.key();
-        match h.orch.submit(TaskSpec::new(i, &[whole(k, ArgTag::Output)])) {
+        match h
+            .orch
+            .submit(TaskSpec::new(i, &[whole(k, ArgTag::Output)]).with_heap(64, &[]))
+        {
             Ok(_) => {}
             Err(e) => {
                 err = Some((i, e));
@@ -1030,7 +1060,7 @@ fn flow_control_deadlock_is_code_3() {
             let k = h.key();
             if let Err(e) = h
                 .orch
-                .submit(TaskSpec::new(s * 3 + i, &[whole(k, ArgTag::Output)]))
+                .submit(TaskSpec::new(s * 3 + i, &[whole(k, ArgTag::Output)]).with_heap(64, &[]))
             {
                 err = Some(e);
                 break 'outer;
