@@ -241,6 +241,9 @@ struct Side {
     journal: Vec<JournalEntry>,
     stamp: u64,
     scope: Option<u64>,
+    /// The task owns runtime memory (a heap slab or allocated buffers): its consumers
+    /// must retain it even after it completed.
+    owns_memory: bool,
 }
 
 /// The orchestrator handle of a graph (see [`graph`]).
@@ -486,6 +489,7 @@ impl<P: Send> Orchestrator<P> {
         // any is reclaimed as soon as it and its consumers finish (a completed producer
         // imposes no wait, so keeping it would only keep memory).
         if aligned > 0 || !spec.creates.is_empty() {
+            self.side[task.index as usize].owns_memory = true;
             if let Some(serial) = self.scopes.register(task) {
                 slot.add_ref();
                 self.side[task.index as usize].scope = Some(serial);
@@ -622,6 +626,7 @@ impl<P: Send> Orchestrator<P> {
         self.rings[ring_idx].commit(task, offset, aligned);
         self.core.runs.add_task(lease);
         let slot = self.core.arena.get(task.index);
+        self.side[task.index as usize].owns_memory = true;
         if let Some(serial) = self.scopes.register(task) {
             slot.add_ref();
             self.side[task.index as usize].scope = Some(serial);
@@ -800,24 +805,50 @@ impl<P: Send> Orchestrator<P> {
             }
         }
         for (mi, member) in spec.member_lists().enumerate() {
-            for (i, a) in member.iter().enumerate() {
-                if !a.tag.writes() {
-                    continue;
-                }
-                for (j, b) in member.iter().enumerate().skip(i + 1) {
-                    if a.key == b.key && a.footprint.certainly_intersects(&b.footprint) {
-                        return Err(GraphError::InvalidArgs(format!(
-                            "member {mi}: argument {i} ({}) overlaps argument {j} ({}) of the same buffer; a written view must not alias a later argument — tag one INOUT instead",
-                            a.tag, b.tag
-                        )));
-                    }
-                }
-            }
+            Self::check_aliasing(mi, member)?;
         }
         if spec.heap_bytes == 0 && !spec.creates.is_empty() {
             return Err(GraphError::InvalidArgs(
                 "a task that creates buffers needs heap_bytes > 0".into(),
             ));
+        }
+        Ok(())
+    }
+
+    /// Rejects a written view that provably overlaps a later argument of the same task.
+    /// Only arguments of the same buffer are compared (grouped by key when there are
+    /// many), so a task with a thousand distinct buffers costs a sort, not a million checks.
+    fn check_aliasing(member_index: usize, member: &[Access]) -> Result<(), GraphError> {
+        let conflict = |i: usize, j: usize| {
+            let (a, b) = (&member[i], &member[j]);
+            a.tag.writes() && a.key == b.key && a.footprint.certainly_intersects(&b.footprint)
+        };
+        let error = |i: usize, j: usize| {
+            GraphError::InvalidArgs(format!(
+                "member {member_index}: argument {i} ({}) overlaps argument {j} ({}) of the same buffer; a written view must not alias a later argument — tag one INOUT instead",
+                member[i].tag, member[j].tag
+            ))
+        };
+        if member.len() <= 16 {
+            for i in 0..member.len() {
+                for j in i + 1..member.len() {
+                    if conflict(i, j) {
+                        return Err(error(i, j));
+                    }
+                }
+            }
+            return Ok(());
+        }
+        let mut order: Vec<usize> = (0..member.len()).collect();
+        order.sort_by(|&x, &y| member[x].key.cmp(&member[y].key).then(x.cmp(&y)));
+        for group in order.chunk_by(|&x, &y| member[x].key == member[y].key) {
+            for (gi, &i) in group.iter().enumerate() {
+                for &j in &group[gi + 1..] {
+                    if conflict(i, j) {
+                        return Err(error(i, j));
+                    }
+                }
+            }
         }
         Ok(())
     }
@@ -834,10 +865,19 @@ impl<P: Send> Orchestrator<P> {
         let side = &mut self.side;
         let mut add = |t: TaskRef| {
             let s = &mut side[t.index as usize];
-            if s.stamp != stamp {
-                s.stamp = stamp;
-                producers.push(t);
+            if s.stamp == stamp {
+                return;
             }
+            s.stamp = stamp;
+            // A producer that already completed and owns no memory needs neither a wait
+            // nor a retaining edge: skip the wiring (the common case when the scheduler
+            // keeps up with the orchestrator).
+            if !s.owns_memory
+                && core.arena.get(t.index).state_of(t.id) == Some(TaskState::Completed)
+            {
+                return;
+            }
+            producers.push(t);
         };
         for d in spec.deps {
             if d.id == 0 || d.id >= self.next_id || (d.index as usize) >= created {
@@ -929,6 +969,7 @@ impl<P: Send> Orchestrator<P> {
         self.next_id += 1;
         let side = &mut self.side[index as usize];
         side.scope = None;
+        side.owns_memory = false;
         side.journal.clear();
         self.core
             .arena

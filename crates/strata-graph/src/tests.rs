@@ -606,6 +606,23 @@ fn a_write_aliasing_a_later_argument_is_rejected() {
     assert!(h.orch.submit(TaskSpec::group(3, &[])).is_err());
 }
 
+#[test]
+fn aliasing_is_detected_among_many_arguments() {
+    let mut h = h();
+    h.orch.begin_run().unwrap();
+    let keys: Vec<BufferKey> = (0..1000).map(|_| h.key()).collect();
+    let mut args: Vec<Access> = keys.iter().map(|k| whole(*k, ArgTag::Input)).collect();
+    h.orch.submit(TaskSpec::new(1, &args)).unwrap();
+    // A write of key 500 before a later read of the same key.
+    args[10] = whole(keys[500], ArgTag::Output);
+    let e = h.orch.submit(TaskSpec::new(2, &args)).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("argument 10 (OUTPUT) overlaps argument 500"),
+        "{e}"
+    );
+}
+
 // ---------------------------------------------------------------- test_scheduler ports
 
 #[test]
