@@ -1,0 +1,307 @@
+//! Mailbox round-trip benchmark (`harness = false`; `cargo xtask bench mailbox`).
+//!
+//! 1. **Floor**: two processes (fork) ping-pong one cache-line flag in a `MAP_SHARED`
+//!    page, both spinning, pinned to CPU 0 and CPU 1.
+//! 2. **Mailbox**: the child serves a no-op task handler; the parent publishes a task into
+//!    task frame 0, waits for `TASK_DONE` (it spins: the default 50 µs spin budget is far
+//!    above the round trip), and resets the frame to IDLE.
+//! 3. **Idle CPU**: the child sits parked in its serve loop for one idle second; its CPU
+//!    time over that second (from `/proc/<pid>/schedstat`, nanoseconds; cross-checked
+//!    with utime+stime from `/proc/<pid>/stat`) as a percentage of one core.
+//!
+//! Round trips are timed in batches; the figures are medians (and minima) of per-batch
+//! averages. Prints a table, then as its very last line one JSON object:
+//! `{"rtt_ns_median": .., "floor_rtt_ns_median": .., "ratio": .., "idle_cpu_percent": ..}`.
+
+// The mailbox API is compiled out under `--cfg loom` (only the protocol core is
+// model-checked there), so this binary is empty in that configuration.
+#[cfg(not(loom))]
+mod bench {
+
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::time::{Duration, Instant};
+    use strata_mailbox::*;
+    use strata_types::{CallableId, TaskArgs};
+
+    const BATCHES: usize = 200;
+    const PER_BATCH: usize = 1000;
+    const WARMUP: usize = 20_000;
+
+    fn pin(cpu: usize) -> bool {
+        let mut set = nix::sched::CpuSet::new();
+        set.set(cpu).is_ok()
+            && nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set).is_ok()
+    }
+
+    fn fork(body: impl FnOnce() -> i32) -> i32 {
+        // SAFETY: the benchmark process is single-threaded when it forks.
+        let pid = unsafe { libc::fork() };
+        match pid {
+            -1 => {
+                eprintln!("fork failed: {}", std::io::Error::last_os_error());
+                std::process::exit(2)
+            }
+            0 => {
+                let code = body();
+                // SAFETY: leave the child without unwinding into the parent's frames.
+                unsafe { libc::_exit(code) }
+            }
+            pid => pid,
+        }
+    }
+
+    fn reap(pid: i32) -> ChildExit {
+        let mut watch = ChildProcess::new(pid);
+        let end = Instant::now() + Duration::from_secs(30);
+        loop {
+            match watch.try_wait() {
+                Ok(Some(exit)) => return exit,
+                Ok(None) if Instant::now() < end => std::thread::sleep(Duration::from_millis(1)),
+                _ => {
+                    // SAFETY: kill a child this process forked.
+                    unsafe { libc::kill(pid, libc::SIGKILL) };
+                    return watch
+                        .try_wait()
+                        .ok()
+                        .flatten()
+                        .unwrap_or(ChildExit::NotWaitable);
+                }
+            }
+        }
+    }
+
+    fn median(v: &mut [f64]) -> f64 {
+        v.sort_by(|a, b| a.total_cmp(b));
+        let n = v.len();
+        if n % 2 == 1 {
+            v[n / 2]
+        } else {
+            (v[n / 2 - 1] + v[n / 2]) / 2.0
+        }
+    }
+
+    /// Per-batch average RTTs (ns) of a raw cache-line ping-pong between two processes.
+    fn floor(pinned: bool) -> Vec<f64> {
+        let region = SharedRegion::anonymous(4096).expect("a shared page");
+        // SAFETY: offset 0 of a page-aligned 4 KiB mapping, used only atomically.
+        let flag = unsafe { &*region.as_ptr().cast::<AtomicU64>() };
+        let total = (WARMUP + BATCHES * PER_BATCH) as u64;
+        let child = fork(|| {
+            if pinned {
+                pin(1);
+            }
+            for i in 1..=total {
+                let want = 2 * i - 1;
+                let mut spins = 0u64;
+                while flag.load(Ordering::Acquire) != want {
+                    std::hint::spin_loop();
+                    spins += 1;
+                    if spins > 4_000_000_000 {
+                        return 1;
+                    }
+                }
+                flag.store(want + 1, Ordering::Release);
+            }
+            0
+        });
+        if pinned {
+            pin(0);
+        }
+        let mut i = 0u64;
+        let mut round = || {
+            i += 1;
+            flag.store(2 * i - 1, Ordering::Release);
+            while flag.load(Ordering::Acquire) != 2 * i {
+                std::hint::spin_loop();
+            }
+        };
+        for _ in 0..WARMUP {
+            round();
+        }
+        let mut out = Vec::with_capacity(BATCHES);
+        for _ in 0..BATCHES {
+            let t = Instant::now();
+            for _ in 0..PER_BATCH {
+                round();
+            }
+            out.push(t.elapsed().as_nanos() as f64 / PER_BATCH as f64);
+        }
+        let exit = reap(child);
+        assert_eq!(exit, ChildExit::Exited(0), "floor child");
+        out
+    }
+
+    struct NoOp;
+
+    impl Handler for NoOp {
+        fn task(&mut self, _req: &TaskRequest<'_>) -> Result<(), Failure> {
+            Ok(())
+        }
+    }
+
+    /// CPU time of a process in ns: `/proc/<pid>/schedstat` (precise) and utime+stime from
+    /// `/proc/<pid>/stat` (clock ticks, converted).
+    fn cpu_ns(pid: i32) -> (Option<u64>, Option<u64>) {
+        let sched = std::fs::read_to_string(format!("/proc/{pid}/schedstat"))
+            .ok()
+            .and_then(|s| s.split_whitespace().next()?.parse().ok());
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| {
+                let rest = &s[s.rfind(')')? + 2..];
+                let f: Vec<&str> = rest.split_whitespace().collect();
+                // Fields 14 and 15 of the full line are 12 and 13 after "pid (comm) ".
+                let ticks: u64 =
+                    f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+                // SAFETY: sysconf has no memory-safety preconditions.
+                let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+                Some(ticks * 1_000_000_000 / hz)
+            });
+        (sched, stat)
+    }
+
+    struct MailboxFigures {
+        batches: Vec<f64>,
+        idle_percent: f64,
+        idle_percent_ticks: Option<f64>,
+    }
+
+    fn mailbox(pinned: bool) -> MailboxFigures {
+        let mb = Mailbox::create().expect("a mailbox");
+        let child_mb = mb.try_clone().expect("a second mapping");
+        let me = std::process::id();
+        let child = fork(move || {
+            if pinned {
+                pin(1);
+            }
+            let mut c = Child::with_parent(child_mb, me);
+            if c.init_ready(0).is_err() {
+                return 3;
+            }
+            match c.serve(&mut NoOp) {
+                Ok(ServeExit::Shutdown) => 0,
+                _ => 4,
+            }
+        });
+        if pinned {
+            pin(0);
+        }
+        let mut live = ChildProcess::new(child);
+        let mut parent = Parent::new(mb);
+        let opts = WaitOptions::default();
+        parent.wait_init(&opts, &mut live).expect("child ready");
+
+        let config = EncodedConfig::default();
+        let mut args = TaskArgs::new();
+        args.push_scalar(1u64).expect("one scalar");
+        let blob = encode_args_blob(&args);
+        let callable = CallableId([0x5a; 32]);
+        let mut dispatch = 0u64;
+        let mut round = |parent: &mut Parent| {
+            dispatch += 1;
+            let id = FrameIdentity {
+                run_id: 1,
+                lease_slot: 0,
+                lease_generation: 1,
+                dispatch_id: dispatch,
+            };
+            let task = TaskPublication::run(callable, id, &config, &blob);
+            parent.publish(TaskSlot::Slot0, &task).expect("publish");
+            let done = parent
+                .wait_task(TaskSlot::Slot0, &opts, &mut live)
+                .expect("completion");
+            debug_assert!(done.outcome.is_ok());
+            parent.reset(TaskSlot::Slot0).expect("reset");
+        };
+        for _ in 0..WARMUP {
+            round(&mut parent);
+        }
+        let mut batches = Vec::with_capacity(BATCHES);
+        for _ in 0..BATCHES {
+            let t = Instant::now();
+            for _ in 0..PER_BATCH {
+                round(&mut parent);
+            }
+            batches.push(t.elapsed().as_nanos() as f64 / PER_BATCH as f64);
+        }
+
+        // Idle: let the child fall through its spin budget and park, then measure 1 s.
+        std::thread::sleep(Duration::from_millis(50));
+        let (s0, t0) = cpu_ns(child);
+        let w0 = Instant::now();
+        std::thread::sleep(Duration::from_secs(1));
+        let (s1, t1) = cpu_ns(child);
+        let wall = w0.elapsed().as_nanos() as f64;
+        let pct =
+            |a: Option<u64>, b: Option<u64>| Some((b?.saturating_sub(a?)) as f64 / wall * 100.0);
+        let idle_percent_ticks = pct(t0, t1);
+        let idle_percent = pct(s0, s1).or(idle_percent_ticks).unwrap_or(f64::NAN);
+
+        parent.request_shutdown();
+        let exit = reap(child);
+        assert_eq!(exit, ChildExit::Exited(0), "mailbox child");
+        MailboxFigures {
+            batches,
+            idle_percent,
+            idle_percent_ticks,
+        }
+    }
+
+    pub fn main() {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let pinned = cpus >= 2 && pin(0);
+        let started = Instant::now();
+        let mut fl = floor(pinned);
+        let mut mbx = mailbox(pinned);
+        let floor_min = fl.iter().copied().fold(f64::INFINITY, f64::min);
+        let mbx_min = mbx.batches.iter().copied().fold(f64::INFINITY, f64::min);
+        let floor_med = median(&mut fl);
+        let rtt_med = median(&mut mbx.batches);
+        let ratio = rtt_med / floor_med;
+
+        println!();
+        println!(
+            "strata-mailbox round trip: parent and forked child{}",
+            if pinned {
+                ", pinned to CPU 0 / CPU 1"
+            } else {
+                " (not pinned: fewer than 2 CPUs)"
+            }
+        );
+        println!("{BATCHES} batches x {PER_BATCH} round trips after {WARMUP} warm-up round trips; per-batch averages");
+        println!();
+        println!("{:<46} {:>10} {:>10}", "measurement", "median", "min");
+        println!(
+            "{:<46} {:>7.0} ns {:>7.0} ns",
+            "floor: cache-line ping-pong RTT (spinning)", floor_med, floor_min
+        );
+        println!(
+            "{:<46} {:>7.0} ns {:>7.0} ns",
+            "mailbox: no-op task RTT (publish/wait/reset)", rtt_med, mbx_min
+        );
+        println!(
+            "{:<46} {:>10.2}",
+            "ratio mailbox / floor (goal <= 1.5)", ratio
+        );
+        println!(
+            "{:<46} {:>9.3} %",
+            "idle child CPU over 1 s (goal <= 1 %)", mbx.idle_percent
+        );
+        if let Some(t) = mbx.idle_percent_ticks {
+            println!(
+                "{:<46} {:>9.3} %",
+                "  same from utime+stime (clock-tick resolution)", t
+            );
+        }
+        println!("total bench time {:.1} s", started.elapsed().as_secs_f64());
+        println!(
+        "{{\"rtt_ns_median\": {:.1}, \"floor_rtt_ns_median\": {:.1}, \"ratio\": {:.3}, \"idle_cpu_percent\": {:.3}}}",
+        rtt_med, floor_med, ratio, mbx.idle_percent
+    );
+    }
+}
+
+fn main() {
+    #[cfg(not(loom))]
+    bench::main();
+}

@@ -1,0 +1,19 @@
+//! The synchronisation primitives the protocol core is written against.
+//!
+//! Normally these are `std`'s atomics and `std::hint::spin_loop`. Under `--cfg loom`
+//! they are `loom`'s, so the same wait/publish code (in `wait.rs`) is model-checked.
+
+#[cfg(not(loom))]
+pub(crate) use std::sync::atomic::{fence, AtomicU32, Ordering};
+
+#[cfg(loom)]
+pub(crate) use loom::sync::atomic::{fence, AtomicU32, Ordering};
+
+/// One iteration of a spin-wait: a CPU pause hint (a yield point under loom).
+#[inline(always)]
+pub(crate) fn spin_hint() {
+    #[cfg(not(loom))]
+    std::hint::spin_loop();
+    #[cfg(loom)]
+    loom::thread::yield_now();
+}
