@@ -85,7 +85,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         args.push_scalar(round)?.push_scalar(round * 3)?;
         expected += round * 4;
         let blob = encode_args_blob(&args);
-        let slot = if round % 2 == 0 { TaskSlot::Slot0 } else { TaskSlot::Slot1 };
+        let slot = if round % 2 == 0 {
+            TaskSlot::Slot0
+        } else {
+            TaskSlot::Slot1
+        };
         let identity = FrameIdentity {
             run_id: 1,
             lease_slot: slot as u32,
@@ -94,7 +98,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         };
         let task = TaskPublication::run(CallableId([1; 32]), identity, &config, &blob);
         let done = parent.run_task(slot, &task, &wait, &mut liveness)?;
-        done.outcome.map_err(|f| format!("task {round} failed: {f}"))?;
+        done.outcome
+            .map_err(|f| format!("task {round} failed: {f}"))?;
     }
     let per_task = started.elapsed().as_secs_f64() * 1e6 / ROUNDS as f64;
 
