@@ -146,11 +146,7 @@ fn examples() -> Result<Vec<String>, String> {
 
 fn draw_bar(done: usize, total: usize, current: &str) {
     const WIDTH: usize = 30;
-    let filled = if total == 0 {
-        WIDTH
-    } else {
-        done * WIDTH / total
-    };
+    let filled = (done * WIDTH).checked_div(total).unwrap_or(WIDTH);
     eprint!(
         "\r[{}{}] {done}/{total} {:<40}",
         "#".repeat(filled),
