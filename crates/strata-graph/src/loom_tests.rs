@@ -101,8 +101,9 @@ fn loom_completion_vs_scope_end_consumes_once() {
         let (mut orch, mut sched, k) = setup();
         orch.begin_run().unwrap();
         orch.scope_begin().unwrap();
+        // A task owning heap memory: its scope holds a reference on it.
         let a = orch
-            .submit(TaskSpec::new(1, &acc(k, ArgTag::Output)))
+            .submit(TaskSpec::new(1, &acc(k, ArgTag::Output)).with_heap(1024, &[]))
             .unwrap();
         sched.claim(a.task).unwrap();
         let t = thread::spawn(move || {
