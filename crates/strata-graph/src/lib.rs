@@ -72,7 +72,7 @@ pub use access::{Access, BufferKey, KeySpace};
 pub use core::ReadyTask;
 pub use error::{DeadlockCause, Failure, FailureKind, GraphError};
 pub use footprint::{Footprint, Overlap};
-pub use orchestrator::{graph, GraphConfig, Orchestrator, Submitted, TaskSpec};
+pub use orchestrator::{graph, GraphConfig, Orchestrator, RunWaiter, Submitted, TaskSpec};
 pub use ring::{ring_for_depth, HeapSlab, RingConfig, HEAP_ALIGN, RING_COUNT};
 pub use run::{RunId, RunPhase, MAX_PIPELINE_DEPTH};
 pub use scheduler::{Claimed, Scheduler};

@@ -98,7 +98,9 @@ impl GraphConfig {
 ///
 /// # Errors
 /// [`GraphError::InvalidConfig`] for an invalid configuration.
-pub fn graph<P: Send>(config: GraphConfig) -> Result<(Orchestrator<P>, Scheduler<P>), GraphError> {
+pub fn graph<P: Send + 'static>(
+    config: GraphConfig,
+) -> Result<(Orchestrator<P>, Scheduler<P>), GraphError> {
     config.validate()?;
     let core = Arc::new(Core::new(config.pipeline_depth));
     let orch = Orchestrator {
@@ -277,7 +279,7 @@ impl<P> std::fmt::Debug for Orchestrator<P> {
     }
 }
 
-impl<P: Send> Orchestrator<P> {
+impl<P: Send + 'static> Orchestrator<P> {
     // ----- runs -------------------------------------------------------------------------
 
     /// Begins a run (waiting while `pipeline_depth` runs are in flight) and opens its outer
@@ -379,6 +381,11 @@ impl<P: Send> Orchestrator<P> {
     /// If the run is still in flight or unknown.
     pub fn release_run(&mut self, run: RunId) -> Result<(), GraphError> {
         self.core.runs.release(run.0)
+    }
+
+    /// A cloneable handle that can wait for runs from any thread.
+    pub fn run_waiter(&self) -> RunWaiter {
+        RunWaiter(Box::new(self.core.clone()))
     }
 
     /// The run whose tasks may be dispatched now.
@@ -1102,7 +1109,7 @@ impl<P> Drop for Orchestrator<P> {
 }
 
 #[cfg(test)]
-impl<P: Send> Orchestrator<P> {
+impl<P: Send + 'static> Orchestrator<P> {
     pub(crate) fn core(&self) -> &Core<P> {
         &self.core
     }
@@ -1112,5 +1119,78 @@ impl<P: Send> Orchestrator<P> {
     pub(crate) fn take_unrecycled(&mut self) -> Vec<u32> {
         self.core.take_retired(&mut self.retired);
         std::mem::take(&mut self.retired)
+    }
+}
+
+/// The run table seen from outside the orchestrator: waits for runs, reads their phase and
+/// releases them, from any thread (see [`Orchestrator::run_waiter`]).
+pub struct RunWaiter(Box<dyn RunTable>);
+
+trait RunTable: Send + Sync {
+    fn table_wait(
+        &self,
+        run: u64,
+        timeout: Option<Duration>,
+    ) -> Result<Option<Result<(), Failure>>, GraphError>;
+    fn table_phase(&self, run: u64) -> Option<RunPhase>;
+    fn table_release(&self, run: u64) -> Result<(), GraphError>;
+    fn clone_box(&self) -> Box<dyn RunTable>;
+}
+
+impl<P: Send + 'static> RunTable for Arc<Core<P>> {
+    fn table_wait(
+        &self,
+        run: u64,
+        timeout: Option<Duration>,
+    ) -> Result<Option<Result<(), Failure>>, GraphError> {
+        self.runs.wait(run, timeout)
+    }
+    fn table_phase(&self, run: u64) -> Option<RunPhase> {
+        self.runs.phase(run)
+    }
+    fn table_release(&self, run: u64) -> Result<(), GraphError> {
+        self.runs.release(run)
+    }
+    fn clone_box(&self) -> Box<dyn RunTable> {
+        Box::new(self.clone())
+    }
+}
+
+impl Clone for RunWaiter {
+    fn clone(&self) -> Self {
+        RunWaiter(self.0.clone_box())
+    }
+}
+
+impl std::fmt::Debug for RunWaiter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RunWaiter")
+    }
+}
+
+impl RunWaiter {
+    /// Waits for `run` to finish; `Ok(None)` if `timeout` elapsed first (the run goes on).
+    ///
+    /// # Errors
+    /// [`GraphError::UnknownRun`] for a released or unknown run.
+    pub fn wait(
+        &self,
+        run: RunId,
+        timeout: Option<Duration>,
+    ) -> Result<Option<Result<(), Failure>>, GraphError> {
+        self.0.table_wait(run.0, timeout)
+    }
+
+    /// The phase of `run` (`None` once released).
+    pub fn phase(&self, run: RunId) -> Option<RunPhase> {
+        self.0.table_phase(run.0)
+    }
+
+    /// Forgets a finished run's outcome.
+    ///
+    /// # Errors
+    /// If the run is still in flight or unknown.
+    pub fn release(&self, run: RunId) -> Result<(), GraphError> {
+        self.0.table_release(run.0)
     }
 }
