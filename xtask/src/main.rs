@@ -33,6 +33,12 @@ const BENCHES: &[Bench] = &[
         target: "graph_dags",
         what: "µs per task through strata-graph for chain / fan-out-fan-in / wavefront DAGs vs GCC OpenMP task depend",
     },
+    Bench {
+        name: "chip",
+        package: "strata-chip",
+        target: "chip_throughput",
+        what: "empty-kernel tasks through one emulated chip (chain / fan / independent) and 1 MiB vector-add bandwidth vs single-core memcpy",
+    },
 ];
 
 fn workspace_root() -> PathBuf {
@@ -96,6 +102,8 @@ fn ci() -> Result<(), String> {
                 "strata-graph",
                 "-p",
                 "strata-mailbox",
+                "-p",
+                "strata-chip",
                 "--lib",
                 "loom",
             ])
@@ -162,7 +170,10 @@ fn sim() -> Result<(), String> {
         "build examples (release)",
         cargo().args(["build", "--release", "-q", "-p", "strata", "--examples"]),
     )?;
-    let bin_dir = workspace_root().join("target/release/examples");
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target"));
+    let bin_dir = target.join("release/examples");
     let mut rows: Vec<(String, Result<String, String>, Duration)> = vec![];
     for (i, name) in names.iter().enumerate() {
         draw_bar(i, names.len(), name);

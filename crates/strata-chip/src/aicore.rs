@@ -1,0 +1,140 @@
+//! One emulated AICore: a thread that pops dispatch descriptors from its ring, runs the
+//! kernel (under `catch_unwind`), and pushes a completion.
+
+use crate::config::CoreType;
+use crate::device::Arena;
+use crate::kernel::KernelCtx;
+use crate::link::{Completion, CoreLink, CoreMsg, Doorbell, Idle};
+use crate::sync::Ordering;
+use crate::task::{RunEnv, TaskDesc};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// One (task, block, subtask) handed to a core.
+pub(crate) struct Dispatch {
+    /// Sequence number of this dispatch on its core (starts at 1).
+    pub(crate) seq: u64,
+    pub(crate) task_id: u64,
+    /// The run epoch (selects the run environment).
+    pub(crate) epoch: u64,
+    pub(crate) desc: Arc<TaskDesc>,
+    pub(crate) block: u32,
+    /// Kernel lane: 0 AIC, 1 AIV0, 2 AIV1.
+    pub(crate) lane: u8,
+    /// The lane's kernel (`func_id` in the run's registry).
+    pub(crate) func: u32,
+    pub(crate) sub_block_id: u32,
+    /// Record start/end times (swimlane).
+    pub(crate) timing: bool,
+}
+
+/// What a core thread needs.
+pub(crate) struct CoreEnv {
+    pub(crate) id: u32,
+    pub(crate) ty: CoreType,
+    pub(crate) link: Arc<CoreLink>,
+    pub(crate) sched_bell: Arc<Doorbell>,
+    pub(crate) arena: Arc<Arena>,
+    pub(crate) idle_spin: Duration,
+}
+
+fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = p.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = p.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "(non-string panic payload)".to_owned()
+    }
+}
+
+fn run_one(env: &CoreEnv, run: &RunEnv, d: Dispatch) -> Completion {
+    let start_ns = if d.timing {
+        crate::strace::mono_ns()
+    } else {
+        0
+    };
+    let failure = match run.registry.kernel_by_func(d.func) {
+        None => Some(format!("no kernel in lane {} of task {}", d.lane, d.task_id).into()),
+        Some(k) => {
+            let mut ctx = KernelCtx {
+                desc: &d.desc,
+                arena: &env.arena,
+                block_idx: d.block,
+                sub_block_id: d.sub_block_id,
+                lane: d.lane,
+                func: d.func,
+                core_id: env.id,
+                core_type: env.ty,
+                cancel: &env.link.cancel,
+                seq: d.seq,
+                task_id: d.task_id,
+                env: run,
+            };
+            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (k.f)(&mut ctx))) {
+                Ok(Ok(())) => None,
+                Ok(Err(e)) => Some(e.message().into()),
+                Err(p) => Some(format!("kernel panicked: {}", panic_message(&*p)).into()),
+            }
+        }
+    };
+    let end_ns = if d.timing {
+        crate::strace::mono_ns()
+    } else {
+        0
+    };
+    Completion {
+        seq: d.seq,
+        desc: d.desc,
+        failure,
+        start_ns,
+        end_ns,
+    }
+}
+
+/// The core loop: pop (ACK), run, push completion (FIN), ring the scheduler; idle cores
+/// spin, then yield, then park.
+pub(crate) fn core_main(env: CoreEnv) {
+    env.link.bell.register_current();
+    let mut idle = Idle::new(env.idle_spin);
+    let mut run: Arc<RunEnv> = env
+        .link
+        .env
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
+    loop {
+        match env.link.dispatch.pop() {
+            Some(CoreMsg::Run(d)) => {
+                idle.reset();
+                if d.epoch != run.epoch {
+                    run = env
+                        .link
+                        .env
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .clone();
+                }
+                let mut c = run_one(&env, &run, d);
+                // The scheduler keeps at most two dispatches outstanding and the ring holds
+                // four completions, so this never spins in practice.
+                loop {
+                    match env.link.completions.push(c) {
+                        Ok(()) => break,
+                        Err(back) => {
+                            c = back;
+                            std::thread::yield_now();
+                        }
+                    }
+                }
+                env.sched_bell.ring();
+            }
+            Some(CoreMsg::Exit) => break,
+            None => {
+                let link = &env.link;
+                idle.step(&link.bell, None, || !link.dispatch.is_empty());
+            }
+        }
+    }
+    env.link.exited.store(true, Ordering::Release);
+}

@@ -1,0 +1,69 @@
+//! # strata-chip
+//!
+//! The L2 chip emulator: one accelerator with private device memory, registered kernels
+//! and chip orchestrations, an emulated AICPU (an orchestrator thread running the
+//! orchestration against strata-graph, and a scheduler thread), and N emulated AICores
+//! (one thread each) fed through single-producer dispatch rings.
+//!
+//! ```text
+//!  host thread           orchestrator thread        scheduler thread          core threads
+//!  ChipWorker::run ──req──► ChipOrch (graph   ──ready──► Sched (graph    ──dispatch──► AIC/AIV
+//!   stage args             Orchestrator)      queue      Scheduler)        ring (2)    kernels
+//!   ◄──reply── wait_run ◄────────────────── complete ◄─────────────────── completion ring
+//! ```
+//!
+//! - [`ChipWorker`]: lifecycle (`new` → register → `init` → `run`s → `close`), device
+//!   memory (`malloc`, `free`, `copy_to`, `copy_from`, `alloc_tensor`, ...), runs.
+//! - [`ChipOrch`]: the chip orchestration API (submit AIC / AIV / MIX / dependency-only
+//!   tasks, SPMD blocks, scopes, runtime-created tensors, tensor data access, fatal).
+//! - [`KernelCtx`]: what a kernel sees (typed tensor views, scalars, block index).
+//! - [`parse_strace`] / [`span_tree`]: the `[STRACE]` timing spans of a run;
+//!   [`Swimlane`]: per-core task records as Chrome trace JSON.
+//! - [`workloads`]: the reference example workloads (E1–E7, batched matmul) with host
+//!   goldens, used by the tests, the examples and the benchmark.
+//!
+//! Dependencies between tasks come from strata-graph: the result is that of a sequential
+//! execution in submit order (read-after-write, write-after-read, write-after-write).
+//! Errors are typed ([`ChipError`]) and carry the reference runtime's fatal codes
+//! ([`codes`]).
+//!
+//! See `docs/chip.md` for the threads, rings and the core handshake.
+
+mod aicore;
+mod config;
+mod device;
+mod error;
+mod kernel;
+mod link;
+mod memory;
+mod orch;
+mod registry;
+mod sched;
+mod strace;
+mod swimlane;
+mod sync;
+mod task;
+mod tensor;
+mod worker;
+pub mod workloads;
+
+#[cfg(all(test, loom))]
+mod loom_tests;
+
+pub use config::{
+    ChipConfig, CoreType, RingSizing, DEFAULT_RING_HEAP_BYTES, MAX_AIC_CORES, MAX_AIV_CORES,
+    REFERENCE_DEP_POOL, REFERENCE_RING_HEAP_BYTES, REFERENCE_TASK_WINDOW,
+};
+pub use device::{SharedTensor, TensorMut, TensorRef};
+pub use error::{codes, ChipError};
+pub use kernel::{KernelCtx, KernelError};
+pub use memory::{DevicePtr, DeviceTensor, DEVICE_ALIGN};
+pub use orch::{ChipArgs, ChipOrch};
+pub use registry::{
+    KernelFn, KernelHandle, KernelRef, OrchHandle, OrchestrationFn, Registry, MAX_KERNELS,
+    MAX_ORCHESTRATIONS,
+};
+pub use strace::{parse_strace, span_tree, Span, SpanTree};
+pub use swimlane::{SwimRecord, Swimlane};
+pub use tensor::{ChipTaskId, ChipTensor, CoreArgs, MixedKernels, TaskOutputs, TensorCreateInfo};
+pub use worker::{ChipWorker, CopyOffsets, RunArgs, RunReport, TensorInit};

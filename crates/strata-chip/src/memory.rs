@@ -1,0 +1,360 @@
+//! Device memory: a per-chip arena with a first-fit allocator (1024-byte aligned blocks,
+//! coalescing free list, committed-bytes accounting) and handles that carry a generation,
+//! so every misuse — double free, stale handle, interior free, out-of-range copy, a handle
+//! of another chip — is a typed error.
+
+use crate::device::Arena;
+use crate::error::ChipError;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use strata_types::{BufferIdentity, DataType, OwnerNonce, TensorView};
+
+/// Alignment (and size granularity) of device allocations.
+pub const DEVICE_ALIGN: u64 = 1024;
+/// The first bytes of the arena are never handed out, so no buffer has address 0.
+const GUARD: u64 = 64 * 1024;
+/// Freed blocks at least this large give their pages back to the OS.
+const DISCARD_MIN: u64 = 256 * 1024;
+
+/// A pointer into this chip's device memory: an address (possibly inside an allocation),
+/// the generation of the allocation it was derived from, and the chip that issued it.
+///
+/// Device addresses mean nothing on another chip or after the allocation is freed; every
+/// use is checked against both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct DevicePtr {
+    pub(crate) chip: u64,
+    pub(crate) addr: u64,
+    pub(crate) generation: u64,
+}
+
+impl DevicePtr {
+    /// The device address.
+    pub fn addr(&self) -> u64 {
+        self.addr
+    }
+
+    /// The generation of the allocation this pointer belongs to (unique per allocation
+    /// on its chip).
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// The nonce of the chip that issued it.
+    pub fn chip(&self) -> u64 {
+        self.chip
+    }
+
+    /// A pointer `bytes` further into the same allocation (checked when used).
+    pub fn offset(self, bytes: u64) -> DevicePtr {
+        DevicePtr {
+            addr: self.addr.saturating_add(bytes),
+            ..self
+        }
+    }
+}
+
+/// A tensor resident in device memory: an allocation plus a view of it. Passed to runs
+/// in place (never copied back implicitly); free it with
+/// [`crate::ChipWorker::free_tensor`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct DeviceTensor {
+    pub(crate) ptr: DevicePtr,
+    pub(crate) size: u64,
+    pub(crate) view: TensorView,
+}
+
+impl DeviceTensor {
+    /// The allocation's base pointer.
+    pub fn ptr(&self) -> DevicePtr {
+        self.ptr
+    }
+
+    /// The allocation size in bytes.
+    pub fn nbytes(&self) -> u64 {
+        self.size
+    }
+
+    /// The view of the allocation this tensor denotes.
+    pub fn view(&self) -> &TensorView {
+        &self.view
+    }
+
+    /// The data type.
+    pub fn dtype(&self) -> DataType {
+        self.view.dtype()
+    }
+
+    /// The shape.
+    pub fn shape(&self) -> &[u64] {
+        self.view.shape()
+    }
+
+    /// The same allocation seen through another view (checked to fit).
+    ///
+    /// # Errors
+    /// [`ChipError::Types`] if the view does not fit the allocation.
+    pub fn with_view(&self, view: TensorView) -> Result<DeviceTensor, ChipError> {
+        view.check_fits(self.size)?;
+        Ok(DeviceTensor { view, ..*self })
+    }
+
+    /// The dependency identity of the allocation.
+    pub(crate) fn identity(&self) -> BufferIdentity {
+        identity_of(self.ptr.chip, self.ptr.generation)
+    }
+}
+
+/// The dependency identity of allocation `generation` of chip `chip`.
+pub(crate) fn identity_of(chip: u64, generation: u64) -> BufferIdentity {
+    BufferIdentity::new(OwnerNonce(chip), generation, 1).expect("generation 1 is valid")
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Live {
+    size: u64,
+    generation: u64,
+}
+
+#[derive(Debug)]
+struct Allocator {
+    capacity: u64,
+    /// Free blocks by address (coalesced: no two are adjacent).
+    free: BTreeMap<u64, u64>,
+    live: BTreeMap<u64, Live>,
+    committed: u64,
+    next_generation: u64,
+}
+
+impl Allocator {
+    fn new(capacity: u64) -> Self {
+        let mut free = BTreeMap::new();
+        if capacity > GUARD {
+            free.insert(GUARD, (capacity - GUARD) / DEVICE_ALIGN * DEVICE_ALIGN);
+        }
+        Allocator {
+            capacity,
+            free,
+            live: BTreeMap::new(),
+            committed: 0,
+            next_generation: 1,
+        }
+    }
+
+    fn largest_free(&self) -> u64 {
+        self.free.values().copied().max().unwrap_or(0)
+    }
+
+    fn alloc(&mut self, bytes: u64) -> Result<(u64, u64, u64), ChipError> {
+        if bytes == 0 {
+            return Err(ChipError::ZeroSizedAlloc);
+        }
+        let size = bytes
+            .checked_add(DEVICE_ALIGN - 1)
+            .map(|b| b / DEVICE_ALIGN * DEVICE_ALIGN)
+            .ok_or(ChipError::OutOfDeviceMemory {
+                requested: bytes,
+                committed: self.committed,
+                capacity: self.capacity,
+                largest_free: self.largest_free(),
+            })?;
+        let Some((&addr, &len)) = self.free.iter().find(|(_, &len)| len >= size) else {
+            return Err(ChipError::OutOfDeviceMemory {
+                requested: size,
+                committed: self.committed,
+                capacity: self.capacity,
+                largest_free: self.largest_free(),
+            });
+        };
+        self.free.remove(&addr);
+        if len > size {
+            self.free.insert(addr + size, len - size);
+        }
+        let generation = self.next_generation;
+        self.next_generation += 1;
+        self.live.insert(addr, Live { size, generation });
+        self.committed += size;
+        Ok((addr, size, generation))
+    }
+
+    /// The live allocation containing `ptr`, checked for generation: `(base, size)`.
+    fn resolve(&self, ptr: &DevicePtr) -> Result<(u64, u64), ChipError> {
+        match self.live.range(..=ptr.addr).next_back() {
+            Some((&base, live)) if ptr.addr < base + live.size => {
+                if live.generation != ptr.generation {
+                    return Err(ChipError::StaleHandle {
+                        addr: ptr.addr,
+                        generation: ptr.generation,
+                        current: live.generation,
+                    });
+                }
+                Ok((base, live.size))
+            }
+            _ => Err(ChipError::DoubleFree {
+                addr: ptr.addr,
+                generation: ptr.generation,
+            }),
+        }
+    }
+
+    fn free(&mut self, ptr: &DevicePtr) -> Result<(u64, u64), ChipError> {
+        let (base, size) = match self.resolve(ptr) {
+            Ok(x) => x,
+            Err(ChipError::DoubleFree { .. }) if ptr.generation >= self.next_generation => {
+                return Err(ChipError::Internal(format!(
+                    "device pointer {:#x} carries generation {} that this chip never issued",
+                    ptr.addr, ptr.generation
+                )))
+            }
+            Err(e) => return Err(e),
+        };
+        if base != ptr.addr {
+            return Err(ChipError::InteriorFree {
+                addr: ptr.addr,
+                base,
+                offset: ptr.addr - base,
+            });
+        }
+        self.live.remove(&base);
+        self.committed -= size;
+        let (mut start, mut len) = (base, size);
+        if let Some((&prev, &plen)) = self.free.range(..start).next_back() {
+            if prev + plen == start {
+                self.free.remove(&prev);
+                start = prev;
+                len += plen;
+            }
+        }
+        if let Some(&nlen) = self.free.get(&(base + size)) {
+            self.free.remove(&(base + size));
+            len += nlen;
+        }
+        self.free.insert(start, len);
+        Ok((base, size))
+    }
+}
+
+/// The device memory of one chip: the arena and its allocator.
+#[derive(Debug)]
+pub(crate) struct DeviceMemory {
+    pub(crate) arena: Arc<Arena>,
+    alloc: Mutex<Allocator>,
+    pub(crate) chip: u64,
+}
+
+impl DeviceMemory {
+    pub(crate) fn new(bytes: u64, chip: u64) -> Result<Self, ChipError> {
+        let arena = Arc::new(Arena::new(bytes)?);
+        Ok(DeviceMemory {
+            alloc: Mutex::new(Allocator::new(arena.len())),
+            arena,
+            chip,
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Allocator> {
+        self.alloc.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn malloc(&self, bytes: u64) -> Result<(DevicePtr, u64), ChipError> {
+        let (addr, size, generation) = self.lock().alloc(bytes)?;
+        Ok((
+            DevicePtr {
+                chip: self.chip,
+                addr,
+                generation,
+            },
+            size,
+        ))
+    }
+
+    fn check_chip(&self, ptr: &DevicePtr, what: &'static str) -> Result<(), ChipError> {
+        if ptr.chip != self.chip {
+            return Err(ChipError::ForeignHandle {
+                what,
+                handle_chip: ptr.chip,
+                this_chip: self.chip,
+            });
+        }
+        Ok(())
+    }
+
+    pub(crate) fn free(&self, ptr: &DevicePtr) -> Result<(), ChipError> {
+        self.check_chip(ptr, "device pointer")?;
+        let (base, size) = self.lock().free(ptr)?;
+        if size >= DISCARD_MIN {
+            self.arena.discard(base, size);
+        }
+        Ok(())
+    }
+
+    /// Checks that `[ptr, ptr + len)` lies in one live allocation; returns its
+    /// `(base, size)`.
+    pub(crate) fn check_range(
+        &self,
+        ptr: &DevicePtr,
+        len: u64,
+        what: &'static str,
+    ) -> Result<(u64, u64), ChipError> {
+        self.check_chip(ptr, what)?;
+        let (base, size) = self.lock().resolve(ptr)?;
+        match ptr.addr.checked_add(len) {
+            Some(end) if end <= base + size => Ok((base, size)),
+            _ => Err(ChipError::OutOfRange {
+                addr: ptr.addr,
+                len,
+                base,
+                size,
+            }),
+        }
+    }
+
+    pub(crate) fn committed(&self) -> u64 {
+        self.lock().committed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn allocator_coalesces_and_detects_misuse() {
+        let mut a = Allocator::new(GUARD + 16 * DEVICE_ALIGN);
+        let (x, xs, xg) = a.alloc(1).unwrap();
+        assert_eq!((x, xs), (GUARD, DEVICE_ALIGN));
+        let (y, _, yg) = a.alloc(3000).unwrap();
+        let (z, _, _) = a.alloc(1024).unwrap();
+        assert_eq!(y, x + 1024);
+        assert_eq!(z, y + 3072);
+        assert_eq!(a.committed, 5 * 1024);
+        let px = DevicePtr {
+            chip: 1,
+            addr: x,
+            generation: xg,
+        };
+        a.free(&px).unwrap();
+        assert!(matches!(a.free(&px), Err(ChipError::DoubleFree { .. })));
+        let py = DevicePtr {
+            chip: 1,
+            addr: y + 8,
+            generation: yg,
+        };
+        assert!(matches!(
+            a.free(&py),
+            Err(ChipError::InteriorFree { offset: 8, .. })
+        ));
+        a.free(&DevicePtr { addr: y, ..py }).unwrap();
+        // x and y coalesced: a 4 KiB request fits at x.
+        let (w, _, wg) = a.alloc(4096).unwrap();
+        assert_eq!(w, x);
+        assert!(
+            matches!(a.resolve(&px), Err(ChipError::StaleHandle { current, .. }) if current == wg)
+        );
+        assert!(matches!(
+            a.alloc(1 << 30),
+            Err(ChipError::OutOfDeviceMemory { .. })
+        ));
+        assert!(matches!(a.alloc(0), Err(ChipError::ZeroSizedAlloc)));
+    }
+}

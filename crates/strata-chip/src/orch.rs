@@ -1,0 +1,1040 @@
+//! The chip orchestration API ([`ChipOrch`], running on the emulated AICPU's orchestrator
+//! thread) and the orchestrator thread's loop.
+
+use crate::config::RingSizing;
+use crate::device::Arena;
+use crate::error::{codes, ChipError};
+use crate::registry::{OrchEntry, Registry};
+use crate::sched::{SchedMsg, SchedShared, Topology};
+use crate::task::{KTensor, Meta, Shape, TaskDesc};
+use crate::tensor::{ArgTensor, ChipTensor, CoreArgs, MixedKernels, TaskOutputs, TensorCreateInfo};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+use strata_graph::{
+    Access, BufferKey, Failure, FailureKind, Footprint, GraphError, KeySpace, Orchestrator,
+    Overlap, RingConfig, TaskRef, TaskSpec,
+};
+use strata_types::{ArgTag, DataType, Element, IdentityMinter, Scalar, RING_COUNT};
+
+/// The arguments of a run as the orchestration sees them: entry tensors (already in device
+/// memory) and scalars.
+#[derive(Debug, Clone, Default)]
+pub struct ChipArgs {
+    pub(crate) tensors: Vec<ChipTensor>,
+    pub(crate) scalars: Vec<u64>,
+}
+
+impl ChipArgs {
+    /// Entry tensor `i`.
+    ///
+    /// # Errors
+    /// [`ChipError::InvalidRunArgs`] if there is no tensor `i`.
+    pub fn tensor(&self, i: usize) -> Result<ChipTensor, ChipError> {
+        self.tensors.get(i).copied().ok_or_else(|| {
+            ChipError::InvalidRunArgs(format!(
+                "the run has {} tensor arguments; there is no tensor {i}",
+                self.tensors.len()
+            ))
+        })
+    }
+
+    /// Scalar `i` reinterpreted as `S`.
+    ///
+    /// # Errors
+    /// [`ChipError::InvalidRunArgs`] if there is no scalar `i`.
+    pub fn scalar<S: Scalar>(&self, i: usize) -> Result<S, ChipError> {
+        self.scalars
+            .get(i)
+            .map(|&b| S::from_bits(b))
+            .ok_or_else(|| {
+                ChipError::InvalidRunArgs(format!(
+                    "the run has {} scalar arguments; there is no scalar {i}",
+                    self.scalars.len()
+                ))
+            })
+    }
+
+    /// Number of tensors.
+    pub fn tensor_count(&self) -> usize {
+        self.tensors.len()
+    }
+
+    /// Number of scalars.
+    pub fn scalar_count(&self) -> usize {
+        self.scalars.len()
+    }
+}
+
+/// How many submits pass between two checks of the live-task count.
+const THROTTLE_CHECK_EVERY: u32 = 32;
+/// Most live tasks the orchestrator lets a run have before it waits for completions.
+const THROTTLE_MAX_AHEAD: u64 = 4096;
+
+/// One run request for the orchestrator thread.
+pub(crate) struct OrchRequest {
+    pub(crate) entry: OrchEntry,
+    pub(crate) args: ChipArgs,
+    pub(crate) registry: Arc<Registry>,
+    pub(crate) rings: [RingSizing; RING_COUNT],
+    pub(crate) reconfigure: bool,
+    pub(crate) ring_bases: [u64; RING_COUNT],
+    pub(crate) reply: mpsc::Sender<OrchReply>,
+}
+
+/// What the orchestrator thread reports for a run.
+pub(crate) struct OrchReply {
+    /// The latched fatal error, if any.
+    pub(crate) fatal: Option<ChipError>,
+    /// The orchestration's own error (returned or panicked), if not a fatal.
+    pub(crate) orch_error: Option<ChipError>,
+    /// The graph's verdict: the run's first error.
+    pub(crate) graph: Result<(), Failure>,
+    /// Setup errors (ring reconfiguration) that prevented the run.
+    pub(crate) setup_error: Option<ChipError>,
+    pub(crate) t_thread_start: u64,
+    pub(crate) t_orch_start: u64,
+    pub(crate) t_orch_end: u64,
+    pub(crate) t_done: u64,
+    pub(crate) tasks: u64,
+}
+
+pub(crate) enum OrchMsg {
+    Run(Box<OrchRequest>),
+    Exit,
+}
+
+/// The chip orchestration API: what a chip orchestration gets (`&mut ChipOrch`) while it
+/// runs on the emulated AICPU. It submits kernel tasks (dependencies are inferred from the
+/// argument tags with sequential semantics), opens scopes, allocates intermediate
+/// tensors, reads and writes tensor data, and reports fatal errors.
+///
+/// Once a fatal error is latched (a ring deadlock, invalid arguments, an explicit
+/// [`ChipOrch::report_fatal`], ...), every later call does nothing and returns that
+/// error; the run fails with its code.
+pub struct ChipOrch {
+    graph: Orchestrator<Arc<TaskDesc>>,
+    registry: Arc<Registry>,
+    arena: Arc<Arena>,
+    shared: Arc<SchedShared>,
+    topo: Topology,
+    chip_id: u32,
+    minter: IdentityMinter,
+    rings: [RingSizing; RING_COUNT],
+    ring_bases: [u64; RING_COUNT],
+    tensor_wait: Duration,
+    fatal: Option<ChipError>,
+    heartbeat: Arc<AtomicU64>,
+    tasks: u64,
+    throttle: Option<(u64, u64)>,
+    since_check: u32,
+    free_descs: Vec<Arc<TaskDesc>>,
+    accesses: Vec<Access>,
+    created: Vec<BufferKey>,
+    deps: Vec<TaskRef>,
+}
+
+impl std::fmt::Debug for ChipOrch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChipOrch")
+            .field("chip_id", &self.chip_id)
+            .field("tasks", &self.tasks)
+            .field("fatal", &self.fatal)
+            .finish_non_exhaustive()
+    }
+}
+
+fn knob(ring: usize, field: &str, rings: &[RingSizing; RING_COUNT]) -> String {
+    let v = match field {
+        "task_window" => rings[ring].task_window,
+        "heap_bytes" => rings[ring].heap_bytes_aligned(),
+        _ => rings[ring].dep_pool,
+    };
+    format!(
+        " [ring {ring} {field} = {v}: raise ChipConfig::rings[{ring}].{field}, or CallConfig::rings[{ring}].{field} for one run]"
+    )
+}
+
+impl ChipOrch {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        graph: Orchestrator<Arc<TaskDesc>>,
+        arena: Arc<Arena>,
+        shared: Arc<SchedShared>,
+        topo: Topology,
+        chip_id: u32,
+        tensor_wait: Duration,
+        heartbeat: Arc<AtomicU64>,
+    ) -> Self {
+        ChipOrch {
+            graph,
+            registry: Arc::new(Registry::new()),
+            arena,
+            shared,
+            topo,
+            chip_id,
+            minter: IdentityMinter::new(),
+            rings: [RingSizing::default(); RING_COUNT],
+            ring_bases: [0; RING_COUNT],
+            tensor_wait,
+            fatal: None,
+            heartbeat,
+            tasks: 0,
+            throttle: None,
+            since_check: 0,
+            free_descs: Vec::new(),
+            accesses: Vec::new(),
+            created: Vec::new(),
+            deps: Vec::new(),
+        }
+    }
+
+    // ----- fatal latch -------------------------------------------------------------------
+
+    fn enter(&mut self) -> Result<(), ChipError> {
+        self.heartbeat.fetch_add(1, Ordering::Relaxed);
+        match &self.fatal {
+            Some(e) => Err(e.clone()),
+            None => Ok(()),
+        }
+    }
+
+    fn latch(&mut self, code: i32, message: impl Into<String>) -> ChipError {
+        if self.fatal.is_none() {
+            self.fatal = Some(ChipError::fatal(code, message));
+        }
+        self.fatal.clone().expect("just latched")
+    }
+
+    /// Latches a fatal error (the reference's `rt_report_fatal`; code 9,
+    /// [`codes::EXPLICIT_ORCH_FATAL`], is the conventional one). Every later API call does
+    /// nothing and returns it; the run fails with this code. Returns the error, so an
+    /// orchestration can `return Err(orch.report_fatal(9, "..."))`.
+    pub fn report_fatal(&mut self, code: i32, message: impl Into<String>) -> ChipError {
+        self.heartbeat.fetch_add(1, Ordering::Relaxed);
+        self.latch(code, message)
+    }
+
+    /// Whether a fatal error is latched.
+    pub fn is_fatal(&self) -> bool {
+        self.fatal.is_some()
+    }
+
+    fn graph_error(&mut self, e: GraphError) -> ChipError {
+        match e {
+            GraphError::RunFailed(f) => ChipError::RunFailed {
+                code: f.code(),
+                message: f.message().to_owned(),
+            },
+            GraphError::Timeout { what, after } => self.latch(
+                codes::TENSOR_WAIT_TIMEOUT,
+                format!(
+                    "waited {} ms for {what}; raise ChipConfig::tensor_wait_timeout if the producer is just slow",
+                    after.as_millis()
+                ),
+            ),
+            e => match e.fatal_code() {
+                Some(code) => {
+                    let hint = match &e {
+                        GraphError::ScopeDeadlock { ring, .. }
+                        | GraphError::FlowControlDeadlock { ring, .. } => knob(*ring, "task_window", &self.rings),
+                        GraphError::HeapDeadlock { ring, .. }
+                        | GraphError::HeapRequestTooLarge { ring, .. }
+                        | GraphError::HeapDisabled { ring, .. } => knob(*ring, "heap_bytes", &self.rings),
+                        GraphError::DepPoolOverflow { ring, .. } => knob(*ring, "dep_pool", &self.rings),
+                        _ => String::new(),
+                    };
+                    self.latch(code, format!("{e}{hint}"))
+                }
+                None => self.latch(codes::INVALID_ARGS, format!("graph error: {e}")),
+            },
+        }
+    }
+
+    // ----- topology ----------------------------------------------------------------------
+
+    fn healthy(&self, c: u32) -> bool {
+        !self.shared.lost[c as usize].load(Ordering::Acquire)
+    }
+
+    /// MIX clusters in service (the reference's `rt_available_cluster_count`): clusters
+    /// whose AIC and both AIV cores are in service.
+    pub fn available_cluster_count(&self) -> u32 {
+        self.topo.capacity(Shape::Mix(7), 7, |c| self.healthy(c))
+    }
+
+    /// AIV cores in service (the reference's `rt_available_aiv_count`).
+    pub fn available_aiv_count(&self) -> u32 {
+        self.topo.capacity(Shape::Aiv, 2, |c| self.healthy(c))
+    }
+
+    /// AIC cores in service.
+    pub fn available_aic_count(&self) -> u32 {
+        self.topo.capacity(Shape::Aic, 1, |c| self.healthy(c))
+    }
+
+    /// Tasks submitted in this run so far (including dependency-only tasks).
+    pub fn submitted_tasks(&self) -> u64 {
+        self.tasks
+    }
+
+    // ----- submission --------------------------------------------------------------------
+
+    /// Submits a task running `kernels` (any non-empty mix of AIC, AIV0 and AIV1 kernels,
+    /// or none for a dependency-only task) on `args`.
+    ///
+    /// # Errors
+    /// A latched fatal: INVALID_ARGS (5) for bad arguments or kernels, REQUIRE_SYNC_START_INVALID
+    /// (7), ring errors 1–4 with the ring, its size and the knob to raise; or
+    /// [`ChipError::RunFailed`] if a task of the run already failed (fail-fast, not latched).
+    pub fn submit(
+        &mut self,
+        kernels: MixedKernels,
+        args: &CoreArgs,
+    ) -> Result<TaskOutputs, ChipError> {
+        self.enter()?;
+        self.submit_inner(kernels, args)
+    }
+
+    /// Submits an AIC-only task.
+    ///
+    /// # Errors
+    /// As [`ChipOrch::submit`].
+    pub fn submit_aic(
+        &mut self,
+        kernel: impl Into<crate::KernelRef>,
+        args: &CoreArgs,
+    ) -> Result<TaskOutputs, ChipError> {
+        self.submit(MixedKernels::none().with_aic(kernel), args)
+    }
+
+    /// Submits an AIV-only task (placed on any AIV core).
+    ///
+    /// # Errors
+    /// As [`ChipOrch::submit`].
+    pub fn submit_aiv(
+        &mut self,
+        kernel: impl Into<crate::KernelRef>,
+        args: &CoreArgs,
+    ) -> Result<TaskOutputs, ChipError> {
+        self.submit(MixedKernels::none().with_aiv0(kernel), args)
+    }
+
+    /// Submits a dependency-only task: it takes part in dependency inference like any
+    /// task, runs no kernel, and is completed by the scheduler.
+    ///
+    /// # Errors
+    /// As [`ChipOrch::submit`].
+    pub fn submit_dummy(&mut self, args: &CoreArgs) -> Result<TaskOutputs, ChipError> {
+        self.submit(MixedKernels::none(), args)
+    }
+
+    fn resolve(&mut self, k: Option<crate::KernelRef>) -> Result<Option<u32>, ChipError> {
+        match k {
+            None => Ok(None),
+            Some(k) => match self.registry.resolve_func(k) {
+                Ok(f) => Ok(Some(f)),
+                Err(e) => Err(self.latch(codes::INVALID_ARGS, e.to_string())),
+            },
+        }
+    }
+
+    /// Keeps the orchestrator from running into the graph's window back-pressure one task
+    /// at a time: when the run's live tasks approach the task window, sleep until the
+    /// scheduler has completed a good batch of them (one wake-up per batch instead of one
+    /// per task). The graph's own back-pressure and deadlock detection stay the backstop.
+    fn throttle(&mut self) {
+        let Some((high, low)) = self.throttle else {
+            return;
+        };
+        self.since_check += 1;
+        if self.since_check < THROTTLE_CHECK_EVERY {
+            return;
+        }
+        self.since_check = 0;
+        if self.graph.live_tasks() < high {
+            return;
+        }
+        loop {
+            let live = self.graph.live_tasks();
+            if live <= low {
+                break;
+            }
+            let done = self.shared.completed.load(Ordering::SeqCst);
+            let target = done + (live - low);
+            self.shared.orch_wake_at.store(target, Ordering::SeqCst);
+            let shared = &self.shared;
+            shared.orch_bell.sleep(Some(Duration::from_millis(2)), || {
+                shared.completed.load(Ordering::SeqCst) >= target
+            });
+            if self.shared.completed.load(Ordering::SeqCst) == done {
+                // Nothing completed: live tasks are held by scopes or waiting on something
+                // slow; leave it to the graph's back-pressure.
+                break;
+            }
+        }
+        self.shared.orch_wake_at.store(u64::MAX, Ordering::SeqCst);
+    }
+
+    fn submit_inner(
+        &mut self,
+        kernels: MixedKernels,
+        args: &CoreArgs,
+    ) -> Result<TaskOutputs, ChipError> {
+        self.throttle();
+        if let Some(e) = &args.error {
+            let e = e.clone();
+            return Err(self.latch(codes::INVALID_ARGS, e));
+        }
+        let mut entries = [
+            self.resolve(kernels.aic)?,
+            self.resolve(kernels.aiv0)?,
+            self.resolve(kernels.aiv1)?,
+        ];
+        let mask = kernels.mask();
+        let shape = match mask {
+            0 => Shape::Dummy,
+            1 => Shape::Aic,
+            2 => Shape::Aiv,
+            4 => {
+                entries.swap(1, 2); // an AIV1-only task is an AIV task
+                Shape::Aiv
+            }
+            m => Shape::Mix(m),
+        };
+        if shape != Shape::Dummy {
+            let total = self.topo.capacity(shape, mask, |_| true);
+            if total == 0 {
+                let what = match shape {
+                    Shape::Aic => "an AIC core (ChipConfig::aic_cores)".to_owned(),
+                    Shape::Aiv => "an AIV core (ChipConfig::aiv_cores)".to_owned(),
+                    _ => format!("a cluster with every lane of mask {mask:#05b} (ChipConfig::aic_cores / aiv_cores)"),
+                };
+                return Err(self.latch(
+                    codes::INVALID_ARGS,
+                    format!("the task needs {what}, and this chip has none"),
+                ));
+            }
+            if args.sync_start && args.block_num > 1 {
+                let avail = self.topo.capacity(shape, mask, |c| self.healthy(c));
+                if args.block_num > avail {
+                    return Err(self.latch(
+                        codes::REQUIRE_SYNC_START_INVALID,
+                        format!(
+                            "require_sync_start with block_num = {} but only {avail} {} are available; lower block_num or configure more cores",
+                            args.block_num,
+                            match shape {
+                                Shape::Aic => "AIC cores",
+                                Shape::Aiv => "AIV cores",
+                                _ => "clusters",
+                            }
+                        ),
+                    ));
+                }
+            }
+        }
+
+        // The payload: a recycled one (its vectors keep their capacity) or a new one.
+        let mut desc = self.fresh_desc();
+        let d = Arc::get_mut(&mut desc).expect("fresh payloads are unique");
+        d.kernels = entries;
+        d.shape = shape;
+        d.block_num = args.block_num;
+        d.sync_start = args.sync_start;
+        d.scalars.clear();
+        d.scalars.extend_from_slice(&args.scalars);
+        *d.slab_base.get_mut() = 0;
+        let mut ktensors = std::mem::take(&mut d.tensors);
+        ktensors.clear();
+
+        // Tensors.
+        let mut accesses = std::mem::take(&mut self.accesses);
+        let mut created = std::mem::take(&mut self.created);
+        accesses.clear();
+        created.clear();
+        let result = self.build_tensors(args, &mut accesses, &mut created, &mut ktensors);
+        let (inits, heap) = match result {
+            Ok(x) => x,
+            Err(e) => {
+                self.accesses = accesses;
+                self.created = created;
+                return Err(e);
+            }
+        };
+        let mut deps = std::mem::take(&mut self.deps);
+        deps.clear();
+        for dep in &args.deps {
+            match dep.0 {
+                Some(t) => deps.push(t),
+                None => {
+                    self.accesses = accesses;
+                    self.created = created;
+                    self.deps = deps;
+                    return Err(self.latch(
+                        codes::INVALID_ARGS,
+                        "explicit dependency on an invalid task id (ChipTaskId::INVALID): pass the id of a task submitted earlier in this run",
+                    ));
+                }
+            }
+        }
+        let d = Arc::get_mut(&mut desc).expect("fresh payloads are unique");
+        d.claims.reset(ktensors.len());
+        d.tensors = ktensors;
+        *d.armed.get_mut() = heap == 0;
+        let meta = Meta {
+            shape,
+            block_num: args.block_num,
+            sync_start: args.sync_start,
+            needs_arm: heap > 0,
+            funcs: entries,
+        };
+        // Tasks that create tensors keep a handle to arm them after the submit.
+        let keep = (heap > 0).then(|| desc.clone());
+        let mut spec = TaskSpec::new(desc, &accesses)
+            .with_deps(&deps)
+            .with_route(meta.encode());
+        if heap > 0 {
+            spec = spec.with_heap(heap, &created);
+        }
+        let submitted = self.graph.submit(spec);
+        self.deps = deps;
+        let s = match submitted {
+            Ok(s) => s,
+            Err(e) => {
+                self.accesses = accesses;
+                self.created = created;
+                return Err(self.graph_error(e));
+            }
+        };
+        self.tasks += 1;
+        let mut outputs = Vec::new();
+        if let Some(desc) = keep {
+            let slab = s.heap.expect("a task with heap bytes has a slab");
+            let base = self.ring_bases[slab.ring] + slab.offset;
+            desc.slab_base.store(base, Ordering::Relaxed);
+            for (k, t) in desc.tensors.iter().enumerate().filter(|(_, t)| t.created) {
+                if let Some((_, bytes)) = inits.iter().find(|(i, _)| *i == k) {
+                    let n = t.view.dtype().size_bytes();
+                    // Fill before arming: the task (and its consumers) start only after.
+                    let _ = self.arena.fill(base + t.addr, t.size, &bytes[..n]);
+                }
+                outputs.push(ChipTensor {
+                    key: created[outputs.len()],
+                    addr: base + t.addr,
+                    size: t.size,
+                    view: t.view,
+                    manual_dep: !t.tracked,
+                });
+            }
+            desc.armed.store(true, Ordering::Release);
+        }
+        self.accesses = accesses;
+        self.created = created;
+        if s.ready {
+            self.shared.send(SchedMsg::Ready(s.task));
+        }
+        Ok(TaskOutputs {
+            task: Some(s.task),
+            outputs,
+        })
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn build_tensors(
+        &mut self,
+        args: &CoreArgs,
+        accesses: &mut Vec<Access>,
+        created: &mut Vec<BufferKey>,
+        kt: &mut Vec<KTensor>,
+    ) -> Result<(Vec<(usize, [u8; 8])>, u64), ChipError> {
+        let mut inits = Vec::new();
+        let mut heap = 0u64;
+        let mut fps: Vec<Option<Footprint>> = Vec::with_capacity(args.tensors.len());
+        for (i, a) in args.tensors.iter().enumerate() {
+            match a {
+                ArgTensor::Existing(t, tag) => {
+                    if t.key.space != KeySpace::Device(self.chip_id) {
+                        return Err(self.latch(
+                            codes::INVALID_ARGS,
+                            format!(
+                                "tensor argument {i} lives in {:?}, not on this chip (device {})",
+                                t.key.space, self.chip_id
+                            ),
+                        ));
+                    }
+                    let tracked = !t.manual_dep && *tag != ArgTag::NoDep;
+                    let fp = Footprint::of_view(&t.view);
+                    if tracked {
+                        accesses.push(Access::new(t.key, fp.clone(), *tag));
+                        fps.push(Some(fp));
+                    } else {
+                        accesses.push(Access::new(t.key, fp, ArgTag::NoDep));
+                        fps.push(None);
+                    }
+                    kt.push(KTensor {
+                        addr: t.addr,
+                        created: false,
+                        size: t.size,
+                        view: t.view,
+                        tag: *tag,
+                        tracked,
+                    });
+                }
+                ArgTensor::Create(ci) => {
+                    let view = match self.create_view(ci) {
+                        Ok(v) => v,
+                        Err(e) => {
+                            return Err(self.latch(codes::INVALID_ARGS, format!("output {i}: {e}")))
+                        }
+                    };
+                    let bytes = view.nbytes().div_ceil(1024) * 1024;
+                    created.push(BufferKey::new(
+                        self.minter.mint(),
+                        KeySpace::Device(self.chip_id),
+                    ));
+                    if let Some((_, b)) = ci.init {
+                        inits.push((i, b));
+                    }
+                    kt.push(KTensor {
+                        addr: heap,
+                        created: true,
+                        size: bytes,
+                        view,
+                        tag: ArgTag::Output,
+                        tracked: !ci.manual_dep,
+                    });
+                    fps.push(None);
+                    heap += bytes;
+                }
+            }
+        }
+        // A written argument must not alias another argument of the same task: kernels
+        // get slices of their arguments, so two views of the same bytes would alias.
+        for i in 0..kt.len() {
+            for j in i + 1..kt.len() {
+                let (Some(fi), Some(fj)) = (&fps[i], &fps[j]) else {
+                    continue;
+                };
+                let (ai, aj) = (&args.tensors[i], &args.tensors[j]);
+                let (ArgTensor::Existing(ti, _), ArgTensor::Existing(tj, _)) = (ai, aj) else {
+                    continue;
+                };
+                if ti.key != tj.key || !(kt[i].tag.writes() || kt[j].tag.writes()) {
+                    continue;
+                }
+                if fi.overlap(fj) != Overlap::None {
+                    return Err(self.latch(
+                        codes::INVALID_ARGS,
+                        format!(
+                            "argument {i} ({}) and argument {j} ({}) may overlap in the same buffer and one of them is written; pass the data once (tag it INOUT) or use disjoint views",
+                            kt[i].tag, kt[j].tag
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok((inits, heap))
+    }
+
+    /// A unique payload to fill: reused from the scheduler's returns when possible.
+    fn fresh_desc(&mut self) -> Arc<TaskDesc> {
+        loop {
+            if self.free_descs.is_empty()
+                && self.shared.recycled_pending.swap(false, Ordering::AcqRel)
+            {
+                let mut pool = self
+                    .shared
+                    .recycled
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner());
+                std::mem::swap(&mut *pool, &mut self.free_descs);
+            }
+            match self.free_descs.pop() {
+                Some(d) if Arc::strong_count(&d) == 1 => return d,
+                Some(_) => continue, // another block still holds it; dropped here
+                None => {
+                    return Arc::new(TaskDesc {
+                        kernels: [None; 3],
+                        shape: Shape::Dummy,
+                        block_num: 1,
+                        sync_start: false,
+                        tensors: Vec::new(),
+                        scalars: Vec::new(),
+                        claims: Default::default(),
+                        slab_base: AtomicU64::new(0),
+                        armed: AtomicBool::new(true),
+                    })
+                }
+            }
+        }
+    }
+
+    fn create_view(&self, ci: &TensorCreateInfo) -> Result<strata_types::TensorView, ChipError> {
+        ci.view()
+    }
+
+    /// Allocates runtime-owned tensors in the current scope's heap ring without a kernel
+    /// (the reference's `alloc_tensors`): each is a hidden task that completes at once;
+    /// its id can be used as an explicit dependency. Tensors with an initial value are
+    /// filled now.
+    ///
+    /// # Errors
+    /// INVALID_ARGS for a bad shape or empty list; ring errors as for a submit.
+    pub fn alloc_tensors(&mut self, infos: &[TensorCreateInfo]) -> Result<TaskOutputs, ChipError> {
+        self.enter()?;
+        if infos.is_empty() {
+            return Err(self.latch(
+                codes::INVALID_ARGS,
+                "alloc_tensors needs at least one TensorCreateInfo",
+            ));
+        }
+        let mut out = TaskOutputs::default();
+        for (i, ci) in infos.iter().enumerate() {
+            let view = match ci.view() {
+                Ok(v) => v,
+                Err(e) => {
+                    return Err(self.latch(codes::INVALID_ARGS, format!("alloc_tensors[{i}]: {e}")))
+                }
+            };
+            let key = BufferKey::new(self.minter.mint(), KeySpace::Device(self.chip_id));
+            let (task, slab) = match self.graph.alloc(key, view.nbytes()) {
+                Ok(x) => x,
+                Err(e) => return Err(self.graph_error(e)),
+            };
+            self.tasks += 1;
+            let addr = self.ring_bases[slab.ring] + slab.offset;
+            if let Some((_, bytes)) = ci.init {
+                let _ = self
+                    .arena
+                    .fill(addr, slab.len, &bytes[..view.dtype().size_bytes()]);
+            }
+            out.task.get_or_insert(task);
+            out.outputs.push(ChipTensor {
+                key,
+                addr,
+                size: slab.len,
+                view,
+                manual_dep: ci.manual_dep,
+            });
+        }
+        Ok(out)
+    }
+
+    // ----- scopes ------------------------------------------------------------------------
+
+    /// Opens a nested scope: tasks that own runtime-created tensors are retained until it
+    /// ends, and its allocations come from the heap ring of its depth (clamped at 3).
+    ///
+    /// # Errors
+    /// INVALID_ARGS past 64 nested scopes.
+    pub fn scope_begin(&mut self) -> Result<(), ChipError> {
+        self.enter()?;
+        self.graph.scope_begin().map_err(|e| self.graph_error(e))
+    }
+
+    /// Ends the innermost scope. Never blocks.
+    ///
+    /// # Errors
+    /// INVALID_ARGS without a matching `scope_begin`.
+    pub fn scope_end(&mut self) -> Result<(), ChipError> {
+        self.enter()?;
+        if self.graph.scope_depth() <= 1 {
+            return Err(self.latch(
+                codes::INVALID_ARGS,
+                "scope_end without a matching scope_begin",
+            ));
+        }
+        self.graph.scope_end().map_err(|e| self.graph_error(e))
+    }
+
+    /// Runs `f` inside a nested scope (the scope ends even if `f` fails).
+    ///
+    /// # Errors
+    /// `f`'s error, or the scope's.
+    pub fn scope<R>(
+        &mut self,
+        f: impl FnOnce(&mut ChipOrch) -> Result<R, ChipError>,
+    ) -> Result<R, ChipError> {
+        self.scope_begin()?;
+        let r = f(self);
+        let end = if self.fatal.is_none() {
+            self.scope_end()
+        } else {
+            Ok(())
+        };
+        let r = r?;
+        end?;
+        Ok(r)
+    }
+
+    /// Open scopes, counting the run's implicit outer scope.
+    pub fn scope_depth(&self) -> usize {
+        self.graph.scope_depth()
+    }
+
+    // ----- data access -------------------------------------------------------------------
+
+    fn element_access(
+        &mut self,
+        t: &ChipTensor,
+        index: &[u64],
+        dtype: DataType,
+        tag: ArgTag,
+    ) -> Result<(u64, Access), ChipError> {
+        if t.view.dtype() != dtype {
+            return Err(ChipError::DtypeMismatch {
+                have: t.view.dtype(),
+                want: dtype,
+            });
+        }
+        if t.key.space != KeySpace::Device(self.chip_id) {
+            return Err(self.latch(codes::INVALID_ARGS, "tensor of another chip"));
+        }
+        let off = t.view.element_byte_offset(index)?;
+        let fp = Footprint::bytes(off, off + dtype.size_bytes() as u64)?;
+        Ok((t.addr + off, Access::new(t.key, fp, tag)))
+    }
+
+    fn wait_access(&mut self, access: &Access) -> Result<(), ChipError> {
+        let r = self.graph.wait_for_access(access, Some(self.tensor_wait));
+        r.map_err(|e| self.graph_error(e))
+    }
+
+    /// Reads one element, after every earlier task that writes it has finished.
+    ///
+    /// # Errors
+    /// [`ChipError::DtypeMismatch`], [`ChipError::Types`] for a bad index;
+    /// TENSOR_WAIT_TIMEOUT (8) if the producers take longer than
+    /// [`crate::ChipConfig::tensor_wait_timeout`]; the producer's failure.
+    pub fn get_tensor_data<T: Element>(
+        &mut self,
+        t: &ChipTensor,
+        index: &[u64],
+    ) -> Result<T, ChipError> {
+        self.enter()?;
+        let (addr, access) = self.element_access(t, index, T::DTYPE, ArgTag::Input)?;
+        if !t.manual_dep {
+            self.wait_access(&access)?;
+        }
+        self.arena.read_elem::<T>(addr)
+    }
+
+    /// Writes one element, after every earlier task that reads or writes it has finished.
+    ///
+    /// # Errors
+    /// As [`ChipOrch::get_tensor_data`].
+    pub fn set_tensor_data<T: Element>(
+        &mut self,
+        t: &ChipTensor,
+        index: &[u64],
+        value: T,
+    ) -> Result<(), ChipError> {
+        self.enter()?;
+        let (addr, access) = self.element_access(t, index, T::DTYPE, ArgTag::OutputExisting)?;
+        if !t.manual_dep {
+            self.wait_access(&access)?;
+        }
+        self.arena.write_elem(addr, value)
+    }
+
+    /// Reads a whole tensor (row-major), after its producers finished.
+    ///
+    /// # Errors
+    /// As [`ChipOrch::get_tensor_data`].
+    pub fn read_tensor<T: Element>(&mut self, t: &ChipTensor) -> Result<Vec<T>, ChipError> {
+        self.enter()?;
+        if t.view.dtype() != T::DTYPE {
+            return Err(ChipError::DtypeMismatch {
+                have: t.view.dtype(),
+                want: T::DTYPE,
+            });
+        }
+        if !t.manual_dep {
+            let a = Access::new(t.key, Footprint::of_view(&t.view), ArgTag::Input);
+            self.wait_access(&a)?;
+        }
+        let mut out = Vec::with_capacity(t.view.numel() as usize);
+        for off in t.view.element_offsets() {
+            out.push(self.arena.read_elem::<T>(t.addr + off)?);
+        }
+        Ok(out)
+    }
+
+    /// Writes a whole tensor (row-major), after its readers and writers finished.
+    ///
+    /// # Errors
+    /// As [`ChipOrch::get_tensor_data`], plus [`ChipError::InvalidRunArgs`] if `data` has
+    /// the wrong length.
+    pub fn write_tensor<T: Element>(
+        &mut self,
+        t: &ChipTensor,
+        data: &[T],
+    ) -> Result<(), ChipError> {
+        self.enter()?;
+        if t.view.dtype() != T::DTYPE {
+            return Err(ChipError::DtypeMismatch {
+                have: t.view.dtype(),
+                want: T::DTYPE,
+            });
+        }
+        if data.len() as u64 != t.view.numel() {
+            return Err(ChipError::InvalidRunArgs(format!(
+                "write_tensor: {} values for a tensor of {} elements",
+                data.len(),
+                t.view.numel()
+            )));
+        }
+        if !t.manual_dep {
+            let a = Access::new(t.key, Footprint::of_view(&t.view), ArgTag::OutputExisting);
+            self.wait_access(&a)?;
+        }
+        for (off, v) in t.view.element_offsets().zip(data) {
+            self.arena.write_elem(t.addr + off, *v)?;
+        }
+        Ok(())
+    }
+
+    // ----- the orchestrator thread -------------------------------------------------------
+
+    fn run_request(&mut self, req: &OrchRequest) -> OrchReply {
+        let t_thread_start = crate::strace::mono_ns();
+        let mut reply = OrchReply {
+            fatal: None,
+            orch_error: None,
+            graph: Ok(()),
+            setup_error: None,
+            t_thread_start,
+            t_orch_start: t_thread_start,
+            t_orch_end: t_thread_start,
+            t_done: t_thread_start,
+            tasks: 0,
+        };
+        if req.reconfigure {
+            let rings: [RingConfig; RING_COUNT] = std::array::from_fn(|i| req.rings[i].graph());
+            if let Err(e) = self.graph.configure_rings(rings) {
+                reply.setup_error = Some(ChipError::Internal(format!("configure_rings: {e}")));
+                return reply;
+            }
+        }
+        self.rings = req.rings;
+        self.ring_bases = req.ring_bases;
+        self.registry = req.registry.clone();
+        self.fatal = None;
+        self.tasks = 0;
+        let window = req.rings.iter().map(|r| r.task_window).min().unwrap_or(0);
+        // Stay a few thousand tasks ahead of execution: enough to keep the cores fed,
+        // few enough that the dependency pools rarely fill.
+        let high = (window * 3 / 4).min(THROTTLE_MAX_AHEAD);
+        self.throttle = (window >= 256).then_some((high, high / 2));
+        let run = match self.graph.begin_run() {
+            Ok(r) => r,
+            Err(e) => {
+                reply.setup_error = Some(ChipError::Internal(format!("begin_run: {e}")));
+                return reply;
+            }
+        };
+        reply.t_orch_start = crate::strace::mono_ns();
+        let f = req.entry.f.clone();
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(self, &req.args)));
+        reply.t_orch_end = crate::strace::mono_ns();
+        let name = req.entry.desc.name().to_owned();
+        let ended = match (&self.fatal, result) {
+            (Some(e), _) => {
+                let code = e.code().unwrap_or(codes::EXPLICIT_ORCH_FATAL);
+                self.graph
+                    .fail_run(Failure::with_code(FailureKind::Fatal, code, e.to_string()))
+            }
+            (None, Ok(Ok(()))) => self.graph.close_run(),
+            (None, Ok(Err(e))) => {
+                let failed_run = matches!(e, ChipError::RunFailed { .. });
+                if !failed_run {
+                    reply.orch_error = Some(ChipError::OrchestrationFailed {
+                        orchestration: name,
+                        message: e.to_string(),
+                    });
+                }
+                self.graph.fail_run(Failure::with_code(
+                    FailureKind::Fatal,
+                    codes::ORCHESTRATION_FAILED,
+                    e.to_string(),
+                ))
+            }
+            (None, Err(p)) => {
+                let msg = if let Some(s) = p.downcast_ref::<&str>() {
+                    (*s).to_owned()
+                } else if let Some(s) = p.downcast_ref::<String>() {
+                    s.clone()
+                } else {
+                    "(non-string panic payload)".into()
+                };
+                let e = ChipError::OrchestrationFailed {
+                    orchestration: name,
+                    message: format!("panicked: {msg}"),
+                };
+                reply.orch_error = Some(e.clone());
+                self.graph.fail_run(Failure::with_code(
+                    FailureKind::Fatal,
+                    codes::ORCHESTRATION_FAILED,
+                    e.to_string(),
+                ))
+            }
+        };
+        if let Err(e) = ended {
+            reply.setup_error = Some(ChipError::Internal(format!("ending the run: {e}")));
+        }
+        reply.fatal = self.fatal.clone();
+        reply.tasks = self.tasks;
+        reply.graph = match self.graph.wait_run(run, None) {
+            Ok(Some(r)) => r,
+            Ok(None) => Err(Failure::new(FailureKind::Fatal, "run did not finish")),
+            Err(e) => Err(Failure::new(FailureKind::Fatal, e.to_string())),
+        };
+        let _ = self.graph.release_run(run);
+        reply.t_done = crate::strace::mono_ns();
+        reply
+    }
+
+    /// The orchestrator thread's loop.
+    pub(crate) fn main(mut self, rx: mpsc::Receiver<OrchMsg>) {
+        self.shared.orch_bell.register_current();
+        while let Ok(m) = rx.recv() {
+            match m {
+                OrchMsg::Run(req) => {
+                    let reply = self.run_request(&req);
+                    let _ = req.reply.send(reply);
+                }
+                OrchMsg::Exit => break,
+            }
+        }
+        self.graph.shutdown();
+    }
+}
+
+/// Waits for `rx` while the orchestration and the scheduler make progress; `None` if
+/// neither did for `budget`.
+pub(crate) fn wait_reply(
+    rx: &mpsc::Receiver<OrchReply>,
+    heartbeat: &AtomicU64,
+    shared: &SchedShared,
+    budget: Duration,
+) -> Option<OrchReply> {
+    let sched_progress =
+        || shared.progress.load(Ordering::Relaxed) + shared.completed.load(Ordering::Relaxed);
+    let mut last = (heartbeat.load(Ordering::Relaxed), sched_progress());
+    let mut since = Instant::now();
+    loop {
+        match rx.recv_timeout(budget.min(Duration::from_millis(200))) {
+            Ok(r) => return Some(r),
+            Err(mpsc::RecvTimeoutError::Disconnected) => return None,
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                let now = (heartbeat.load(Ordering::Relaxed), sched_progress());
+                if now != last {
+                    last = now;
+                    since = Instant::now();
+                } else if since.elapsed() >= budget {
+                    return None;
+                }
+            }
+        }
+    }
+}

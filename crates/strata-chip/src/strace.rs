@@ -1,0 +1,304 @@
+//! `[STRACE]` timing spans in the reference runtime's grammar, and a parser for them.
+//!
+//! One line per span: `[STRACE] v=1 pid=<pid> tid=<tid> inv=<n> hid=<hex> depth=<d>
+//! name=<name> ts=<ns> dur=<ns> [k=v ...]`. Host spans (`chip.run`, `chip.run.bind`, ...)
+//! are stamped on a process-wide monotonic clock; device spans carry `clk=dev` and their
+//! `ts` is an offset from the run's device-clock origin (the earliest device phase start).
+//! Spans are listed children first, as the reference emits them on scope exit.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+use std::time::Instant;
+
+/// One parsed (or recorded) span.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Span {
+    /// Grammar version (1).
+    pub v: u32,
+    /// Process id.
+    pub pid: u32,
+    /// Thread id (process-local).
+    pub tid: u64,
+    /// Run invocation id (per process).
+    pub inv: u64,
+    /// Callable hash (first 8 bytes of the orchestration's digest, hex).
+    pub hid: String,
+    /// Nesting depth (0 = `chip.run`).
+    pub depth: u32,
+    /// Dotted name (`chip.run.runner_run.device_wall.orch`).
+    pub name: String,
+    /// Start, ns.
+    pub ts: u64,
+    /// Duration, ns.
+    pub dur: u64,
+    /// Extra `k=v` attributes (`clk=dev` on device spans).
+    pub attrs: Vec<(String, String)>,
+}
+
+impl Span {
+    /// Whether the span is on the device clock (`clk=dev`).
+    pub fn is_device(&self) -> bool {
+        self.attrs.iter().any(|(k, v)| k == "clk" && v == "dev")
+    }
+
+    /// The `[STRACE]` line.
+    pub fn to_line(&self) -> String {
+        let mut s = format!(
+            "[STRACE] v={} pid={} tid={} inv={} hid={} depth={} name={} ts={} dur={}",
+            self.v,
+            self.pid,
+            self.tid,
+            self.inv,
+            self.hid,
+            self.depth,
+            self.name,
+            self.ts,
+            self.dur
+        );
+        for (k, v) in &self.attrs {
+            s.push(' ');
+            s.push_str(k);
+            s.push('=');
+            s.push_str(v);
+        }
+        s
+    }
+}
+
+/// Parses every `[STRACE]` line in `text` (other lines, and malformed spans, are skipped).
+///
+/// ```
+/// let spans = strata_chip::parse_strace(
+///     "noise\n[STRACE] v=1 pid=7 tid=1 inv=3 hid=ab depth=0 name=chip.run ts=10 dur=99\n",
+/// );
+/// assert_eq!(spans.len(), 1);
+/// assert_eq!((spans[0].name.as_str(), spans[0].dur), ("chip.run", 99));
+/// ```
+pub fn parse_strace(text: &str) -> Vec<Span> {
+    text.lines().filter_map(parse_line).collect()
+}
+
+fn parse_line(line: &str) -> Option<Span> {
+    let rest = &line[line.find("[STRACE]")? + "[STRACE]".len()..];
+    let mut s = Span {
+        v: 0,
+        pid: 0,
+        tid: 0,
+        inv: 0,
+        hid: String::new(),
+        depth: 0,
+        name: String::new(),
+        ts: 0,
+        dur: 0,
+        attrs: Vec::new(),
+    };
+    let mut seen = 0u32;
+    for field in rest.split_whitespace() {
+        let (k, v) = field.split_once('=')?;
+        match k {
+            "v" => s.v = v.parse().ok()?,
+            "pid" => s.pid = v.parse().ok()?,
+            "tid" => s.tid = v.parse().ok()?,
+            "inv" => s.inv = v.parse().ok()?,
+            "hid" => s.hid = v.to_owned(),
+            "depth" => s.depth = v.parse().ok()?,
+            "name" => s.name = v.to_owned(),
+            "ts" => s.ts = v.parse().ok()?,
+            "dur" => s.dur = v.parse().ok()?,
+            _ => {
+                s.attrs.push((k.to_owned(), v.to_owned()));
+                continue;
+            }
+        }
+        seen += 1;
+    }
+    (seen == 9).then_some(s)
+}
+
+/// A span with its children.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpanTree {
+    /// The span.
+    pub span: Span,
+    /// Spans nested directly inside it.
+    pub children: Vec<SpanTree>,
+}
+
+impl SpanTree {
+    /// Finds a descendant (or self) by full name.
+    pub fn find(&self, name: &str) -> Option<&SpanTree> {
+        if self.span.name == name {
+            return Some(self);
+        }
+        self.children.iter().find_map(|c| c.find(name))
+    }
+
+    /// Renders the tree, one span per line with its duration in µs.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        self.render_into(&mut out, 0);
+        out
+    }
+
+    fn render_into(&self, out: &mut String, indent: usize) {
+        out.push_str(&format!(
+            "{:indent$}{} {:.1} us\n",
+            "",
+            self.span.name,
+            self.span.dur as f64 / 1e3,
+            indent = indent * 2
+        ));
+        for c in &self.children {
+            c.render_into(out, indent + 1);
+        }
+    }
+}
+
+/// Builds the span trees: spans are grouped by `(pid, inv)`, and a span's parent is the
+/// span of the same group at `depth − 1` whose name is the longest proper prefix of its
+/// own. Returns the roots (normally one `chip.run` per run), children in start order.
+pub fn span_tree(spans: &[Span]) -> Vec<SpanTree> {
+    let mut sorted: Vec<&Span> = spans.iter().collect();
+    sorted.sort_by_key(|s| (s.pid, s.inv, s.depth, s.ts));
+    let mut roots: Vec<SpanTree> = Vec::new();
+    for s in sorted {
+        let node = SpanTree {
+            span: s.clone(),
+            children: Vec::new(),
+        };
+        match find_parent(&mut roots, s) {
+            Some(p) => {
+                p.children.push(node);
+                p.children.sort_by_key(|c| c.span.ts);
+            }
+            None => roots.push(node),
+        }
+    }
+    roots
+}
+
+fn find_parent<'a>(nodes: &'a mut [SpanTree], s: &Span) -> Option<&'a mut SpanTree> {
+    for n in nodes.iter_mut() {
+        let is_prefix = s.name.len() > n.span.name.len()
+            && s.name.starts_with(&n.span.name)
+            && s.name.as_bytes()[n.span.name.len()] == b'.';
+        if n.span.pid != s.pid || n.span.inv != s.inv || !is_prefix {
+            continue;
+        }
+        if n.span.depth + 1 == s.depth {
+            return Some(n);
+        }
+        return find_parent(&mut n.children, s);
+    }
+    None
+}
+
+/// Process-wide monotonic clock for host spans.
+pub(crate) fn mono_ns() -> u64 {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
+}
+
+/// The next run invocation id of this process.
+pub(crate) fn next_invocation() -> u64 {
+    static INV: AtomicU64 = AtomicU64::new(1);
+    INV.fetch_add(1, Ordering::Relaxed)
+}
+
+/// A small process-local id for the calling thread.
+pub(crate) fn thread_id() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    thread_local!(static ID: u64 = NEXT.fetch_add(1, Ordering::Relaxed));
+    ID.with(|i| *i)
+}
+
+/// Collects the spans of one run.
+#[derive(Debug)]
+pub(crate) struct Tracer {
+    pub(crate) inv: u64,
+    pub(crate) hid: String,
+    pub(crate) spans: Vec<Span>,
+}
+
+impl Tracer {
+    pub(crate) fn new(hid: String) -> Self {
+        Tracer {
+            inv: next_invocation(),
+            hid,
+            spans: Vec::new(),
+        }
+    }
+
+    /// Records a host span `[start, end)` (ns on [`mono_ns`]'s clock).
+    pub(crate) fn host(&mut self, name: &str, start: u64, end: u64) {
+        self.push(name, start, end.saturating_sub(start), false);
+    }
+
+    /// Records a device span (ts relative to the device origin); skipped if empty.
+    pub(crate) fn device(&mut self, name: &str, ts: u64, dur: u64) {
+        if dur > 0 {
+            self.push(name, ts, dur, true);
+        }
+    }
+
+    fn push(&mut self, name: &str, ts: u64, dur: u64, dev: bool) {
+        self.spans.push(Span {
+            v: 1,
+            pid: std::process::id(),
+            tid: thread_id(),
+            inv: self.inv,
+            hid: self.hid.clone(),
+            depth: name.matches('.').count().saturating_sub(1) as u32,
+            name: name.to_owned(),
+            ts,
+            dur,
+            attrs: if dev {
+                vec![("clk".into(), "dev".into())]
+            } else {
+                Vec::new()
+            },
+        });
+    }
+
+    pub(crate) fn text(&self) -> String {
+        let mut s = String::new();
+        for sp in &self.spans {
+            s.push_str(&sp.to_line());
+            s.push('\n');
+        }
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_round_trip_and_tree_nests_by_name() {
+        let mut t = Tracer::new("abcd".into());
+        t.host("chip.run.bind.args", 12, 15);
+        t.host("chip.run.bind", 11, 20);
+        t.device("chip.run.runner_run.device_wall.orch", 0, 5);
+        t.device("chip.run.runner_run.device_wall", 0, 9);
+        t.device("chip.run.runner_run.device_wall.sched", 0, 0); // skipped: empty
+        t.host("chip.run.runner_run", 21, 40);
+        t.host("chip.run", 10, 50);
+        let spans = parse_strace(&t.text());
+        assert_eq!(spans, t.spans);
+        assert_eq!(spans.len(), 6);
+        let roots = span_tree(&spans);
+        assert_eq!(roots.len(), 1);
+        let run = &roots[0];
+        assert_eq!(run.span.name, "chip.run");
+        assert_eq!(run.children.len(), 2);
+        let wall = run.find("chip.run.runner_run.device_wall").unwrap();
+        assert!(wall.span.is_device());
+        assert_eq!(
+            wall.children[0].span.name,
+            "chip.run.runner_run.device_wall.orch"
+        );
+        assert_eq!(wall.span.depth, 2);
+        assert!(run.render().contains("  chip.run.bind"));
+    }
+}

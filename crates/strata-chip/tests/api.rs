@@ -1,0 +1,806 @@
+//! The chip's API contracts: lifecycle, registry identities, device-memory misuse, run
+//! staging, kernel failures and timeouts, argument aliasing, STRACE and swimlane output.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use strata_chip::*;
+use strata_types::{
+    ArgTag, CallConfig, CallableDescriptor, CallableKind, DataType, ParamDirection,
+};
+
+fn cfg() -> ChipConfig {
+    ChipConfig {
+        device_memory_bytes: 512 << 20,
+        ..ChipConfig::default()
+    }
+}
+
+fn copy_kernel(ctx: &mut KernelCtx) -> Result<(), KernelError> {
+    let a = ctx.input::<f32>(0)?;
+    let mut o = ctx.output::<f32>(1)?;
+    o.as_mut_slice()
+        .ok_or("contiguous")?
+        .copy_from_slice(a.as_slice().ok_or("contiguous")?);
+    Ok(())
+}
+
+#[test]
+fn registry_identity_is_the_descriptor_digest() {
+    let mut chip = ChipWorker::new(cfg()).unwrap();
+    let d = CallableDescriptor::new(CallableKind::Kernel, "k");
+    let a = chip.register_kernel(d.clone(), copy_kernel).unwrap();
+    let b = chip.register_kernel(d.clone(), copy_kernel).unwrap();
+    assert_eq!(a, b);
+    assert_eq!(a.id(), d.digest());
+    let other = chip.register_kernel_fn("k2", copy_kernel).unwrap();
+    assert_ne!(other.id(), a.id());
+    assert_ne!(other.func_id(), a.func_id());
+    // Wrong kind.
+    let bad = chip.register_kernel(
+        CallableDescriptor::new(CallableKind::SubWorker, "s"),
+        copy_kernel,
+    );
+    assert!(matches!(bad, Err(ChipError::WrongKind { .. })));
+    // Unregister, then the id is unknown.
+    chip.unregister(&a.id()).unwrap();
+    assert!(matches!(
+        chip.unregister(&a.id()),
+        Err(ChipError::UnknownCallable { .. })
+    ));
+    // A clone of the registry finds callables by digest.
+    let o = chip.register_orchestration_fn("o", |_, _| Ok(())).unwrap();
+    let reg = chip.registry().clone();
+    assert!(reg.orchestration(&o.id()).is_some());
+    assert_eq!(reg.digest(), chip.registry().digest());
+    chip.init().unwrap();
+    assert!(matches!(
+        chip.register_kernel_fn("late", copy_kernel),
+        Err(ChipError::RegisterAfterInit { .. })
+    ));
+    assert!(matches!(chip.init(), Err(ChipError::AlreadyInitialized)));
+    chip.close().unwrap();
+    assert!(matches!(chip.malloc(16), Err(ChipError::Closed { .. })));
+    chip.close().unwrap(); // idempotent
+}
+
+#[test]
+fn memory_misuse_is_typed() {
+    let chip = ChipWorker::new(cfg()).unwrap();
+    assert!(matches!(
+        chip.malloc(16),
+        Err(ChipError::NotInitialized { .. })
+    ));
+    let mut chip = chip;
+    chip.init().unwrap();
+    let p = chip.malloc(4096).unwrap();
+    assert_eq!(p.addr() % DEVICE_ALIGN, 0);
+    // Out of range copies.
+    let host = vec![0u8; 8192];
+    assert!(matches!(
+        chip.copy_to(p, &host, 5000, CopyOffsets::default()),
+        Err(ChipError::OutOfRange { .. })
+    ));
+    assert!(matches!(
+        chip.copy_to(
+            p,
+            &host,
+            100,
+            CopyOffsets {
+                device: 4000,
+                host: 0
+            }
+        ),
+        Err(ChipError::OutOfRange { .. })
+    ));
+    assert!(matches!(
+        chip.copy_to(p, &host[..10], 100, CopyOffsets::default()),
+        Err(ChipError::HostRange { .. })
+    ));
+    // Interior pointers copy fine but cannot be freed.
+    chip.copy_to(p.offset(1024), &host, 1024, CopyOffsets::default())
+        .unwrap();
+    assert!(matches!(
+        chip.free(p.offset(8)),
+        Err(ChipError::InteriorFree { offset: 8, .. })
+    ));
+    chip.free(p).unwrap();
+    assert!(matches!(chip.free(p), Err(ChipError::DoubleFree { .. })));
+    // The address is reused by a new allocation: the old handle is stale.
+    let q = chip.malloc(4096).unwrap();
+    assert_eq!(q.addr(), p.addr());
+    assert!(matches!(
+        chip.copy_to(p, &host, 16, CopyOffsets::default()),
+        Err(ChipError::StaleHandle { .. })
+    ));
+    assert!(matches!(chip.free(p), Err(ChipError::StaleHandle { .. })));
+    // Handles of another chip.
+    let mut other = ChipWorker::new(cfg()).unwrap();
+    other.init().unwrap();
+    let t = other
+        .alloc_tensor(&[4], DataType::F32, TensorInit::Zeros)
+        .unwrap();
+    assert!(matches!(
+        chip.free_tensor(t),
+        Err(ChipError::ForeignHandle { .. })
+    ));
+    assert!(matches!(
+        chip.read_tensor::<f32>(&t),
+        Err(ChipError::ForeignHandle { .. })
+    ));
+    assert!(matches!(
+        chip.device_memory_info(),
+        Err(ChipError::DeviceMemoryInfoUnavailable)
+    ));
+    assert!(matches!(chip.malloc(0), Err(ChipError::ZeroSizedAlloc)));
+    assert!(matches!(
+        chip.malloc(1 << 40),
+        Err(ChipError::OutOfDeviceMemory { .. })
+    ));
+    // Tensors: typed init and read-back; wrong dtype.
+    let t = chip
+        .alloc_tensor(&[2, 3], DataType::I32, TensorInit::value(7i32))
+        .unwrap();
+    assert_eq!(chip.read_tensor::<i32>(&t).unwrap(), vec![7; 6]);
+    assert!(matches!(
+        chip.read_tensor::<f32>(&t),
+        Err(ChipError::DtypeMismatch { .. })
+    ));
+    assert!(matches!(
+        chip.alloc_tensor(&[2], DataType::F32, TensorInit::value(1i32)),
+        Err(ChipError::DtypeMismatch { .. })
+    ));
+    chip.free_tensor(t).unwrap();
+    assert!(matches!(
+        chip.free_tensor(t),
+        Err(ChipError::DoubleFree { .. })
+    ));
+    chip.free(q).unwrap();
+}
+
+#[test]
+fn committed_memory_tracks_allocations() {
+    let mut chip = ChipWorker::new(cfg()).unwrap();
+    chip.init().unwrap();
+    let c0 = chip.committed_device_memory().unwrap();
+    let p = chip.malloc(100_000).unwrap();
+    let c1 = chip.committed_device_memory().unwrap();
+    assert!(c1 >= c0 + 100_000);
+    chip.free(p).unwrap();
+    assert_eq!(chip.committed_device_memory().unwrap(), c0);
+}
+
+#[test]
+fn device_tensors_stay_resident_and_host_outputs_copy_back() {
+    let mut chip = ChipWorker::new(cfg()).unwrap();
+    let inc = chip
+        .register_kernel_fn("inc", |ctx| {
+            let mut t = ctx.output::<f32>(0)?;
+            for v in t.as_mut_slice().ok_or("contiguous")? {
+                *v += 1.0;
+            }
+            Ok(())
+        })
+        .unwrap();
+    let copy = chip.register_kernel_fn("copy", copy_kernel).unwrap();
+    let orch = chip
+        .register_orchestration(
+            CallableDescriptor::new(CallableKind::ChipOrchestration, "inc_then_copy")
+                .with_signature(&[ParamDirection::InOut, ParamDirection::Out]),
+            move |o, args| {
+                let (d, out) = (args.tensor(0)?, args.tensor(1)?);
+                o.submit_aiv(inc, CoreArgs::new().inout(&d))?;
+                o.submit_aiv(copy, CoreArgs::new().input(&d).output(&out))?;
+                Ok(())
+            },
+        )
+        .unwrap();
+    chip.init().unwrap();
+    let t = chip
+        .alloc_tensor(&[256], DataType::F32, TensorInit::value(0.0f32))
+        .unwrap();
+    for round in 1..=3 {
+        let mut out = vec![0f32; 256];
+        let mut args = RunArgs::new();
+        args.device(&t, ArgTag::InOut).output(&mut out, &[256]);
+        chip.run(&orch, &mut args, &CallConfig::default()).unwrap();
+        assert!(out.iter().all(|&v| v == round as f32), "round {round}");
+    }
+    assert_eq!(chip.read_tensor::<f32>(&t).unwrap(), vec![3.0; 256]);
+    // Signature mismatch is caught before anything runs.
+    let mut out = vec![0f32; 256];
+    let mut args = RunArgs::new();
+    args.device(&t, ArgTag::Input).output(&mut out, &[256]);
+    assert!(matches!(
+        chip.run(&orch, &mut args, &CallConfig::default()),
+        Err(ChipError::InvalidRunArgs(_))
+    ));
+    // Bad host shapes are reported at run.
+    let mut short = vec![0f32; 3];
+    let mut args = RunArgs::new();
+    args.inout(&mut short, &[4]);
+    assert!(matches!(
+        chip.run(&orch, &mut args, &CallConfig::default()),
+        Err(ChipError::InvalidRunArgs(_))
+    ));
+    // A freed device tensor is rejected at bind.
+    chip.free_tensor(t).unwrap();
+    let mut args = RunArgs::new();
+    args.device(&t, ArgTag::InOut).output(&mut out, &[256]);
+    assert!(matches!(
+        chip.run(&orch, &mut args, &CallConfig::default()),
+        Err(ChipError::DoubleFree { .. })
+    ));
+}
+
+#[test]
+fn empty_run_completes_and_traces_nest() {
+    let mut chip = ChipWorker::new(cfg()).unwrap();
+    let orch = chip
+        .register_orchestration_fn("nothing", |_, _| Ok(()))
+        .unwrap();
+    chip.init().unwrap();
+    let r = chip
+        .run(&orch, &mut RunArgs::new(), &CallConfig::default())
+        .unwrap();
+    assert_eq!((r.tasks, r.dispatches), (0, 0));
+    let spans = parse_strace(&r.strace);
+    assert_eq!(spans, r.spans);
+    let roots = span_tree(&spans);
+    assert_eq!(roots.len(), 1);
+    let root = &roots[0];
+    assert_eq!(root.span.name, "chip.run");
+    for name in [
+        "chip.run.bind",
+        "chip.run.runner_run",
+        "chip.run.validate",
+        "chip.run.runner_run.device_wall",
+    ] {
+        let s = root
+            .find(name)
+            .unwrap_or_else(|| panic!("{name} missing:\n{}", root.render()));
+        assert!(s.span.dur > 0, "{name}");
+    }
+    // Host children lie inside their parent.
+    for c in &root.children {
+        assert!(
+            c.span.ts >= root.span.ts && c.span.ts + c.span.dur <= root.span.ts + root.span.dur
+        );
+    }
+}
+
+#[test]
+fn kernel_errors_and_panics_fail_the_run_with_the_kernel_name_and_poison_downstream() {
+    let mut chip = ChipWorker::new(cfg()).unwrap();
+    let ran = Arc::new(AtomicUsize::new(0));
+    let r2 = ran.clone();
+    let boom = chip
+        .register_kernel_fn("boom", |_| panic!("index 9 out of range"))
+        .unwrap();
+    let after = chip
+        .register_kernel_fn("after", move |_| {
+            r2.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        })
+        .unwrap();
+    let copy = chip.register_kernel_fn("copy", copy_kernel).unwrap();
+    let orch = chip
+        .register_orchestration_fn("o", move |o, args| {
+            let x = args.tensor(0)?;
+            o.submit_aiv(boom, CoreArgs::new().inout(&x))?;
+            let _ = o.submit_aiv(after, CoreArgs::new().input(&x));
+            Ok(())
+        })
+        .unwrap();
+    let good = chip
+        .register_orchestration_fn("good", move |o, args| {
+            o.submit_aiv(
+                copy,
+                CoreArgs::new()
+                    .input(&args.tensor(0)?)
+                    .output(&args.tensor(1)?),
+            )?;
+            Ok(())
+        })
+        .unwrap();
+    chip.init().unwrap();
+    let mut x = vec![5f32; 8];
+    let mut args = RunArgs::new();
+    args.inout(&mut x, &[8]);
+    let e = chip
+        .run(&orch, &mut args, &CallConfig::default())
+        .unwrap_err();
+    match &e {
+        ChipError::KernelFailed {
+            kernel, message, ..
+        } => {
+            assert_eq!(kernel, "boom");
+            assert!(message.contains("index 9 out of range"), "{message}");
+        }
+        e => panic!("unexpected {e}"),
+    }
+    assert_eq!(e.code(), Some(codes::KERNEL_FAILED));
+    assert_eq!(
+        ran.load(Ordering::SeqCst),
+        0,
+        "downstream of a failed task must not run"
+    );
+    // The chip stays usable.
+    let a = vec![1f32; 8];
+    let mut out = vec![0f32; 8];
+    let mut args = RunArgs::new();
+    args.input(&a, &[8]).output(&mut out, &[8]);
+    chip.run(&good, &mut args, &CallConfig::default()).unwrap();
+    assert_eq!(out, a);
+}
+
+#[test]
+fn kernel_access_rules_are_enforced() {
+    let mut chip = ChipWorker::new(ChipConfig {
+        aiv_cores: 4,
+        ..cfg()
+    })
+    .unwrap();
+    let wrong_type = chip
+        .register_kernel_fn("wrong_type", |ctx| ctx.input::<i32>(0).map(|_| ()))
+        .unwrap();
+    let read_output = chip
+        .register_kernel_fn("read_output", |ctx| ctx.input::<f32>(1).map(|_| ()))
+        .unwrap();
+    let write_input = chip
+        .register_kernel_fn("write_input", |ctx| ctx.output::<f32>(0).map(|_| ()))
+        .unwrap();
+    let twice = chip
+        .register_kernel_fn("twice", |ctx| {
+            let _a = ctx.output::<f32>(1)?;
+            ctx.output::<f32>(1).map(|_| ())
+        })
+        .unwrap();
+    let blocks_exclusive = chip
+        .register_kernel_fn("blocks_exclusive", |ctx| {
+            let _o = ctx.output::<f32>(1)?;
+            // Keep the claim while the sibling blocks try theirs.
+            std::thread::sleep(Duration::from_millis(20));
+            Ok(())
+        })
+        .unwrap();
+    let nodep = chip
+        .register_kernel_fn("nodep", |ctx| ctx.shared::<f32>(0).map(|_| ()))
+        .unwrap();
+    let which = |o: &mut ChipOrch,
+                 k: KernelHandle,
+                 args: &ChipArgs,
+                 blocks: u32|
+     -> Result<(), ChipError> {
+        let (a, b) = (args.tensor(0)?, args.tensor(1)?);
+        o.submit_aiv(k, CoreArgs::new().input(&a).output(&b).block_num(blocks))?;
+        Ok(())
+    };
+    let mut orchs = vec![];
+    for (k, blocks) in [
+        (wrong_type, 1),
+        (read_output, 1),
+        (write_input, 1),
+        (twice, 1),
+        (blocks_exclusive, 3),
+    ] {
+        orchs.push(
+            chip.register_orchestration_fn(&format!("o{}", k.func_id()), move |o, a| {
+                which(o, k, a, blocks)
+            })
+            .unwrap(),
+        );
+    }
+    let nodep_orch = chip
+        .register_orchestration_fn("nodep", move |o, args| {
+            o.submit_aiv(nodep, CoreArgs::new().no_dep(&args.tensor(0)?))?;
+            Ok(())
+        })
+        .unwrap();
+    chip.init().unwrap();
+    let expect = [
+        "not i32",
+        "use ctx.output",
+        "read-only",
+        "already borrowed",
+        "held exclusively",
+    ];
+    for (orch, want) in orchs.iter().zip(expect) {
+        let a = vec![0f32; 8];
+        let mut b = vec![0f32; 8];
+        let mut args = RunArgs::new();
+        args.input(&a, &[8]).output(&mut b, &[8]);
+        let e = chip
+            .run(orch, &mut args, &CallConfig::default())
+            .unwrap_err();
+        assert!(e.to_string().contains(want), "{want}: {e}");
+    }
+    let a = vec![0f32; 8];
+    let mut args = RunArgs::new();
+    args.input(&a, &[8]);
+    let e = chip
+        .run(&nodep_orch, &mut args, &CallConfig::default())
+        .unwrap_err();
+    assert!(e.to_string().contains("untracked"), "{e}");
+}
+
+#[test]
+fn aliasing_arguments_are_invalid_args() {
+    let mut chip = ChipWorker::new(cfg()).unwrap();
+    let k = chip.register_kernel_fn("k", copy_kernel).unwrap();
+    let orch = chip
+        .register_orchestration_fn("alias", move |o, args| {
+            let x = args.tensor(0)?;
+            // Disjoint halves are fine.
+            o.submit_aiv(
+                k,
+                CoreArgs::new()
+                    .input(&x.slice(0, 0, 4)?)
+                    .output(&x.slice(0, 4, 8)?),
+            )?;
+            // Overlapping views of one buffer, one written: rejected.
+            o.submit_aiv(
+                k,
+                CoreArgs::new()
+                    .input(&x.slice(0, 0, 6)?)
+                    .output(&x.slice(0, 2, 8)?),
+            )?;
+            Ok(())
+        })
+        .unwrap();
+    chip.init().unwrap();
+    let mut x = vec![0f32; 8];
+    let mut args = RunArgs::new();
+    args.inout(&mut x, &[8]);
+    let e = chip
+        .run(&orch, &mut args, &CallConfig::default())
+        .unwrap_err();
+    assert_eq!(e.code(), Some(codes::INVALID_ARGS), "{e}");
+    assert!(e.to_string().contains("overlap"), "{e}");
+}
+
+#[test]
+fn builder_misuse_and_missing_cores_are_invalid_args() {
+    let mut chip = ChipWorker::new(ChipConfig {
+        aic_cores: 0,
+        aiv_cores: 2,
+        ..cfg()
+    })
+    .unwrap();
+    let k = chip.register_kernel_fn("k", |_| Ok(())).unwrap();
+    let scalar_first = chip
+        .register_orchestration_fn("scalar_first", move |o, args| {
+            o.submit_aiv(k, CoreArgs::new().scalar(1u32).input(&args.tensor(0)?))?;
+            Ok(())
+        })
+        .unwrap();
+    let too_many = chip
+        .register_orchestration_fn("too_many", move |o, _| {
+            let mut a = CoreArgs::new();
+            for i in 0..17u32 {
+                a.scalar(i);
+            }
+            o.submit_aiv(k, &a)?;
+            Ok(())
+        })
+        .unwrap();
+    let no_aic = chip
+        .register_orchestration_fn("no_aic", move |o, _| {
+            o.submit_aic(k, &CoreArgs::new())?;
+            Ok(())
+        })
+        .unwrap();
+    let unknown = chip
+        .register_orchestration_fn("unknown", move |o, _| {
+            o.submit_aiv(999u32, &CoreArgs::new())?;
+            Ok(())
+        })
+        .unwrap();
+    chip.init().unwrap();
+    for (orch, want) in [
+        (scalar_first, "before the first scalar"),
+        (too_many, "more than 16"),
+        (no_aic, "AIC core"),
+        (unknown, "func_id 999"),
+    ] {
+        let x = vec![0f32; 4];
+        let mut args = RunArgs::new();
+        args.input(&x, &[4]);
+        let e = chip
+            .run(&orch, &mut args, &CallConfig::default())
+            .unwrap_err();
+        assert_eq!(e.code(), Some(codes::INVALID_ARGS), "{e}");
+        assert!(e.to_string().contains(want), "{want}: {e}");
+    }
+}
+
+#[test]
+fn invalid_call_config_is_rejected_with_the_reference_message() {
+    let mut chip = ChipWorker::new(cfg()).unwrap();
+    let orch = chip.register_orchestration_fn("o", |_, _| Ok(())).unwrap();
+    chip.init().unwrap();
+    let mut c = CallConfig::default();
+    c.rings[2].task_window = 100;
+    let e = chip.run(&orch, &mut RunArgs::new(), &c).unwrap_err();
+    assert!(e.to_string().contains("ring 2 task_window = 100"), "{e}");
+    let mut c = CallConfig::default();
+    c.rings[0].heap_bytes = 10;
+    assert!(chip
+        .run(&orch, &mut RunArgs::new(), &c)
+        .unwrap_err()
+        .to_string()
+        .contains(">= 1024"));
+    let mut bad = cfg();
+    bad.rings[1].dep_pool = 2;
+    assert!(ChipWorker::new(bad)
+        .unwrap_err()
+        .to_string()
+        .contains("ring 1 dep_pool = 2"));
+    let mut bad = cfg();
+    bad.aiv_cores = 49;
+    assert!(ChipWorker::new(bad).is_err());
+}
+
+#[test]
+fn swimlane_records_every_invocation_and_exports_chrome_json() {
+    let mut chip = ChipWorker::new(ChipConfig::clusters(2)).unwrap();
+    let k = chip.register_kernel_fn("spin", |_| Ok(())).unwrap();
+    let orch = chip
+        .register_orchestration_fn("o", move |o, _| {
+            for _ in 0..10 {
+                o.submit_aiv(k, CoreArgs::new().block_num(3))?;
+            }
+            o.submit(
+                MixedKernels::none().with_aic(k).with_aiv0(k).with_aiv1(k),
+                &CoreArgs::new(),
+            )?;
+            Ok(())
+        })
+        .unwrap();
+    chip.init().unwrap();
+    let dir = std::env::temp_dir().join(format!("strata-chip-swim-{}", std::process::id()));
+    let c = CallConfig {
+        swimlane: 1,
+        output_prefix: Some(dir.to_string_lossy().into_owned()),
+        ..CallConfig::default()
+    };
+    let r = chip.run(&orch, &mut RunArgs::new(), &c).unwrap();
+    let s = r.swimlane.unwrap();
+    assert_eq!(s.records.len(), 33);
+    assert_eq!(r.dispatches, 33);
+    for rec in &s.records {
+        assert!(rec.end_ns >= rec.start_ns);
+        assert_eq!(rec.kernel, "spin");
+        assert_eq!(s.core_types[rec.core as usize], rec.core_type);
+    }
+    let json = std::fs::read_to_string(dir.join("chip_swimlane.json")).unwrap();
+    assert_eq!(json, s.to_chrome_json());
+    assert_eq!(json.matches("\"ph\":\"X\"").count(), 33);
+    std::fs::remove_dir_all(&dir).unwrap();
+    // Without swimlane there are no records.
+    assert!(chip
+        .run(&orch, &mut RunArgs::new(), &CallConfig::default())
+        .unwrap()
+        .swimlane
+        .is_none());
+}
+
+#[test]
+fn a_kernel_that_ignores_cancellation_does_not_hang_run_or_close() {
+    let mut chip = ChipWorker::new(ChipConfig {
+        aiv_cores: 2,
+        ..cfg()
+    })
+    .unwrap();
+    let release = Arc::new(AtomicUsize::new(0));
+    let rel = release.clone();
+    let stuck = chip
+        .register_kernel_fn("stuck", move |_| {
+            // Ignores ctx.cancelled(); only the test can release it.
+            while rel.load(Ordering::SeqCst) == 0 {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            Ok(())
+        })
+        .unwrap();
+    let noop = chip.register_kernel_fn("noop", |_| Ok(())).unwrap();
+    let hang = chip
+        .register_orchestration_fn("hang", move |o, _| {
+            o.submit_aiv(stuck, &CoreArgs::new())?;
+            Ok(())
+        })
+        .unwrap();
+    let ok = chip
+        .register_orchestration_fn("ok", move |o, _| {
+            for _ in 0..4 {
+                o.submit_aiv(noop, &CoreArgs::new())?;
+            }
+            Ok(())
+        })
+        .unwrap();
+    chip.init().unwrap();
+    let c = CallConfig {
+        timeout_ms: 100,
+        ..CallConfig::default()
+    };
+    let e = chip.run(&hang, &mut RunArgs::new(), &c).unwrap_err();
+    assert!(
+        matches!(e, ChipError::KernelTimeout { ref kernel, .. } if kernel == "stuck"),
+        "{e}"
+    );
+    assert_eq!(e.code(), Some(codes::SCHEDULER_TIMEOUT));
+    assert_eq!(chip.lost_cores().len(), 1);
+    // One AIV core is left: the chip still runs AIV work.
+    let r = chip
+        .run(&ok, &mut RunArgs::new(), &CallConfig::default())
+        .unwrap();
+    assert_eq!(r.tasks, 4);
+    // close() detaches the stuck core instead of blocking.
+    chip.close().unwrap();
+    release.store(1, Ordering::SeqCst);
+}
+
+#[test]
+fn a_cooperative_kernel_is_cancelled_and_its_core_returns_to_service() {
+    let mut chip = ChipWorker::new(ChipConfig {
+        aiv_cores: 1,
+        aic_cores: 0,
+        ..cfg()
+    })
+    .unwrap();
+    let slow = chip
+        .register_kernel_fn("slow", |ctx| {
+            while !ctx.cancelled() {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err(KernelError::new("stopped"))
+        })
+        .unwrap();
+    let noop = chip.register_kernel_fn("noop", |_| Ok(())).unwrap();
+    let o1 = chip
+        .register_orchestration_fn("slow", move |o, _| {
+            o.submit_aiv(slow, &CoreArgs::new())?;
+            o.submit_aiv(noop, &CoreArgs::new())?; // queued behind it on the only core
+            Ok(())
+        })
+        .unwrap();
+    let o2 = chip
+        .register_orchestration_fn("fast", move |o, _| {
+            o.submit_aiv(noop, &CoreArgs::new())?;
+            Ok(())
+        })
+        .unwrap();
+    chip.init().unwrap();
+    let c = CallConfig {
+        timeout_ms: 100,
+        ..CallConfig::default()
+    };
+    let e = chip.run(&o1, &mut RunArgs::new(), &c).unwrap_err();
+    assert_eq!(e.code(), Some(codes::SCHEDULER_TIMEOUT), "{e}");
+    // The core comes back once its kernel noticed the cancellation.
+    let t = std::time::Instant::now();
+    while !chip.lost_cores().is_empty() && t.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    chip.run(&o2, &mut RunArgs::new(), &CallConfig::default())
+        .unwrap();
+    assert!(chip.lost_cores().is_empty());
+}
+
+#[test]
+fn a_stuck_orchestration_makes_the_chip_unusable_without_hanging() {
+    let mut small = cfg();
+    small.tensor_wait_timeout = Duration::from_millis(50);
+    small.ring_wait_timeout = Duration::from_millis(50);
+    let mut chip = ChipWorker::new(small).unwrap();
+    let gate = Arc::new(AtomicUsize::new(0));
+    let g = gate.clone();
+    let orch = chip
+        .register_orchestration_fn("spins", move |_, _| {
+            while g.load(Ordering::SeqCst) == 0 {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            Ok(())
+        })
+        .unwrap();
+    chip.init().unwrap();
+    let c = CallConfig {
+        timeout_ms: 50,
+        ..CallConfig::default()
+    };
+    let e = chip.run(&orch, &mut RunArgs::new(), &c).unwrap_err();
+    assert_eq!(e.code(), Some(codes::SCHEDULER_TIMEOUT), "{e}");
+    assert!(matches!(
+        chip.run(&orch, &mut RunArgs::new(), &c),
+        Err(ChipError::Unusable(_))
+    ));
+    chip.close().unwrap();
+    gate.store(1, Ordering::SeqCst);
+}
+
+#[test]
+fn comm_context_reaches_kernels() {
+    let mut chip = ChipWorker::new(cfg()).unwrap();
+    let seen = Arc::new(AtomicUsize::new(0));
+    let s = seen.clone();
+    let k = chip
+        .register_kernel_fn("rank", move |ctx| {
+            let rank = ctx.comm::<(u32, u32)>().ok_or("no comm context")?;
+            s.store(rank.0 as usize * 10 + rank.1 as usize, Ordering::SeqCst);
+            Ok(())
+        })
+        .unwrap();
+    let orch = chip
+        .register_orchestration_fn("o", move |o, _| {
+            o.submit_aiv(k, &CoreArgs::new())?;
+            Ok(())
+        })
+        .unwrap();
+    chip.init().unwrap();
+    assert!(chip
+        .run(&orch, &mut RunArgs::new(), &CallConfig::default())
+        .is_err());
+    chip.set_comm_context(Some(Arc::new((3u32, 4u32))));
+    chip.run(&orch, &mut RunArgs::new(), &CallConfig::default())
+        .unwrap();
+    assert_eq!(seen.load(Ordering::SeqCst), 34);
+}
+
+#[test]
+fn an_idle_chip_parks_its_threads() {
+    // Only this chip's threads are measured (by name), so concurrent tests do not count.
+    // Spinning, its 7 threads would burn ~2 CPUs × 400 ms; parked they use (almost)
+    // nothing. The bound is loose on purpose.
+    let cfg = ChipConfig {
+        chip_id: 4242,
+        ..ChipConfig::clusters(2)
+    };
+    let used = workloads::idle_cpu(cfg, Duration::from_millis(400)).unwrap();
+    assert!(
+        used < Duration::from_millis(150),
+        "idle chip used {used:?} of CPU in 400 ms"
+    );
+}
+
+#[test]
+fn orchestration_errors_and_panics_are_reported() {
+    let mut chip = ChipWorker::new(cfg()).unwrap();
+    let err = chip
+        .register_orchestration_fn("err", |_, _| {
+            Err(ChipError::InvalidRunArgs("custom".into()))
+        })
+        .unwrap();
+    let panics = chip
+        .register_orchestration_fn("panics", |_, _| panic!("oops"))
+        .unwrap();
+    let unclosed = chip
+        .register_orchestration_fn("unclosed", |o, _| {
+            o.scope_begin()?;
+            o.scope_begin()?;
+            Ok(())
+        })
+        .unwrap();
+    chip.init().unwrap();
+    let e = chip
+        .run(&err, &mut RunArgs::new(), &CallConfig::default())
+        .unwrap_err();
+    assert!(
+        matches!(e, ChipError::OrchestrationFailed { ref message, .. } if message.contains("custom")),
+        "{e}"
+    );
+    let e = chip
+        .run(&panics, &mut RunArgs::new(), &CallConfig::default())
+        .unwrap_err();
+    assert!(e.to_string().contains("oops"), "{e}");
+    // Scopes left open are closed by the run.
+    chip.run(&unclosed, &mut RunArgs::new(), &CallConfig::default())
+        .unwrap();
+    assert!(matches!(
+        chip.run(
+            &OrchHandle::from_id(strata_types::CallableId([1; 32])),
+            &mut RunArgs::new(),
+            &CallConfig::default()
+        ),
+        Err(ChipError::UnknownCallable { .. })
+    ));
+}
