@@ -108,6 +108,40 @@ impl Arena {
         Ok(())
     }
 
+    /// Copies `len` bytes from raw host memory to device address `addr`.
+    ///
+    /// # Safety
+    /// `src .. src + len` must be readable and disjoint from the arena.
+    pub(crate) unsafe fn write_raw(
+        &self,
+        addr: u64,
+        src: *const u8,
+        len: u64,
+    ) -> Result<(), ChipError> {
+        self.check(addr, len)?;
+        // SAFETY: in bounds (checked); `src` readable per this function's contract; no one
+        // else touches these device bytes while the host stages them (module docs).
+        unsafe { std::ptr::copy_nonoverlapping(src, self.ptr(addr), len as usize) };
+        Ok(())
+    }
+
+    /// Copies `len` device bytes at `addr` to raw host memory.
+    ///
+    /// # Safety
+    /// `dst .. dst + len` must be writable and disjoint from the arena.
+    pub(crate) unsafe fn read_raw(
+        &self,
+        addr: u64,
+        dst: *mut u8,
+        len: u64,
+    ) -> Result<(), ChipError> {
+        self.check(addr, len)?;
+        // SAFETY: in bounds; no writer runs concurrently (module docs); `dst` writable per
+        // this function's contract.
+        unsafe { std::ptr::copy_nonoverlapping(self.ptr(addr), dst, len as usize) };
+        Ok(())
+    }
+
     /// Copies device bytes at `addr` to host memory.
     pub(crate) fn read(&self, addr: u64, dst: &mut [u8]) -> Result<(), ChipError> {
         self.check(addr, dst.len() as u64)?;

@@ -309,6 +309,26 @@ impl DeviceMemory {
         }
     }
 
+    /// The live allocation starting at `addr`: its pointer (with its current generation)
+    /// and size.
+    pub(crate) fn allocation_at(&self, addr: u64) -> Result<(DevicePtr, u64), ChipError> {
+        let a = self.lock();
+        match a.live.get(&addr) {
+            Some(l) => Ok((
+                DevicePtr {
+                    chip: self.chip,
+                    addr,
+                    generation: l.generation,
+                },
+                l.size,
+            )),
+            None => Err(ChipError::DoubleFree {
+                addr,
+                generation: 0,
+            }),
+        }
+    }
+
     pub(crate) fn committed(&self) -> u64 {
         self.lock().committed
     }

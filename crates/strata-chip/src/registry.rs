@@ -248,6 +248,46 @@ impl Registry {
         Ok(OrchHandle { id })
     }
 
+    /// Adds every kernel and orchestration of `other` that this registry lacks (a parent
+    /// worker's registrations cascading into a child's). Kernels keep the ids they have
+    /// here.
+    ///
+    /// # Errors
+    /// Past the kernel or orchestration limits.
+    pub fn absorb(&mut self, other: &Registry) -> Result<(), ChipError> {
+        for e in other.kernels.iter().flatten() {
+            if !self.kernel_ids.contains_key(&e.id) {
+                let func_id = match self.kernels.iter().position(Option::is_none) {
+                    Some(i) => i,
+                    None if self.kernels.len() < MAX_KERNELS => {
+                        self.kernels.push(None);
+                        self.kernels.len() - 1
+                    }
+                    None => {
+                        return Err(ChipError::Registration {
+                            name: e.name.to_string(),
+                            reason: format!("a chip addresses at most {MAX_KERNELS} kernels"),
+                        })
+                    }
+                };
+                self.kernels[func_id] = Some(e.clone());
+                self.kernel_ids.insert(e.id, func_id as u32);
+            }
+        }
+        for (id, o) in &other.orchs {
+            if !self.orchs.contains_key(id) {
+                if self.orchs.len() >= MAX_ORCHESTRATIONS {
+                    return Err(ChipError::Registration {
+                        name: o.desc.name().to_owned(),
+                        reason: format!("a chip holds at most {MAX_ORCHESTRATIONS} orchestrations"),
+                    });
+                }
+                self.orchs.insert(*id, o.clone());
+            }
+        }
+        Ok(())
+    }
+
     /// Removes a kernel or orchestration.
     ///
     /// # Errors

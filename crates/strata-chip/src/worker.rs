@@ -68,6 +68,13 @@ enum RunArg<'a> {
         t: DeviceTensor,
         tag: ArgTag,
     },
+    /// A host tensor given by a raw pointer and a (possibly strided) view of it: gathered
+    /// into staging before the run, scattered back after a successful one.
+    HostRaw {
+        base: *mut u8,
+        view: TensorView,
+        tag: ArgTag,
+    },
 }
 
 /// The arguments of one run: host tensors (staged into device memory: `IN`/`INOUT` copied
@@ -183,6 +190,23 @@ impl<'a> RunArgs<'a> {
     pub fn device(&mut self, t: &DeviceTensor, tag: ArgTag) -> &mut Self {
         if self.check_order() {
             self.tensors.push(RunArg::Device { t: *t, tag });
+        }
+        self
+    }
+
+    /// A host tensor given by the base address of its buffer and a view of that buffer
+    /// (strides and byte offset honoured): the view's elements are gathered into device
+    /// memory before the run if `tag` reads, and scattered back after a successful run if
+    /// `tag` writes. No Rust reference to the buffer is ever formed, so it may be memory
+    /// another process maps too (a worker's shared memory).
+    ///
+    /// # Safety
+    /// `base .. base + view.byte_span().1` must stay valid for reads (and, for a writing
+    /// tag, for writes) until `run` returns, and nothing else may write the view's bytes
+    /// meanwhile.
+    pub unsafe fn host_raw(&mut self, base: *mut u8, view: TensorView, tag: ArgTag) -> &mut Self {
+        if self.check_order() {
+            self.tensors.push(RunArg::HostRaw { base, view, tag });
         }
         self
     }
@@ -608,6 +632,58 @@ impl ChipWorker {
         live.mem.arena.read(p.addr, &mut bytes[offsets.host..end])
     }
 
+    /// The device tensor whose allocation starts at `addr`, seen through `view` (for a
+    /// process that received a device address from its parent, which tracks the
+    /// allocation's provenance).
+    ///
+    /// # Errors
+    /// [`ChipError::DoubleFree`] if no live allocation starts at `addr`;
+    /// [`ChipError::Types`] if the view does not fit it.
+    pub fn device_tensor_at(&self, addr: u64, view: TensorView) -> Result<DeviceTensor, ChipError> {
+        let live = self.live("device_tensor_at")?;
+        let (ptr, size) = live.mem.allocation_at(addr)?;
+        view.check_fits(size)?;
+        Ok(DeviceTensor { ptr, size, view })
+    }
+
+    /// Copies `nbytes` from raw host memory to device memory at `dst`.
+    ///
+    /// # Safety
+    /// `src .. src + nbytes` must be readable, and not written concurrently.
+    ///
+    /// # Errors
+    /// As [`ChipWorker::copy_to`].
+    pub unsafe fn copy_to_raw(
+        &self,
+        dst: DevicePtr,
+        src: *const u8,
+        nbytes: u64,
+    ) -> Result<(), ChipError> {
+        let live = self.live("copy_to")?;
+        live.mem.check_range(&dst, nbytes, "device pointer")?;
+        // SAFETY: forwarded from this function's contract; the device range was checked.
+        unsafe { live.mem.arena.write_raw(dst.addr, src, nbytes) }
+    }
+
+    /// Copies `nbytes` of device memory at `src` to raw host memory.
+    ///
+    /// # Safety
+    /// `dst .. dst + nbytes` must be writable, and not accessed concurrently.
+    ///
+    /// # Errors
+    /// As [`ChipWorker::copy_from`].
+    pub unsafe fn copy_from_raw(
+        &self,
+        dst: *mut u8,
+        src: DevicePtr,
+        nbytes: u64,
+    ) -> Result<(), ChipError> {
+        let live = self.live("copy_from")?;
+        live.mem.check_range(&src, nbytes, "device pointer")?;
+        // SAFETY: forwarded from this function's contract; the device range was checked.
+        unsafe { live.mem.arena.read_raw(src.addr, dst, nbytes) }
+    }
+
     /// Allocates a device-resident tensor of `shape` × `dtype`, initialised per `init`.
     /// It stays on the device across runs (never copied back implicitly).
     ///
@@ -777,7 +853,7 @@ impl ChipWorker {
                 Some(RunArg::HostIn { .. }) => ParamDirection::In,
                 Some(RunArg::HostOut { inout: false, .. }) => ParamDirection::Out,
                 Some(RunArg::HostOut { inout: true, .. }) => ParamDirection::InOut,
-                Some(RunArg::Device { tag, .. }) => match tag {
+                Some(RunArg::Device { tag, .. } | RunArg::HostRaw { tag, .. }) => match tag {
                     ArgTag::Input | ArgTag::NoDep => ParamDirection::In,
                     ArgTag::Output | ArgTag::OutputExisting => ParamDirection::Out,
                     ArgTag::InOut => ParamDirection::InOut,
@@ -829,9 +905,9 @@ impl ChipWorker {
             .tensors
             .iter()
             .map(|a| match a {
-                RunArg::HostIn { view, .. } | RunArg::HostOut { view, .. } => {
-                    view.nbytes().div_ceil(1024) * 1024
-                }
+                RunArg::HostIn { view, .. }
+                | RunArg::HostOut { view, .. }
+                | RunArg::HostRaw { view, .. } => view.nbytes().div_ceil(1024) * 1024,
                 RunArg::Device { .. } => 0,
             })
             .sum();
@@ -863,6 +939,29 @@ impl ChipWorker {
                         addr,
                         size,
                         view: *view,
+                        manual_dep: false,
+                    });
+                }
+                RunArg::HostRaw { base, view, tag } => {
+                    let (staging, _) = live.staging.expect("allocated above");
+                    let addr = staging.addr + off;
+                    let size = view.nbytes().div_ceil(1024) * 1024;
+                    off += size;
+                    if tag.reads() || *tag == ArgTag::NoDep {
+                        let mut dst = addr;
+                        for (o, len) in view.contiguous_runs() {
+                            // SAFETY: the caller of `host_raw` guarantees the view's bytes
+                            // are readable for the duration of the run.
+                            unsafe { live.mem.arena.write_raw(dst, base.add(o as usize), len)? };
+                            dst += len;
+                        }
+                    }
+                    let dense = TensorView::contiguous(view.dtype(), view.shape())?;
+                    out.tensors.push(ChipTensor {
+                        key: BufferKey::new(live.staged_ids.mint(), KeySpace::Device(chip_id)),
+                        addr,
+                        size,
+                        view: dense,
                         manual_dep: false,
                     });
                 }
@@ -1110,6 +1209,22 @@ impl ChipWorker {
                 RunArg::HostIn { view, .. } => off += view.nbytes().div_ceil(1024) * 1024,
                 RunArg::HostOut { bytes, view, .. } => {
                     live.mem.arena.read(base.addr + off, bytes)?;
+                    off += view.nbytes().div_ceil(1024) * 1024;
+                }
+                RunArg::HostRaw {
+                    base: host,
+                    view,
+                    tag,
+                } => {
+                    if tag.writes() {
+                        let mut src = base.addr + off;
+                        for (o, len) in view.contiguous_runs() {
+                            // SAFETY: the caller of `host_raw` guarantees the view's bytes
+                            // are writable until `run` returns.
+                            unsafe { live.mem.arena.read_raw(src, host.add(o as usize), len)? };
+                            src += len;
+                        }
+                    }
                     off += view.nbytes().div_ceil(1024) * 1024;
                 }
                 RunArg::Device { .. } => {}

@@ -1134,6 +1134,7 @@ trait RunTable: Send + Sync {
     ) -> Result<Option<Result<(), Failure>>, GraphError>;
     fn table_phase(&self, run: u64) -> Option<RunPhase>;
     fn table_release(&self, run: u64) -> Result<(), GraphError>;
+    fn table_release_when_done(&self, run: u64);
     fn clone_box(&self) -> Box<dyn RunTable>;
 }
 
@@ -1150,6 +1151,9 @@ impl<P: Send + 'static> RunTable for Arc<Core<P>> {
     }
     fn table_release(&self, run: u64) -> Result<(), GraphError> {
         self.runs.release(run)
+    }
+    fn table_release_when_done(&self, run: u64) {
+        self.runs.release_when_done(run)
     }
     fn clone_box(&self) -> Box<dyn RunTable> {
         Box::new(self.clone())
@@ -1192,5 +1196,10 @@ impl RunWaiter {
     /// If the run is still in flight or unknown.
     pub fn release(&self, run: RunId) -> Result<(), GraphError> {
         self.0.table_release(run.0)
+    }
+
+    /// Forgets `run`'s outcome as soon as it finishes (for a handle dropped unwaited).
+    pub fn release_when_done(&self, run: RunId) {
+        self.0.table_release_when_done(run.0)
     }
 }

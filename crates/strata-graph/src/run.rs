@@ -73,6 +73,8 @@ struct Inner {
     next_id: u64,
     depth: usize,
     done: FxHashMap<u64, Result<(), Failure>>,
+    /// Runs whose outcome nobody will ask for: forgotten as soon as they finish.
+    auto_release: Vec<u64>,
     shutdown: bool,
 }
 
@@ -103,6 +105,7 @@ impl Runs {
                 next_id: 1,
                 depth,
                 done: FxHashMap::default(),
+                auto_release: Vec::new(),
                 shutdown: false,
             }),
             cv: Condvar::new(),
@@ -295,7 +298,11 @@ impl Runs {
             Some(f) => Err(f),
             None => Ok(()),
         };
-        g.done.insert(r.id, outcome);
+        if let Some(i) = g.auto_release.iter().position(|&a| a == r.id) {
+            g.auto_release.swap_remove(i);
+        } else {
+            g.done.insert(r.id, outcome);
+        }
         if pos == 0 {
             let next = g.fifo.front().map_or(0, |n| n.id);
             self.head.store(next, Ordering::Release);
@@ -369,6 +376,14 @@ impl Runs {
             )))
         } else {
             Err(GraphError::UnknownRun(id))
+        }
+    }
+
+    /// Forgets run `id`'s outcome as soon as it is known (now, if it already finished).
+    pub(crate) fn release_when_done(&self, id: u64) {
+        let mut g = self.inner.lock();
+        if g.done.remove(&id).is_none() && g.fifo.iter().any(|r| r.id == id) {
+            g.auto_release.push(id);
         }
     }
 

@@ -68,6 +68,17 @@ impl<P: Send> Scheduler<P> {
         })
     }
 
+    /// Reads the payload of a READY task without claiming it (e.g. to find a group's
+    /// targets before deciding to dispatch it). `None` if the task is not READY.
+    pub fn peek<R>(&self, t: TaskRef, f: impl FnOnce(&P) -> R) -> Option<R> {
+        let slot = self.core.arena.get(t.index);
+        let inner = slot.inner.lock();
+        if slot.state_of(t.id) != Some(TaskState::Ready) {
+            return None;
+        }
+        inner.payload.as_ref().map(f)
+    }
+
     /// Completes a running single task. On success its consumers whose producers have all
     /// completed are appended to `ready`; on failure every not-yet-running downstream task
     /// is poisoned and the run records its first error.

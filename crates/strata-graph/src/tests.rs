@@ -1315,3 +1315,54 @@ pub(crate) mod oracle {
         })
     }
 }
+
+#[test]
+fn release_when_done_forgets_an_in_flight_run_once_it_finishes() {
+    let mut h = h();
+    let waiter = h.orch.run_waiter();
+    let run = h.orch.begin_run().unwrap();
+    let t = h.submit(1, &[whole(h.key(), ArgTag::Output)]);
+    h.orch.close_run().unwrap();
+    waiter.release_when_done(run);
+    assert_eq!(waiter.wait(run, Some(Duration::ZERO)).unwrap(), None);
+    h.run_one(t.task);
+    assert!(
+        matches!(h.orch.wait_run(run, None), Err(GraphError::UnknownRun(_))),
+        "the outcome was dropped instead of kept for a waiter that will never come"
+    );
+    // A run that already finished is forgotten at once.
+    let run2 = h.orch.begin_run().unwrap();
+    h.orch.close_run().unwrap();
+    assert_eq!(waiter.phase(run2), Some(RunPhase::Completed));
+    waiter.release_when_done(run2);
+    assert!(matches!(
+        waiter.wait(run2, None),
+        Err(GraphError::UnknownRun(_))
+    ));
+}
+
+#[test]
+fn peek_reads_a_ready_payload_without_claiming_it() {
+    let mut h = h();
+    h.orch.begin_run().unwrap();
+    let k = h.key();
+    let p = h.submit(7, &[whole(k, ArgTag::Output)]);
+    let c = h.submit(8, &[whole(k, ArgTag::Input)]);
+    assert_eq!(h.sched.peek(p.task, |v| *v), Some(7));
+    assert_eq!(
+        h.sched.peek(c.task, |v| *v),
+        None,
+        "a pending task is not READY"
+    );
+    assert_eq!(
+        h.orch.task_state(p.task),
+        Some(TaskState::Ready),
+        "peek did not claim"
+    );
+    h.sched.claim(p.task).unwrap();
+    assert_eq!(
+        h.sched.peek(p.task, |v| *v),
+        None,
+        "a running task is not READY"
+    );
+}

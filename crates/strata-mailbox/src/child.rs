@@ -10,6 +10,7 @@ use crate::state::{FrameId, FrameIdentity, MailboxState, PrepareDisposition, Tas
 use crate::wait::{wait_until, WaitOptions};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 use strata_types::wire::{decode_args, decode_config};
 use strata_types::{ArgLimits, CallConfig, CallableId, TaskArgs};
@@ -100,8 +101,66 @@ pub trait Handler {
     }
 }
 
+/// A callback the child runs right **after** it publishes a state its parent acts on:
+/// `TASK_DONE`, `TASK_FAILED`, `FRAME_STAGED`, `CONTROL_DONE`, `INIT_READY` and
+/// `INIT_FAILED` (see [`ServeOptions::on_publish`]).
+///
+/// The mailbox does not say what the callback does. A parent that watches many mailboxes
+/// from one thread uses it to ring a shared "doorbell" word it parks on, instead of
+/// parking on every mailbox: the callback runs after the releasing state store, so a
+/// parent that sees the doorbell change and then polls the mailboxes finds the new state.
+///
+/// Two hooks compare equal when they share the same callback (`Arc::ptr_eq`).
+///
+/// ```
+/// use std::sync::atomic::{AtomicU32, Ordering};
+/// use std::sync::Arc;
+/// use strata_mailbox::PublishHook;
+/// let rung = Arc::new(AtomicU32::new(0));
+/// let r = rung.clone();
+/// let hook = PublishHook::new(move || { r.fetch_add(1, Ordering::Release); });
+/// hook.call();
+/// assert_eq!(rung.load(Ordering::Acquire), 1);
+/// assert_eq!(hook.clone(), hook);
+/// ```
+#[derive(Clone)]
+pub struct PublishHook(Arc<dyn Fn() + Send + Sync>);
+
+impl PublishHook {
+    /// Wraps a callback. It must be cheap and must not block: it runs on the child's
+    /// hot path, once per publication.
+    pub fn new(f: impl Fn() + Send + Sync + 'static) -> PublishHook {
+        PublishHook(Arc::new(f))
+    }
+
+    /// Wraps a shared callback.
+    pub fn from_arc(f: Arc<dyn Fn() + Send + Sync>) -> PublishHook {
+        PublishHook(f)
+    }
+
+    /// Runs the callback.
+    #[inline]
+    pub fn call(&self) {
+        (self.0)()
+    }
+}
+
+impl std::fmt::Debug for PublishHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "PublishHook({:p})", Arc::as_ptr(&self.0).cast::<()>())
+    }
+}
+
+impl PartialEq for PublishHook {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for PublishHook {}
+
 /// How [`Child::serve`] waits and validates.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServeOptions {
     /// Spin budget and park slice while idle (the deadline is ignored).
     pub wait: WaitOptions,
@@ -110,6 +169,12 @@ pub struct ServeOptions {
     pub orphan_check: Duration,
     /// Limits the argument blob is decoded against.
     pub arg_limits: ArgLimits,
+    /// Run after every publication the parent acts on — `TASK_DONE`, `TASK_FAILED`
+    /// (including the ones written on shutdown), `FRAME_STAGED` and `CONTROL_DONE` in
+    /// [`Child::serve`], and `INIT_READY`/`INIT_FAILED` in [`Child::init_ready`] /
+    /// [`Child::init_failed`] — always after the releasing state store. `None` (the
+    /// default) runs nothing.
+    pub on_publish: Option<PublishHook>,
 }
 
 impl Default for ServeOptions {
@@ -118,6 +183,7 @@ impl Default for ServeOptions {
             wait: WaitOptions::new(),
             orphan_check: Duration::from_micros(100),
             arg_limits: ArgLimits::HOST,
+            on_publish: None,
         }
     }
 }
@@ -283,7 +349,10 @@ impl Child {
             .word()
             .compare_publish(MailboxState::Idle.as_raw(), to.as_raw())
         {
-            Ok(_) => Ok(()),
+            Ok(_) => {
+                self.notify();
+                Ok(())
+            }
             Err(raw) => match MailboxState::decode(raw, FrameId::Control)? {
                 MailboxState::Shutdown => Err(MailboxError::ShutdownRequested),
                 state => Err(MailboxError::FrameBusy {
@@ -308,6 +377,9 @@ impl Child {
     /// Requests that fail validation (protocol version, identity, digest, lengths, config
     /// or argument encoding) are answered with [`codes::BAD_REQUEST`] without calling
     /// the handler.
+    ///
+    /// After each `TASK_DONE`, `TASK_FAILED`, `FRAME_STAGED` or `CONTROL_DONE` it
+    /// publishes, it runs [`ServeOptions::on_publish`] (if set).
     ///
     /// # Errors
     /// Only for a broken protocol: a state word holding garbage or a state that is not
@@ -498,6 +570,7 @@ impl Child {
             (Ok(_), _, _) => Err(bad_request("decoded request missing".into())),
         };
         complete(f, outcome, ok, failed);
+        self.notify();
     }
 
     fn prepare<H: Handler + ?Sized>(&mut self, slot: TaskSlot, handler: &mut H) {
@@ -535,6 +608,15 @@ impl Child {
                 MailboxState::TaskDone,
                 MailboxState::TaskFailed,
             ),
+        }
+        self.notify();
+    }
+
+    /// Runs the [`ServeOptions::on_publish`] hook, if any (after a publication).
+    #[inline]
+    fn notify(&self) {
+        if let Some(hook) = &self.options.on_publish {
+            hook.call();
         }
     }
 
@@ -587,7 +669,10 @@ impl Child {
             MailboxState::ControlRequest.as_raw(),
             MailboxState::ControlDone.as_raw(),
         ) {
-            Ok(_) => Ok(false),
+            Ok(_) => {
+                self.notify();
+                Ok(false)
+            }
             Err(raw) => match MailboxState::decode(raw, FrameId::Control)? {
                 MailboxState::Shutdown => Ok(true),
                 state => Err(MailboxError::UnexpectedState {
@@ -600,6 +685,7 @@ impl Child {
 
     /// On shutdown: completes every frame the child still owns with `TASK_FAILED`.
     fn fail_outstanding(&mut self) -> Result<(), MailboxError> {
+        let mut published = false;
         for slot in TaskSlot::ALL {
             let f = self.mailbox.task(slot);
             loop {
@@ -615,9 +701,13 @@ impl Child {
                     .compare_publish(raw, MailboxState::TaskFailed.as_raw())
                     .is_ok()
                 {
+                    published = true;
                     break;
                 }
             }
+        }
+        if published {
+            self.notify();
         }
         Ok(())
     }

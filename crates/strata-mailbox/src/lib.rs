@@ -14,7 +14,8 @@
 //! * [`Parent`] — publish tasks, poll or wait for completions, run control commands,
 //!   request shutdown; [`Liveness`] checks ([`ChildProcess`]) bound every wait.
 //! * [`Child`] — `init_ready`/`init_failed`, then [`Child::serve`] with a [`Handler`];
-//!   exits on shutdown or when the parent dies.
+//!   exits on shutdown or when the parent dies. A [`PublishHook`] in [`ServeOptions`]
+//!   runs after every publication the parent acts on (e.g. to ring a doorbell).
 //!
 //! Everything read from shared memory is validated; bad data is a [`MailboxError`] (or,
 //! in the child, a [`codes::BAD_REQUEST`] answer), never a panic. The protocol core
@@ -93,7 +94,7 @@ pub use state::{
 pub use wait::WaitOptions;
 
 #[cfg(not(loom))]
-pub use child::{Child, Handler, ServeExit, ServeOptions, TaskPhase, TaskRequest};
+pub use child::{Child, Handler, PublishHook, ServeExit, ServeOptions, TaskPhase, TaskRequest};
 #[cfg(not(loom))]
 pub use liveness::{AssumeAlive, ChildProcess, Liveness, ParentWatch};
 #[cfg(not(loom))]

@@ -670,3 +670,95 @@ fn a_child_whose_parent_pid_is_wrong_reports_parent_died() {
         ServeExit::ParentDied
     );
 }
+
+#[test]
+fn the_publish_hook_runs_after_every_publication_the_parent_acts_on() {
+    use std::sync::atomic::AtomicU32;
+    let rung = Arc::new(AtomicU32::new(0));
+    let r = rung.clone();
+    let hook = PublishHook::new(move || {
+        r.fetch_add(1, Ordering::Release);
+    });
+    let mb = Mailbox::create().unwrap();
+    let child_mb = mb.try_clone().unwrap();
+    let child = std::thread::spawn(move || {
+        let mut c = Child::with_parent(child_mb, std::process::id()).with_options(ServeOptions {
+            wait: WaitOptions::new().with_spin(Duration::from_micros(5)),
+            on_publish: Some(hook),
+            ..ServeOptions::default()
+        });
+        c.init_ready(0)?;
+        c.serve(&mut TestHandler(Default::default()))
+    });
+    // Waits until the hook has run `n` times in total; the state it announced must be
+    // visible by then (the hook runs after the releasing store).
+    let wait_rung = |n: u32| {
+        let end = std::time::Instant::now() + Duration::from_secs(30);
+        while rung.load(Ordering::Acquire) < n {
+            assert!(std::time::Instant::now() < end, "hook never ran {n} times");
+            std::thread::yield_now();
+        }
+    };
+    let mut parent = Parent::new(mb);
+    wait_rung(1); // INIT_READY
+    assert_eq!(parent.snapshot().unwrap().control, MailboxState::InitReady);
+    parent.wait_init(&opts(), &mut AssumeAlive).unwrap();
+    let config = EncodedConfig::default();
+    let blob = scalars(&[1]);
+    let mut expected = 1;
+    for (i, callable) in [OK, FAIL].into_iter().enumerate() {
+        let task = TaskPublication::run(callable, ident(i as u64 + 1), &config, &blob);
+        parent.publish(TaskSlot::Slot1, &task).unwrap();
+        expected += 1;
+        wait_rung(expected);
+        let poll = parent.poll(TaskSlot::Slot1).unwrap();
+        assert_eq!(poll.state, MailboxState::TaskDone);
+        assert_eq!(poll.completion.unwrap().outcome.is_ok(), callable == OK);
+        parent.reset(TaskSlot::Slot1).unwrap();
+    }
+    // PREPARE_READY → FRAME_STAGED rings; ACTIVATE → TASK_LAUNCHED does not, the
+    // completion does.
+    let task = TaskPublication::prepare(OK, ident(9), &config, &blob);
+    parent.publish(TaskSlot::Slot0, &task).unwrap();
+    expected += 1;
+    wait_rung(expected);
+    assert_eq!(
+        parent.poll(TaskSlot::Slot0).unwrap().state,
+        MailboxState::FrameStaged
+    );
+    assert!(parent.activate(TaskSlot::Slot0).unwrap());
+    expected += 1;
+    wait_rung(expected);
+    assert_eq!(
+        parent.poll(TaskSlot::Slot0).unwrap().state,
+        MailboxState::TaskDone
+    );
+    parent.reset(TaskSlot::Slot0).unwrap();
+    // A control command rings once, after CONTROL_DONE.
+    let reply = parent
+        .control(
+            &ControlRequest {
+                command: 1,
+                arg0: 4,
+                payload: &[],
+            },
+            &opts(),
+            &mut AssumeAlive,
+        )
+        .unwrap();
+    assert_eq!(reply.result, 5);
+    expected += 1;
+    wait_rung(expected);
+    // Shutdown with a task the child still owns (a staged frame): TASK_FAILED rings.
+    let task = TaskPublication::prepare(OK, ident(10), &config, &blob);
+    parent.publish(TaskSlot::Slot1, &task).unwrap();
+    expected += 1;
+    wait_rung(expected);
+    parent.request_shutdown();
+    assert_eq!(child.join().unwrap().unwrap(), ServeExit::Shutdown);
+    assert_eq!(rung.load(Ordering::Acquire), expected + 1);
+    assert_eq!(
+        parent.poll(TaskSlot::Slot1).unwrap().state,
+        MailboxState::TaskFailed
+    );
+}

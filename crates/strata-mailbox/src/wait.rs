@@ -7,7 +7,7 @@
 //!   watches (`SeqCst`), issues a `SeqCst` fence, re-reads the words and re-checks its
 //!   condition, and only if the condition still does not hold sleeps on a futex with the
 //!   values it just read as the expected values. When it returns it decrements the counts
-//!   and re-checks. Each sleep is bounded ([`WaitOptions::park_slice`], ≤ 10 ms) so
+//!   and re-checks. Each sleep is bounded ([`WaitOptions::park_slice`], 10 ms by default) so
 //!   liveness checks keep running.
 //! * A **writer** stores the new state (`Release`), issues a `SeqCst` fence, loads the
 //!   count, and calls `FUTEX_WAKE` only if the count is non-zero. On the hot path (nobody
@@ -118,7 +118,9 @@ impl WaitOptions {
     /// Default spin budget: 50 µs (a few hundred cache-line round trips).
     pub const DEFAULT_SPIN: Duration = Duration::from_micros(50);
     /// Longest allowed (and default) park slice: 10 ms.
-    pub const MAX_PARK_SLICE: Duration = Duration::from_millis(10);
+    pub const MAX_PARK_SLICE: Duration = Duration::from_secs(1);
+    /// Default park slice: 10 ms.
+    pub const DEFAULT_PARK_SLICE: Duration = Duration::from_millis(10);
     /// Shortest allowed park slice: 10 µs.
     pub const MIN_PARK_SLICE: Duration = Duration::from_micros(10);
 
@@ -126,7 +128,7 @@ impl WaitOptions {
     pub const fn new() -> Self {
         WaitOptions {
             spin: Self::DEFAULT_SPIN,
-            park_slice: Self::MAX_PARK_SLICE,
+            park_slice: Self::DEFAULT_PARK_SLICE,
             deadline: None,
         }
     }

@@ -1,0 +1,126 @@
+//! Worker configuration.
+
+use crate::error::DistError;
+use std::time::Duration;
+use strata_chip::ChipConfig;
+use strata_host::ExecMode;
+
+/// The level of a worker in the hierarchy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Level {
+    /// A host driving chips and sub-workers.
+    L3,
+    /// A worker whose next-level children are level-3 workers.
+    L4,
+}
+
+impl Level {
+    /// The level number (3 or 4).
+    pub fn number(self) -> u8 {
+        match self {
+            Level::L3 => 3,
+            Level::L4 => 4,
+        }
+    }
+}
+
+/// Configuration of a [`crate::DistWorker`].
+///
+/// ```
+/// use strata_dist::{DistConfig, Level};
+/// use strata_chip::ChipConfig;
+/// let c = DistConfig::l3(vec![ChipConfig::default(); 2], 1);
+/// assert_eq!(c.level, Level::L3);
+/// c.validate().unwrap();
+/// ```
+#[derive(Debug, Clone)]
+pub struct DistConfig {
+    /// Level 3 (chips + sub-workers) or 4 (level-3 children added with `add_worker`).
+    pub level: Level,
+    /// One chip child per entry (level 3 only): next-level worker ids `0..chips.len()`.
+    pub chips: Vec<ChipConfig>,
+    /// Host sub-worker children.
+    pub num_sub_workers: usize,
+    /// Children as forked processes (default) or as threads of this process.
+    pub exec_mode: ExecMode,
+    /// Allow forking while this process runs other threads (forking a multi-threaded
+    /// process can deadlock the child if another thread held a lock; only opt in if you
+    /// know the other threads hold none).
+    pub allow_fork_with_threads: bool,
+    /// Bytes of each of the four heap rings that back `Orch::alloc` (shared memory,
+    /// committed lazily).
+    pub heap_ring_bytes: u64,
+    /// Bound on the whole tree's startup.
+    pub startup_timeout: Duration,
+    /// How long `close` waits for children to exit before killing them.
+    pub close_grace: Duration,
+    /// Runs in flight at once (1 or 2).
+    pub pipeline_depth: usize,
+}
+
+impl DistConfig {
+    /// A level-3 worker with these chips and `num_sub_workers` sub-workers.
+    pub fn l3(chips: Vec<ChipConfig>, num_sub_workers: usize) -> Self {
+        DistConfig {
+            level: Level::L3,
+            chips,
+            num_sub_workers,
+            exec_mode: ExecMode::Process,
+            allow_fork_with_threads: false,
+            heap_ring_bytes: 64 << 20,
+            startup_timeout: Duration::from_secs(120),
+            close_grace: Duration::from_secs(10),
+            pipeline_depth: 2,
+        }
+    }
+
+    /// A level-4 worker with `num_sub_workers` sub-workers; add level-3 children with
+    /// `add_worker`.
+    pub fn l4(num_sub_workers: usize) -> Self {
+        DistConfig {
+            level: Level::L4,
+            ..DistConfig::l3(Vec::new(), num_sub_workers)
+        }
+    }
+
+    /// Sets the execution mode.
+    pub fn with_exec_mode(mut self, mode: ExecMode) -> Self {
+        self.exec_mode = mode;
+        self
+    }
+
+    /// Checks the configuration.
+    ///
+    /// # Errors
+    /// [`DistError::InvalidConfig`] naming the field.
+    pub fn validate(&self) -> Result<(), DistError> {
+        if self.level == Level::L4 && !self.chips.is_empty() {
+            return Err(DistError::InvalidConfig(
+                "chips (device_ids) are only supported on level-3 workers; give them to the level-3 children"
+                    .into(),
+            ));
+        }
+        for (i, c) in self.chips.iter().enumerate() {
+            c.validate()
+                .map_err(|e| DistError::InvalidConfig(format!("chip {i}: {e}")))?;
+        }
+        if !(1..=2).contains(&self.pipeline_depth) {
+            return Err(DistError::InvalidConfig(format!(
+                "pipeline_depth = {} (must be 1 or 2)",
+                self.pipeline_depth
+            )));
+        }
+        if self.heap_ring_bytes % 1024 != 0 || self.heap_ring_bytes == 0 {
+            return Err(DistError::InvalidConfig(format!(
+                "heap_ring_bytes = {} (must be a positive multiple of 1024)",
+                self.heap_ring_bytes
+            )));
+        }
+        if self.startup_timeout.is_zero() {
+            return Err(DistError::InvalidConfig(
+                "startup_timeout must be positive".into(),
+            ));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,99 @@
+//! Errors of the L3+ engine.
+
+use strata_graph::{Failure, GraphError};
+use thiserror::Error;
+
+/// The error an orchestration function returns: anything that converts into a boxed error
+/// (a [`DistError`] from a failed submit, or the user's own).
+pub type OrchError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// What went wrong in a worker. Every variant says what and, where there is one, how to fix.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum DistError {
+    /// An invalid configuration.
+    #[error("invalid worker configuration: {0}")]
+    InvalidConfig(String),
+    /// An operation in the wrong lifecycle state.
+    #[error("{op} requires a worker that is {expected}, but it is {actual}")]
+    State {
+        /// The operation.
+        op: &'static str,
+        /// The state it needs.
+        expected: &'static str,
+        /// The state it found.
+        actual: &'static str,
+    },
+    /// The worker lost a child and admits no further work.
+    #[error("the worker is unusable: {0}; close() it")]
+    Unusable(String),
+    /// Invalid task arguments (what was wrong and how to fix it).
+    #[error("{0}")]
+    InvalidArgs(String),
+    /// A worker id that names no next-level child.
+    #[error("worker id {id} is out of range: this worker has {count} next-level workers (ids 0..{count})")]
+    UnknownWorker {
+        /// The id given.
+        id: usize,
+        /// How many there are.
+        count: usize,
+    },
+    /// A callable of the wrong kind for its target.
+    #[error("{what}: {target} expects {expected}, but the handle is {got}")]
+    WrongCallable {
+        /// The operation.
+        what: &'static str,
+        /// The target.
+        target: String,
+        /// The kind it expects.
+        expected: &'static str,
+        /// The kind given.
+        got: &'static str,
+    },
+    /// A callable not registered with this worker.
+    #[error("callable {0} is not registered with this worker; register it before init()")]
+    UnknownCallable(String),
+    /// A task of the run failed: the run's first error, naming the worker and carrying the
+    /// child's message.
+    #[error("{0}")]
+    TaskFailed(Failure),
+    /// The orchestration function returned an error; the run's unstarted tasks were
+    /// cancelled.
+    #[error("orchestration failed: {0}")]
+    Orchestration(OrchError),
+    /// `RunHandle::wait` timed out; the run goes on (wait again later).
+    #[error("RunHandle::wait() timed out after {0:?}; the run is still in flight")]
+    WaitTimeout(std::time::Duration),
+    /// A child process or thread failed to start, died, or misbehaved.
+    #[error(transparent)]
+    Host(#[from] strata_host::HostError),
+    /// A control command on a child failed.
+    #[error("{worker}: {message}")]
+    Control {
+        /// The child.
+        worker: String,
+        /// Its message.
+        message: String,
+    },
+    /// An error of the graph core.
+    #[error(transparent)]
+    Graph(GraphError),
+    /// An error of a chip (level-2 worker).
+    #[error(transparent)]
+    Chip(#[from] strata_chip::ChipError),
+    /// A mailbox error.
+    #[error(transparent)]
+    Mailbox(#[from] strata_mailbox::MailboxError),
+    /// A type or view error.
+    #[error(transparent)]
+    Types(#[from] strata_types::TypesError),
+}
+
+impl From<GraphError> for DistError {
+    fn from(e: GraphError) -> Self {
+        match e {
+            GraphError::RunFailed(f) => DistError::TaskFailed(f),
+            e => DistError::Graph(e),
+        }
+    }
+}

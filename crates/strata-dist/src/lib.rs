@@ -1,0 +1,38 @@
+//! # strata-dist
+//!
+//! The L3+ engine: a [`DistWorker`] runs host orchestrations that submit chip
+//! orchestrations to chip children and closures to host sub-worker children, with
+//! dependencies inferred by strata-graph from how the tasks tag their tensors. Every child
+//! is a forked process (or a thread, [`strata_host::ExecMode::Threads`]) reached through a
+//! shared-memory mailbox; tensors the children read or write live in shared memory
+//! ([`strata_host::SharedTensor`]) and travel zero-copy.
+//!
+//! The engine is the same at every level from L3 up: a level-4 worker's next-level
+//! children are level-3 workers ([`DistWorker::add_worker`]), each forked with its own
+//! children.
+//!
+//! - The orchestration runs on the caller's thread ([`DistWorker::submit`]), against the
+//!   graph's orchestrator; at most two runs are in flight.
+//! - One scheduler thread routes ready tasks into FIFOs — one per next-level worker id, one
+//!   for groups (whose head reserves its targets), one shared by the sub-workers — and
+//!   dispatches them through the children's mailboxes; completions ready or poison their
+//!   consumers; a run reports its first error.
+//! - A child that dies fails its running task with an error naming it, poisons what
+//!   depends on it, and makes the worker refuse new runs instead of hanging.
+//!
+//! See `docs/dist.md` for the process tree, the lane state machine and the failure model.
+
+mod config;
+mod error;
+mod orch;
+mod programs;
+mod registry;
+mod sched;
+mod task;
+mod worker;
+
+pub use config::{DistConfig, Level};
+pub use error::{DistError, OrchError};
+pub use orch::{ChildTensor, Orch, RunTensor};
+pub use registry::{HostOrchFn, HostOrchHandle, NextLevelCallable, SubHandle};
+pub use worker::{DistWorker, RunHandle};

@@ -1,0 +1,134 @@
+//! Registered callables: host orchestrations, sub-worker closures, and the chip callables
+//! (kernels and chip orchestrations) that chip children install.
+//!
+//! Everything is registered before `init`, so children — forked after registration — find
+//! callables by digest in the tables they inherited; function pointers and closures never
+//! cross a process boundary and nothing is serialized.
+
+use crate::error::OrchError;
+use crate::orch::Orch;
+use std::collections::HashMap;
+use std::sync::Arc;
+use strata_types::{CallableDescriptor, CallableId, CallableKind, TaskArgs};
+
+/// A host orchestration: builds a run on the worker that runs it.
+pub type HostOrchFn = Arc<dyn Fn(&mut Orch<'_>, &TaskArgs) -> Result<(), OrchError> + Send + Sync>;
+
+/// A registered host orchestration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct HostOrchHandle {
+    pub(crate) id: CallableId,
+}
+
+impl HostOrchHandle {
+    /// Its digest.
+    pub fn id(&self) -> CallableId {
+        self.id
+    }
+}
+
+/// A registered sub-worker callable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SubHandle {
+    pub(crate) id: CallableId,
+}
+
+impl SubHandle {
+    /// Its digest.
+    pub fn id(&self) -> CallableId {
+        self.id
+    }
+}
+
+/// What a next-level task runs: a chip orchestration (on a chip child) or a host
+/// orchestration (on a level-3 child of a level-4 worker).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum NextLevelCallable {
+    /// A chip orchestration.
+    Chip(strata_chip::OrchHandle),
+    /// A host orchestration.
+    Host(HostOrchHandle),
+}
+
+impl NextLevelCallable {
+    pub(crate) fn id(&self) -> CallableId {
+        match self {
+            NextLevelCallable::Chip(h) => h.id(),
+            NextLevelCallable::Host(h) => h.id,
+        }
+    }
+
+    pub(crate) fn kind_name(&self) -> &'static str {
+        match self {
+            NextLevelCallable::Chip(_) => "a chip orchestration",
+            NextLevelCallable::Host(_) => "a host orchestration",
+        }
+    }
+}
+
+impl From<strata_chip::OrchHandle> for NextLevelCallable {
+    fn from(h: strata_chip::OrchHandle) -> Self {
+        NextLevelCallable::Chip(h)
+    }
+}
+
+impl From<HostOrchHandle> for NextLevelCallable {
+    fn from(h: HostOrchHandle) -> Self {
+        NextLevelCallable::Host(h)
+    }
+}
+
+impl From<&strata_chip::OrchHandle> for NextLevelCallable {
+    fn from(h: &strata_chip::OrchHandle) -> Self {
+        NextLevelCallable::Chip(*h)
+    }
+}
+
+impl From<&HostOrchHandle> for NextLevelCallable {
+    fn from(h: &HostOrchHandle) -> Self {
+        NextLevelCallable::Host(*h)
+    }
+}
+
+/// The programs of a worker tree.
+#[derive(Clone, Default)]
+pub(crate) struct Programs {
+    pub(crate) host: HashMap<CallableId, (Arc<str>, HostOrchFn)>,
+    pub(crate) subs: strata_host::SubRegistry,
+    pub(crate) chip: strata_chip::Registry,
+}
+
+impl std::fmt::Debug for Programs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Programs")
+            .field("host_orchestrations", &self.host.len())
+            .field("sub_callables", &self.subs.len())
+            .field("chip", &self.chip)
+            .finish()
+    }
+}
+
+impl Programs {
+    pub(crate) fn register_host(&mut self, name: &str, f: HostOrchFn) -> HostOrchHandle {
+        let id = CallableDescriptor::new(CallableKind::HostOrchestration, name).digest();
+        self.host.entry(id).or_insert_with(|| (Arc::from(name), f));
+        HostOrchHandle { id }
+    }
+
+    /// Adds everything `other` has that `self` lacks (a parent's programs cascading into
+    /// its level-3 children).
+    pub(crate) fn absorb(&mut self, other: &Programs) -> Result<(), crate::DistError> {
+        for (id, (name, f)) in &other.host {
+            self.host
+                .entry(*id)
+                .or_insert_with(|| (name.clone(), f.clone()));
+        }
+        self.subs.absorb(&other.subs);
+        self.chip.absorb(&other.chip)?;
+        Ok(())
+    }
+
+    pub(crate) fn host_name(&self, id: &CallableId) -> Option<&str> {
+        self.host.get(id).map(|(n, _)| &**n)
+    }
+}

@@ -1,0 +1,604 @@
+//! The scheduler thread: routes ready tasks into per-run FIFOs (one per next-level worker
+//! id, one for groups, one shared by the sub-workers), dispatches them to idle children
+//! through their mailboxes, collects completions, and runs control commands.
+//!
+//! Placement is directed, as in the reference engine: a next-level task runs on exactly
+//! the worker id it names; a group launches all its members together, and the group at the
+//! head of the group FIFO reserves its targets (no single is dispatched to them) until it
+//! can launch; sub tasks go to any idle sub-worker. Only the dispatchable run (the oldest in
+//! flight) is dispatched; ready tasks of the next run wait in their own partition.
+//!
+//! Waiting is spin-then-park on the worker's doorbell, which children ring after every
+//! completion and the orchestrator rings when it hands over work.
+
+use crate::task::{DistTask, Target, ROUTE_GROUP, ROUTE_SUB};
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::Duration;
+use strata_graph::{Claimed, Failure, FailureKind, ReadyTask, RunId, Scheduler, TaskRef};
+use strata_host::{Children, Doorbell, HostError};
+use strata_mailbox::{ControlReply, ControlRequest, FrameIdentity, TaskPublication, TaskSlot};
+
+/// Spin before parking on the doorbell.
+const SPIN: Duration = Duration::from_micros(50);
+/// Park slice while children run tasks (bounds how late a dead child is noticed).
+const BUSY_SLICE: Duration = Duration::from_millis(5);
+/// Park slice while idle.
+const IDLE_SLICE: Duration = Duration::from_millis(200);
+
+/// A control command for one child, run by the scheduler thread when the child is idle.
+pub(crate) struct ControlJob {
+    pub(crate) lane: usize,
+    pub(crate) command: u64,
+    pub(crate) arg0: u64,
+    pub(crate) payload: Vec<u8>,
+    pub(crate) reply: mpsc::Sender<Result<ControlReply, String>>,
+}
+
+#[derive(Default)]
+struct Inbox {
+    ready: Vec<ReadyTask>,
+    controls: Vec<ControlJob>,
+    stop: bool,
+}
+
+/// What the orchestrator side and the scheduler thread share.
+pub(crate) struct Link {
+    pub(crate) doorbell: Doorbell,
+    inbox: Mutex<Inbox>,
+    pending: AtomicBool,
+    unusable: Mutex<Option<String>>,
+    unusable_flag: AtomicBool,
+    /// The scheduler ran out of work: hand ready tasks over at once rather than batching.
+    hungry: AtomicBool,
+}
+
+impl Link {
+    pub(crate) fn new(doorbell: Doorbell) -> Self {
+        Link {
+            doorbell,
+            inbox: Mutex::new(Inbox::default()),
+            pending: AtomicBool::new(false),
+            unusable: Mutex::new(None),
+            unusable_flag: AtomicBool::new(false),
+            hungry: AtomicBool::new(true),
+        }
+    }
+
+    /// Whether the scheduler is waiting for work.
+    pub(crate) fn is_hungry(&self) -> bool {
+        self.hungry.load(Ordering::Relaxed)
+    }
+
+    fn inbox(&self) -> std::sync::MutexGuard<'_, Inbox> {
+        self.inbox.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Hands ready tasks to the scheduler.
+    pub(crate) fn push_ready(&self, batch: &mut Vec<ReadyTask>) {
+        if batch.is_empty() {
+            return;
+        }
+        self.inbox().ready.append(batch);
+        self.pending.store(true, Ordering::Release);
+        self.doorbell.ring();
+    }
+
+    /// Queues a control command.
+    pub(crate) fn push_control(&self, job: ControlJob) {
+        self.inbox().controls.push(job);
+        self.pending.store(true, Ordering::Release);
+        self.doorbell.ring();
+    }
+
+    /// Asks the scheduler thread to stop once every child is idle.
+    pub(crate) fn stop(&self) {
+        self.inbox().stop = true;
+        self.pending.store(true, Ordering::Release);
+        self.doorbell.ring();
+    }
+
+    /// Wakes the scheduler (a run changed phase).
+    pub(crate) fn nudge(&self) {
+        self.doorbell.ring();
+    }
+
+    /// Why the worker is unusable, if it is.
+    pub(crate) fn unusable(&self) -> Option<String> {
+        if !self.unusable_flag.load(Ordering::Acquire) {
+            return None;
+        }
+        self.unusable
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    fn set_unusable(&self, why: String) {
+        let mut u = self.unusable.lock().unwrap_or_else(|e| e.into_inner());
+        if u.is_none() {
+            *u = Some(why);
+        }
+        self.unusable_flag.store(true, Ordering::Release);
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct InFlight {
+    task: TaskRef,
+    member: usize,
+    group: bool,
+}
+
+#[derive(Debug, Default)]
+struct LaneState {
+    busy: Option<InFlight>,
+    seq: u64,
+    dead: Option<String>,
+}
+
+#[derive(Debug, Default)]
+struct RunQueues {
+    workers: Vec<VecDeque<TaskRef>>,
+    groups: VecDeque<TaskRef>,
+    subs: VecDeque<TaskRef>,
+}
+
+impl RunQueues {
+    fn is_empty(&self) -> bool {
+        self.groups.is_empty() && self.subs.is_empty() && self.workers.iter().all(|q| q.is_empty())
+    }
+}
+
+/// The scheduler thread's state.
+pub(crate) struct SchedLoop {
+    sched: Scheduler<DistTask>,
+    children: Children,
+    link: Arc<Link>,
+    /// Lanes `0..n_next` are the next-level children (lane index = worker id); the rest
+    /// are sub-workers.
+    n_next: usize,
+    lanes: Vec<LaneState>,
+    queues: BTreeMap<RunId, RunQueues>,
+    controls: VecDeque<ControlJob>,
+    ready: Vec<ReadyTask>,
+    labels: Vec<String>,
+    stopping: bool,
+}
+
+/// What the scheduler thread hands back when it stops: the children, still running, for
+/// the worker to shut down.
+pub(crate) struct SchedExit {
+    pub(crate) children: Children,
+}
+
+impl SchedLoop {
+    pub(crate) fn new(
+        sched: Scheduler<DistTask>,
+        children: Children,
+        link: Arc<Link>,
+        n_next: usize,
+    ) -> Self {
+        let n = children.len();
+        let labels = (0..n)
+            .map(|i| {
+                let l = children.lanes()[i].label().to_owned();
+                if i < n_next {
+                    format!("worker {i} ({l})")
+                } else {
+                    l
+                }
+            })
+            .collect();
+        SchedLoop {
+            sched,
+            children,
+            link,
+            n_next,
+            lanes: (0..n).map(|_| LaneState::default()).collect(),
+            queues: BTreeMap::new(),
+            controls: VecDeque::new(),
+            ready: Vec::new(),
+            labels,
+            stopping: false,
+        }
+    }
+
+    /// Runs until asked to stop with every child idle.
+    pub(crate) fn run(mut self) -> SchedExit {
+        loop {
+            let seen = self.link.doorbell.seq();
+            let mut progress = self.intake();
+            progress |= self.poll_lanes();
+            progress |= self.run_controls();
+            progress |= self.dispatch();
+            let busy = self.lanes.iter().any(|l| l.busy.is_some());
+            if self.stopping && !busy {
+                self.fail_queued("the worker is closing");
+                self.sched.flush();
+                break;
+            }
+            if progress {
+                continue;
+            }
+            let queued = self.queues.values().any(|q| !q.is_empty());
+            if !queued && !self.link.hungry.load(Ordering::Relaxed) {
+                self.link.hungry.store(true, Ordering::Relaxed);
+            }
+            if busy {
+                self.check_liveness();
+            } else {
+                self.sched.flush();
+            }
+            let slice = if busy { BUSY_SLICE } else { IDLE_SLICE };
+            self.link.doorbell.wait(seen, SPIN, slice);
+        }
+        for job in self.controls.drain(..) {
+            let _ = job.reply.send(Err("the worker is closing".into()));
+        }
+        SchedExit {
+            children: self.children,
+        }
+    }
+
+    fn intake(&mut self) -> bool {
+        if !self.link.pending.load(Ordering::Acquire) {
+            return false;
+        }
+        self.link.pending.store(false, Ordering::Relaxed);
+        self.link.hungry.store(false, Ordering::Relaxed);
+        let (mut ready, controls, stop) = {
+            let mut inbox = self.link.inbox();
+            (
+                std::mem::take(&mut inbox.ready),
+                std::mem::take(&mut inbox.controls),
+                inbox.stop,
+            )
+        };
+        self.stopping |= stop;
+        self.controls.extend(controls);
+        for r in ready.drain(..) {
+            self.route(r);
+        }
+        true
+    }
+
+    fn route(&mut self, r: ReadyTask) {
+        let n_next = self.n_next;
+        let q = self.queues.entry(r.run).or_insert_with(|| RunQueues {
+            workers: (0..n_next).map(|_| VecDeque::new()).collect(),
+            ..RunQueues::default()
+        });
+        match r.route {
+            ROUTE_SUB => q.subs.push_back(r.task),
+            ROUTE_GROUP => q.groups.push_back(r.task),
+            w => match q.workers.get_mut(w as usize) {
+                Some(fifo) => fifo.push_back(r.task),
+                // Validated at submit; a route out of range cannot happen.
+                None => q.subs.push_back(r.task),
+            },
+        }
+    }
+
+    fn label(&self, lane: usize) -> &str {
+        &self.labels[lane]
+    }
+
+    /// Completes what `lane` was running.
+    fn finish(&mut self, lane: usize, outcome: Result<(), Failure>) {
+        let Some(f) = self.lanes[lane].busy.take() else {
+            return;
+        };
+        let mut ready = std::mem::take(&mut self.ready);
+        let result = if f.group {
+            self.sched
+                .complete_member(f.task, f.member, outcome, &mut ready)
+                .map(|_| ())
+        } else {
+            self.sched.complete(f.task, outcome, &mut ready)
+        };
+        // A completion for a task that is no longer running cannot happen here: the lane
+        // tracks exactly what it dispatched.
+        debug_assert!(result.is_ok(), "{result:?}");
+        for r in ready.drain(..) {
+            self.route(r);
+        }
+        self.ready = ready;
+    }
+
+    fn endpoint_failure(&self, lane: usize, what: &str) -> Failure {
+        Failure::new(
+            FailureKind::Endpoint,
+            format!("{}: {what}", self.label(lane)),
+        )
+    }
+
+    fn lane_died(&mut self, lane: usize, why: String) {
+        let msg = format!("{}: {why}", self.label(lane));
+        self.lanes[lane].dead = Some(msg.clone());
+        self.link.set_unusable(msg.clone());
+        let f = Failure::new(FailureKind::Endpoint, msg);
+        self.finish(lane, Err(f));
+    }
+
+    fn poll_lanes(&mut self) -> bool {
+        let mut progress = false;
+        for lane in 0..self.lanes.len() {
+            if self.lanes[lane].busy.is_none() {
+                continue;
+            }
+            let polled = self.children.lane(lane).parent().poll(TaskSlot::Slot0);
+            match polled {
+                Ok(p) => {
+                    let Some(done) = p.completion else {
+                        continue;
+                    };
+                    if let Err(e) = self.children.lane(lane).parent().reset(TaskSlot::Slot0) {
+                        self.lane_died(lane, format!("mailbox protocol error: {e}"));
+                        progress = true;
+                        continue;
+                    }
+                    let label = self.label(lane);
+                    let outcome = done.outcome.map_err(|f| {
+                        // Children name themselves; add the lane's name only when they did not.
+                        let message = if f.message.starts_with(label) {
+                            f.message
+                        } else {
+                            format!("{label}: {}", f.message)
+                        };
+                        Failure::with_code(FailureKind::Task, f.code, message)
+                    });
+                    self.finish(lane, outcome);
+                    progress = true;
+                }
+                Err(e) => {
+                    self.lane_died(lane, format!("mailbox protocol error: {e}"));
+                    progress = true;
+                }
+            }
+        }
+        progress
+    }
+
+    fn check_liveness(&mut self) {
+        for lane in 0..self.lanes.len() {
+            if self.lanes[lane].busy.is_none() {
+                continue;
+            }
+            if let Err(e) = self.children.lane(lane).check_alive() {
+                // A completion published just before the child died still counts.
+                if self.poll_lanes() && self.lanes[lane].busy.is_none() {
+                    continue;
+                }
+                let why = match e {
+                    HostError::ChildDied { .. } => format!("{e}"),
+                    other => format!("liveness check failed: {other}"),
+                };
+                self.lane_died(lane, why);
+            }
+        }
+    }
+
+    fn run_controls(&mut self) -> bool {
+        let mut progress = false;
+        let mut i = 0;
+        while i < self.controls.len() {
+            let lane = self.controls[i].lane;
+            if self.lanes.get(lane).is_some_and(|l| l.busy.is_some()) {
+                i += 1;
+                continue;
+            }
+            let job = self.controls.remove(i).unwrap_or_else(|| unreachable!());
+            progress = true;
+            let result = if let Some(dead) = self.lanes.get(lane).and_then(|l| l.dead.clone()) {
+                Err(dead)
+            } else if lane >= self.lanes.len() {
+                Err(format!("no child {lane}"))
+            } else {
+                let req = ControlRequest {
+                    command: job.command,
+                    arg0: job.arg0,
+                    payload: &job.payload,
+                };
+                self.children
+                    .lane(lane)
+                    .control(&req, None)
+                    .map_err(|e| e.to_string())
+            };
+            let _ = job.reply.send(result);
+        }
+        progress
+    }
+
+    /// Publishes member `member` of a claimed task to `lane`. On failure the member is
+    /// completed as an endpoint failure.
+    fn publish(
+        &mut self,
+        lane: usize,
+        task: TaskRef,
+        member: usize,
+        group: bool,
+        run: RunId,
+        p: &DistTask,
+    ) {
+        self.lanes[lane].seq += 1;
+        let identity = FrameIdentity {
+            run_id: run.0,
+            lease_slot: 0,
+            lease_generation: 1,
+            dispatch_id: self.lanes[lane].seq,
+        };
+        let publication =
+            TaskPublication::run(p.callable, identity, &p.config, &p.members[member].blob);
+        self.lanes[lane].busy = Some(InFlight {
+            task,
+            member,
+            group,
+        });
+        let r = self
+            .children
+            .lane(lane)
+            .parent()
+            .publish(TaskSlot::Slot0, &publication);
+        if let Err(e) = r {
+            let f = self.endpoint_failure(lane, &format!("could not publish the task: {e}"));
+            self.finish(lane, Err(f));
+        }
+    }
+
+    /// Claims and fails a task that cannot be dispatched (its worker is dead).
+    fn fail_task(&mut self, t: TaskRef, why: &str) {
+        let Some(c) = self.sched.claim(t) else {
+            return;
+        };
+        let f = Failure::new(FailureKind::Endpoint, why.to_owned());
+        let mut ready = std::mem::take(&mut self.ready);
+        if c.group_size > 1 || c.payload.members.len() > 1 {
+            for m in 0..c.group_size {
+                let _ = self.sched.complete_member(t, m, Err(f.clone()), &mut ready);
+            }
+        } else {
+            let _ = self.sched.complete(t, Err(f), &mut ready);
+        }
+        for r in ready.drain(..) {
+            self.route(r);
+        }
+        self.ready = ready;
+    }
+
+    fn fail_queued(&mut self, why: &str) {
+        let all: Vec<TaskRef> = self
+            .queues
+            .values_mut()
+            .flat_map(|q| {
+                let mut v: Vec<TaskRef> = q.groups.drain(..).collect();
+                v.extend(q.subs.drain(..));
+                for w in &mut q.workers {
+                    v.extend(w.drain(..));
+                }
+                v
+            })
+            .collect();
+        for t in all {
+            self.fail_task(t, why);
+        }
+    }
+
+    fn idle(&self, lane: usize) -> bool {
+        self.lanes[lane].busy.is_none() && self.lanes[lane].dead.is_none()
+    }
+
+    fn dispatch(&mut self) -> bool {
+        let Some(run) = self.sched.dispatchable_run() else {
+            return false;
+        };
+        if !self.queues.contains_key(&run) {
+            self.queues.retain(|_, q| !q.is_empty());
+            return false;
+        }
+        let mut progress = false;
+        let mut reserved = vec![false; self.n_next];
+
+        // Groups: the head launches when all its targets are idle; otherwise it reserves
+        // them.
+        while let Some(&g) = self.queues.get(&run).and_then(|q| q.groups.front()) {
+            let Some(targets) = self.sched.peek(g, |p| p.worker_targets()) else {
+                // Cancelled or poisoned meanwhile.
+                self.queues.get_mut(&run).map(|q| q.groups.pop_front());
+                progress = true;
+                continue;
+            };
+            if let Some(&dead) = targets.iter().find(|&&w| self.lanes[w].dead.is_some()) {
+                self.queues.get_mut(&run).map(|q| q.groups.pop_front());
+                let why = self.lanes[dead].dead.clone().unwrap_or_default();
+                self.fail_task(g, &why);
+                progress = true;
+                continue;
+            }
+            if targets.iter().all(|&w| self.idle(w)) {
+                self.queues.get_mut(&run).map(|q| q.groups.pop_front());
+                if let Some(c) = self.sched.claim(g) {
+                    self.launch(g, c, run, &targets);
+                }
+                progress = true;
+                continue;
+            }
+            for w in targets {
+                reserved[w] = true;
+            }
+            break;
+        }
+
+        // Singles: at most one per idle, unreserved worker per pass.
+        for (w, &is_reserved) in reserved.iter().enumerate() {
+            if is_reserved || self.lanes[w].busy.is_some() {
+                continue;
+            }
+            while let Some(t) = self
+                .queues
+                .get_mut(&run)
+                .and_then(|q| q.workers[w].pop_front())
+            {
+                progress = true;
+                if let Some(dead) = self.lanes[w].dead.clone() {
+                    self.fail_task(t, &dead);
+                    continue;
+                }
+                if let Some(c) = self.sched.claim(t) {
+                    self.publish(w, t, 0, false, run, &c.payload);
+                    break;
+                }
+            }
+        }
+
+        // Sub tasks: any idle sub-workers, all members of a sub group at once.
+        while let Some(&t) = self.queues.get(&run).and_then(|q| q.subs.front()) {
+            let Some(size) = self.sched.peek(t, |p| p.members.len()) else {
+                self.queues.get_mut(&run).map(|q| q.subs.pop_front());
+                progress = true;
+                continue;
+            };
+            let idle: Vec<usize> = (self.n_next..self.lanes.len())
+                .filter(|&l| self.idle(l))
+                .collect();
+            let alive = (self.n_next..self.lanes.len())
+                .filter(|&l| self.lanes[l].dead.is_none())
+                .count();
+            if alive < size {
+                self.queues.get_mut(&run).map(|q| q.subs.pop_front());
+                let why = format!("the task needs {size} sub-workers but only {alive} are alive");
+                self.fail_task(t, &why);
+                progress = true;
+                continue;
+            }
+            if idle.len() < size {
+                break;
+            }
+            self.queues.get_mut(&run).map(|q| q.subs.pop_front());
+            progress = true;
+            if let Some(c) = self.sched.claim(t) {
+                self.launch(t, c, run, &idle[..size]);
+            }
+        }
+        if progress {
+            self.queues.retain(|r, q| *r == run || !q.is_empty());
+        }
+        progress
+    }
+
+    /// Launches every member of a claimed task: member `i` on `lanes[i]`.
+    fn launch(&mut self, t: TaskRef, c: Claimed<DistTask>, run: RunId, lanes: &[usize]) {
+        let group = c.payload.members.len() > 1 || c.group_size > 1;
+        for (i, &lane) in lanes.iter().enumerate() {
+            if group && !self.sched.start_member(t, i).unwrap_or(false) {
+                continue;
+            }
+            let lane = match c.payload.members[i].target {
+                Target::Worker(w) => w,
+                Target::Sub => lane,
+            };
+            self.publish(lane, t, i, group, run, &c.payload);
+        }
+    }
+}

@@ -1,0 +1,735 @@
+//! The L3+ worker: lifecycle (register → init → submit/run → close), the run handle, and
+//! device-memory control outside runs.
+
+use crate::config::{DistConfig, Level};
+use crate::error::{DistError, OrchError};
+use crate::orch::{ChildTensor, Orch};
+use crate::programs::{ChipChild, NestedChild};
+use crate::registry::{HostOrchHandle, Programs, SubHandle};
+use crate::sched::{Link, SchedExit, SchedLoop};
+use crate::task::DistTask;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+use strata_graph::{
+    graph, Failure, FailureKind, GraphConfig, Orchestrator, RingConfig, RunId, RunPhase, RunWaiter,
+    RING_COUNT,
+};
+use strata_host::{
+    ChildProgram, Children, Doorbell, SharedMemory, SharedTensor, SpawnOptions, SubProgram,
+};
+use strata_mailbox::EncodedConfig;
+use strata_types::{
+    BufferIdentity, CallConfig, CallableDescriptor, CallableKind, DataType, Element,
+    IdentityMinter, TaskArgs,
+};
+
+/// The shared memory of every worker tree in this process: one region table, so region ids
+/// agree between a level-4 worker, its level-3 children and their children.
+pub(crate) fn process_shared() -> &'static Arc<SharedMemory> {
+    static SHARED: OnceLock<Arc<SharedMemory>> = OnceLock::new();
+    SHARED.get_or_init(SharedMemory::new)
+}
+
+/// What a next-level child is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ChildKind {
+    /// A chip child (runs chip orchestrations).
+    Chip,
+    /// A level-3 worker child (runs host orchestrations).
+    Worker,
+}
+
+/// What the orchestration facade and the control paths need of a running worker.
+pub(crate) struct Ctx {
+    pub(crate) link: Arc<Link>,
+    pub(crate) next: Vec<ChildKind>,
+    pub(crate) labels: Vec<String>,
+    pub(crate) n_subs: usize,
+    /// Shared-memory regions with ids below this existed when the children started.
+    pub(crate) visible_regions: u64,
+    pub(crate) heap_regions: [u64; RING_COUNT],
+    pub(crate) minter: Arc<IdentityMinter>,
+    pub(crate) programs: Arc<Programs>,
+    pub(crate) child_tensors: Mutex<HashMap<BufferIdentity, (usize, u64)>>,
+}
+
+impl Ctx {
+    pub(crate) fn region_visible(&self, region: u64) -> bool {
+        region < self.visible_regions || self.heap_regions.contains(&region)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    New,
+    Ready,
+    Failed,
+    Closed,
+}
+
+impl State {
+    fn name(self) -> &'static str {
+        match self {
+            State::New => "new (not initialized)",
+            State::Ready => "ready",
+            State::Failed => "failed to start",
+            State::Closed => "closed",
+        }
+    }
+}
+
+struct Runtime {
+    graph: Orchestrator<DistTask>,
+    waiter: RunWaiter,
+    ctx: Arc<Ctx>,
+    sched: Option<JoinHandle<SchedExit>>,
+    config: Arc<EncodedConfig>,
+    children_pids: Vec<i32>,
+}
+
+/// An L3 (or L4) worker: host orchestrations that dispatch chip orchestrations to chip
+/// children and closures to sub-worker children, each child a forked process (or a thread
+/// in [`ExecMode::Threads`](strata_host::ExecMode::Threads)) reached through a shared-memory mailbox.
+///
+/// ```no_run
+/// use strata_dist::*;
+/// use strata_types::{ArgTag, DataType, TaskArgs};
+///
+/// let mut w = DistWorker::new(DistConfig::l3(vec![], 2))?;
+/// let x = w.shared_tensor_from(&[4], &[1.0f32, 2.0, 3.0, 4.0])?;
+/// let double = w.register_sub("double", |call| {
+///     let mut t = call.tensor_mut::<f32>(0)?;
+///     for i in 0..4 { let v = t.get(&[i]).unwrap(); t.set(&[i], v * 2.0); }
+///     Ok(())
+/// });
+/// let orch = w.register_orchestration("main", move |o, _args| {
+///     let mut a = TaskArgs::new();
+///     a.push_tensor(x.arg(ArgTag::InOut))?;
+///     o.submit_sub(&double, &a)?;
+///     Ok(())
+/// });
+/// w.init()?;
+/// w.run(&orch, &TaskArgs::new())?;
+/// w.close()?;
+/// # Ok::<(), DistError>(())
+/// ```
+pub struct DistWorker {
+    config: DistConfig,
+    programs: Programs,
+    children: Vec<DistWorker>,
+    shared: Arc<SharedMemory>,
+    minter: Arc<IdentityMinter>,
+    state: State,
+    rt: Option<Runtime>,
+}
+
+impl std::fmt::Debug for DistWorker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DistWorker")
+            .field("level", &self.config.level)
+            .field("state", &self.state)
+            .field("chips", &self.config.chips.len())
+            .field("sub_workers", &self.config.num_sub_workers)
+            .field("children", &self.children.len())
+            .finish()
+    }
+}
+
+impl DistWorker {
+    /// A new worker (nothing started yet).
+    ///
+    /// # Errors
+    /// [`DistError::InvalidConfig`].
+    pub fn new(config: DistConfig) -> Result<Self, DistError> {
+        config.validate()?;
+        Ok(DistWorker {
+            config,
+            programs: Programs::default(),
+            children: Vec::new(),
+            shared: process_shared().clone(),
+            minter: Arc::new(IdentityMinter::new()),
+            state: State::New,
+            rt: None,
+        })
+    }
+
+    /// Sets the execution mode before init (a level-3 child of a level-4 worker running
+    /// its children as threads runs its own children as threads too).
+    pub(crate) fn set_exec_mode(&mut self, mode: strata_host::ExecMode) {
+        self.config.exec_mode = mode;
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &DistConfig {
+        &self.config
+    }
+
+    /// The level.
+    pub fn level(&self) -> Level {
+        self.config.level
+    }
+
+    fn require(&self, op: &'static str, s: State) -> Result<(), DistError> {
+        if self.state != s {
+            return Err(DistError::State {
+                op,
+                expected: s.name(),
+                actual: self.state.name(),
+            });
+        }
+        Ok(())
+    }
+
+    // ----- registration (before init) -------------------------------------------------
+
+    /// Registers a host orchestration.
+    pub fn register_orchestration<F>(&mut self, name: &str, f: F) -> HostOrchHandle
+    where
+        F: Fn(&mut Orch<'_>, &TaskArgs) -> Result<(), OrchError> + Send + Sync + 'static,
+    {
+        self.programs.register_host(name, Arc::new(f))
+    }
+
+    /// Registers a sub-worker callable: a closure (it may capture state) run by a host
+    /// sub-worker child. Children are forked after registration and find it by digest.
+    pub fn register_sub<F>(&mut self, name: &str, f: F) -> SubHandle
+    where
+        F: Fn(&mut strata_host::SubCall<'_>) -> Result<(), String> + Send + Sync + 'static,
+    {
+        SubHandle {
+            id: self.programs.subs.register(name, Arc::new(f)),
+        }
+    }
+
+    /// Registers a kernel for the chip children.
+    ///
+    /// # Errors
+    /// A registration error of the chip registry.
+    pub fn register_kernel<F>(
+        &mut self,
+        name: &str,
+        f: F,
+    ) -> Result<strata_chip::KernelHandle, DistError>
+    where
+        F: Fn(&mut strata_chip::KernelCtx<'_>) -> Result<(), strata_chip::KernelError>
+            + Send
+            + Sync
+            + 'static,
+    {
+        Ok(self
+            .programs
+            .chip
+            .register_kernel(CallableDescriptor::new(CallableKind::Kernel, name), f)?)
+    }
+
+    /// Registers a chip orchestration for the chip children.
+    ///
+    /// # Errors
+    /// A registration error of the chip registry.
+    pub fn register_chip_orchestration<F>(
+        &mut self,
+        name: &str,
+        f: F,
+    ) -> Result<strata_chip::OrchHandle, DistError>
+    where
+        F: Fn(
+                &mut strata_chip::ChipOrch,
+                &strata_chip::ChipArgs,
+            ) -> Result<(), strata_chip::ChipError>
+            + Send
+            + Sync
+            + 'static,
+    {
+        Ok(self.programs.chip.register_orchestration(
+            CallableDescriptor::new(CallableKind::ChipOrchestration, name),
+            f,
+        )?)
+    }
+
+    /// Adds a level-3 worker as a next-level child of this level-4 worker (before init).
+    /// Returns its worker id. The child is started (forked, with its own children) at this
+    /// worker's `init`, and inherits this worker's registrations.
+    ///
+    /// # Errors
+    /// This worker is not level 4 or not new; the child is not a new level-3 worker.
+    pub fn add_worker(&mut self, child: DistWorker) -> Result<usize, DistError> {
+        self.require("add_worker", State::New)?;
+        if self.config.level != Level::L4 {
+            return Err(DistError::InvalidConfig(
+                "add_worker requires a level-4 worker".into(),
+            ));
+        }
+        if child.config.level != Level::L3 {
+            return Err(DistError::InvalidConfig(
+                "add_worker: the child must be a level-3 worker".into(),
+            ));
+        }
+        if child.state != State::New {
+            return Err(DistError::InvalidConfig(format!(
+                "add_worker: the child must be new, but it is {}",
+                child.state.name()
+            )));
+        }
+        self.children.push(child);
+        Ok(self.children.len() - 1)
+    }
+
+    /// A shared tensor (zeroed) every child can see, zero-copy. Create shared tensors
+    /// before `init`.
+    ///
+    /// # Errors
+    /// A bad shape, or a shared-memory error.
+    pub fn shared_tensor(&self, shape: &[u64], dtype: DataType) -> Result<SharedTensor, DistError> {
+        Ok(SharedTensor::new(&self.shared, &self.minter, shape, dtype)?)
+    }
+
+    /// A shared tensor initialised from `data`.
+    ///
+    /// # Errors
+    /// As [`DistWorker::shared_tensor`], or a length that does not match `shape`.
+    pub fn shared_tensor_from<T: Element>(
+        &self,
+        shape: &[u64],
+        data: &[T],
+    ) -> Result<SharedTensor, DistError> {
+        Ok(SharedTensor::from_slice(
+            &self.shared,
+            &self.minter,
+            shape,
+            data,
+        )?)
+    }
+
+    // ----- lifecycle ---------------------------------------------------------------------
+
+    /// Starts the worker tree: forks every child (chips, sub-workers, level-3 children,
+    /// which start their own) before starting any thread, waits until all report ready,
+    /// then starts the scheduler thread.
+    ///
+    /// # Errors
+    /// A child that fails to start (named, with its message); forking while other threads
+    /// run without the opt-in; an invalid configuration. On error nothing is left running.
+    pub fn init(&mut self) -> Result<(), DistError> {
+        self.require("init", State::New)?;
+        match self.start() {
+            Ok(rt) => {
+                self.rt = Some(rt);
+                self.state = State::Ready;
+                Ok(())
+            }
+            Err(e) => {
+                self.state = State::Failed;
+                Err(e)
+            }
+        }
+    }
+
+    fn start(&mut self) -> Result<Runtime, DistError> {
+        let cfg = &self.config;
+        let mut heap_regions = [0u64; RING_COUNT];
+        for (i, r) in heap_regions.iter_mut().enumerate() {
+            *r = self
+                .shared
+                .create_region(cfg.heap_ring_bytes as usize, &format!("heap ring {i}"))?;
+        }
+        let visible_regions = self.shared.regions() as u64;
+
+        let mut programs: Vec<Box<dyn ChildProgram>> = Vec::new();
+        let mut next = Vec::new();
+        match cfg.level {
+            Level::L3 => {
+                for (i, c) in cfg.chips.iter().enumerate() {
+                    programs.push(Box::new(ChipChild::new(
+                        i,
+                        c.clone(),
+                        self.programs.chip.clone(),
+                    )));
+                    next.push(ChildKind::Chip);
+                }
+            }
+            Level::L4 => {
+                for (i, mut child) in std::mem::take(&mut self.children).into_iter().enumerate() {
+                    child.programs.absorb(&self.programs)?;
+                    programs.push(Box::new(NestedChild::new(i, child)));
+                    next.push(ChildKind::Worker);
+                }
+            }
+        }
+        for i in 0..cfg.num_sub_workers {
+            programs.push(Box::new(
+                SubProgram::new(self.programs.subs.clone()).with_index(i),
+            ));
+        }
+        let labels: Vec<String> = programs.iter().map(|p| p.label()).collect();
+        let doorbell = Doorbell::new()?;
+        let children = Children::spawn(
+            &self.shared,
+            programs,
+            SpawnOptions {
+                mode: cfg.exec_mode,
+                startup_timeout: cfg.startup_timeout,
+                allow_fork_with_threads: cfg.allow_fork_with_threads,
+                doorbell: Some(doorbell.clone()),
+                wait: strata_mailbox::WaitOptions::default(),
+                child_park_slice: SpawnOptions::DEFAULT_CHILD_PARK_SLICE,
+            },
+        )?;
+        let children_pids = children.pids();
+        let (orch, sched) = graph::<DistTask>(GraphConfig {
+            rings: [RingConfig {
+                heap_bytes: cfg.heap_ring_bytes,
+                task_window: None,
+                dep_pool: None,
+            }; RING_COUNT],
+            wait_timeout: Duration::from_secs(10),
+            pipeline_depth: cfg.pipeline_depth,
+        })?;
+        let link = Arc::new(Link::new(doorbell));
+        let n_next = next.len();
+        let waiter = orch.run_waiter();
+        let sched_link = link.clone();
+        let handle = std::thread::Builder::new()
+            .name("strata-scheduler".into())
+            .spawn(move || SchedLoop::new(sched, children, sched_link, n_next).run())
+            .map_err(|e| {
+                DistError::InvalidConfig(format!("cannot start the scheduler thread: {e}"))
+            })?;
+        let ctx = Arc::new(Ctx {
+            link,
+            next,
+            labels,
+            n_subs: cfg.num_sub_workers,
+            visible_regions,
+            heap_regions,
+            minter: self.minter.clone(),
+            programs: Arc::new(self.programs.clone()),
+            child_tensors: Mutex::new(HashMap::new()),
+        });
+        Ok(Runtime {
+            graph: orch,
+            waiter,
+            ctx,
+            sched: Some(handle),
+            config: Arc::new(EncodedConfig::new(&CallConfig::default())?),
+            children_pids,
+        })
+    }
+
+    fn runtime(&mut self, op: &'static str) -> Result<&mut Runtime, DistError> {
+        self.require(op, State::Ready)?;
+        let rt = self.rt.as_mut().ok_or(DistError::State {
+            op,
+            expected: State::Ready.name(),
+            actual: "without a runtime",
+        })?;
+        if let Some(why) = rt.ctx.link.unusable() {
+            return Err(DistError::Unusable(why));
+        }
+        Ok(rt)
+    }
+
+    /// Process ids of this worker's direct children (empty in Threads mode).
+    pub fn child_pids(&self) -> Vec<i32> {
+        self.rt
+            .as_ref()
+            .map(|r| r.children_pids.clone())
+            .unwrap_or_default()
+    }
+
+    /// Why the worker is unusable (a child died), if it is.
+    pub fn unusable_reason(&self) -> Option<String> {
+        self.rt.as_ref().and_then(|r| r.ctx.link.unusable())
+    }
+
+    // ----- runs --------------------------------------------------------------------------
+
+    /// Runs the host orchestration `orch` on this thread to build a run and returns a
+    /// handle to it while its tasks execute. At most two runs are in flight; a third
+    /// submit waits for the oldest.
+    ///
+    /// # Errors
+    /// The worker is not ready or unusable; an unregistered orchestration; the
+    /// orchestration's own error ([`DistError::Orchestration`], after its started tasks
+    /// finished and the rest were cancelled).
+    pub fn submit(
+        &mut self,
+        orch: &HostOrchHandle,
+        args: &TaskArgs,
+    ) -> Result<RunHandle, DistError> {
+        self.submit_with(orch, args, &CallConfig::default())
+    }
+
+    /// [`DistWorker::submit`] with a call configuration applied to every next-level task
+    /// of the run (unless a task gives its own).
+    ///
+    /// # Errors
+    /// As `submit`, plus an invalid `config`.
+    pub fn submit_with(
+        &mut self,
+        orch: &HostOrchHandle,
+        args: &TaskArgs,
+        config: &CallConfig,
+    ) -> Result<RunHandle, DistError> {
+        let rt = self.runtime("submit")?;
+        let f = rt
+            .ctx
+            .programs
+            .host
+            .get(&orch.id)
+            .map(|(_, f)| f.clone())
+            .ok_or_else(|| DistError::UnknownCallable(orch.id.to_string()))?;
+        let encoded = if *config == CallConfig::default() {
+            rt.config.clone()
+        } else {
+            config.validate()?;
+            Arc::new(EncodedConfig::new(config)?)
+        };
+        let run = rt.graph.begin_run()?;
+        let ctx = rt.ctx.clone();
+        let mut o = Orch {
+            graph: &mut rt.graph,
+            ctx: &ctx,
+            run,
+            ready: Vec::new(),
+            submitted: false,
+            config: encoded,
+        };
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&mut o, args)))
+            .unwrap_or_else(|p| Err(format!("panicked: {}", panic_message(&p)).into()));
+        o.flush();
+        match result {
+            Ok(()) => {
+                rt.graph.close_run()?;
+                ctx.link.nudge();
+                Ok(RunHandle {
+                    run,
+                    waiter: rt.waiter.clone(),
+                    released: false,
+                })
+            }
+            Err(e) => {
+                let failure = Failure::new(FailureKind::Cancelled, format!("orchestration: {e}"));
+                rt.graph.fail_run(failure)?;
+                ctx.link.nudge();
+                // The run fence: tasks already running finish before the error returns.
+                let _ = rt.waiter.wait(run, None);
+                let _ = rt.waiter.release(run);
+                Err(DistError::Orchestration(e))
+            }
+        }
+    }
+
+    /// [`DistWorker::submit`] then [`RunHandle::wait`].
+    ///
+    /// # Errors
+    /// As `submit`, and the run's first task error.
+    pub fn run(&mut self, orch: &HostOrchHandle, args: &TaskArgs) -> Result<(), DistError> {
+        self.submit(orch, args)?.wait(None)
+    }
+
+    /// [`DistWorker::run`] with a call configuration.
+    ///
+    /// # Errors
+    /// As `run`.
+    pub fn run_with(
+        &mut self,
+        orch: &HostOrchHandle,
+        args: &TaskArgs,
+        config: &CallConfig,
+    ) -> Result<(), DistError> {
+        self.submit_with(orch, args, config)?.wait(None)
+    }
+
+    // ----- device memory outside runs ---------------------------------------------------
+
+    fn idle_control(&mut self, op: &'static str) -> Result<Arc<Ctx>, DistError> {
+        let rt = self.runtime(op)?;
+        if rt.graph.dispatchable_run().is_some() {
+            return Err(DistError::InvalidArgs(format!(
+                "{op}: a run is still in flight; wait for it, or do it from inside the run before its first submit"
+            )));
+        }
+        Ok(rt.ctx.clone())
+    }
+
+    /// Allocates a tensor in chip `worker`'s device memory (outside any run).
+    ///
+    /// # Errors
+    /// A run in flight, a worker that is not a chip, an allocation failure.
+    pub fn alloc_child_tensor(
+        &mut self,
+        worker: usize,
+        shape: &[u64],
+        dtype: DataType,
+    ) -> Result<ChildTensor, DistError> {
+        self.idle_control("alloc_child_tensor")?
+            .alloc_child_tensor(worker, shape, dtype)
+    }
+
+    /// Frees a chip tensor.
+    ///
+    /// # Errors
+    /// A run in flight, a double free.
+    pub fn free(&mut self, t: ChildTensor) -> Result<(), DistError> {
+        self.idle_control("free")?.free_child_tensor(t)
+    }
+
+    /// Copies a shared tensor into a chip tensor.
+    ///
+    /// # Errors
+    /// A run in flight, size mismatch, a freed tensor.
+    pub fn copy_to(&mut self, dst: &ChildTensor, src: &SharedTensor) -> Result<(), DistError> {
+        self.idle_control("copy_to")?.copy(dst, src, true)
+    }
+
+    /// Copies a chip tensor into a shared tensor.
+    ///
+    /// # Errors
+    /// As [`DistWorker::copy_to`].
+    pub fn copy_from(&mut self, dst: &SharedTensor, src: &ChildTensor) -> Result<(), DistError> {
+        self.idle_control("copy_from")?.copy(src, dst, false)
+    }
+
+    /// Bytes chip `worker`'s allocator holds.
+    ///
+    /// # Errors
+    /// A run in flight, a worker that is not a chip.
+    pub fn committed_device_memory(&mut self, worker: usize) -> Result<u64, DistError> {
+        self.idle_control("committed_device_memory")?
+            .committed_device_memory(worker)
+    }
+
+    // ----- close -------------------------------------------------------------------------
+
+    /// Waits for runs in flight (up to the close grace), stops the scheduler, shuts every
+    /// child down and reaps it (killing what does not exit in time), and unlinks their
+    /// shared memory. Idempotent; also runs on drop.
+    ///
+    /// # Errors
+    /// Children that exited abnormally (the worker is closed regardless).
+    pub fn close(&mut self) -> Result<(), DistError> {
+        if self.state == State::Closed {
+            return Ok(());
+        }
+        let Some(mut rt) = self.rt.take() else {
+            self.state = State::Closed;
+            return Ok(());
+        };
+        self.state = State::Closed;
+        let deadline = Instant::now() + self.config.close_grace;
+        while let Some(run) = rt.graph.dispatchable_run() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() || rt.ctx.link.unusable().is_some() {
+                break;
+            }
+            if rt.waiter.wait(run, Some(left)).is_err() {
+                break;
+            }
+        }
+        rt.graph.shutdown();
+        rt.ctx.link.stop();
+        let exit = rt
+            .sched
+            .take()
+            .map(|h| h.join())
+            .transpose()
+            .map_err(|_| DistError::InvalidConfig("the scheduler thread panicked".into()))?;
+        if let Some(mut exit) = exit {
+            exit.children.shutdown(self.config.close_grace)?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for DistWorker {
+    fn drop(&mut self) {
+        let _ = self.close();
+    }
+}
+
+fn panic_message(p: &Box<dyn std::any::Any + Send>) -> String {
+    if let Some(s) = p.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = p.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a non-string panic payload".into()
+    }
+}
+
+/// A run in flight (see [`DistWorker::submit`]).
+pub struct RunHandle {
+    run: RunId,
+    waiter: RunWaiter,
+    released: bool,
+}
+
+impl std::fmt::Debug for RunHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunHandle").field("run", &self.run).finish()
+    }
+}
+
+/// Spin on the run's phase before parking (keeps a short run's wait at cache-line speed).
+const WAIT_SPIN: Duration = Duration::from_micros(50);
+
+impl RunHandle {
+    /// The run id.
+    pub fn id(&self) -> RunId {
+        self.run
+    }
+
+    /// Whether the run finished.
+    pub fn is_done(&self) -> bool {
+        self.released
+            || matches!(
+                self.waiter.phase(self.run),
+                Some(RunPhase::Completed | RunPhase::Failed)
+            )
+    }
+
+    /// Waits for the run (at most `timeout`, or forever). On success or failure the run is
+    /// released; a timeout leaves it in flight (wait again later).
+    ///
+    /// # Errors
+    /// [`DistError::TaskFailed`] with the run's first error (naming the worker and carrying
+    /// the child's message); [`DistError::WaitTimeout`].
+    pub fn wait(&mut self, timeout: Option<Duration>) -> Result<(), DistError> {
+        if self.released {
+            return Ok(());
+        }
+        let start = Instant::now();
+        while start.elapsed() < WAIT_SPIN {
+            if self.is_done() {
+                break;
+            }
+            std::hint::spin_loop();
+        }
+        match self.waiter.wait(self.run, timeout)? {
+            None => Err(DistError::WaitTimeout(timeout.unwrap_or_default())),
+            Some(outcome) => {
+                self.released = true;
+                let _ = self.waiter.release(self.run);
+                outcome.map_err(DistError::TaskFailed)
+            }
+        }
+    }
+
+    /// [`RunHandle::wait`] without a timeout.
+    ///
+    /// # Errors
+    /// As `wait`.
+    pub fn result(mut self) -> Result<(), DistError> {
+        self.wait(None)
+    }
+}
+
+impl Drop for RunHandle {
+    fn drop(&mut self) {
+        if !self.released {
+            self.waiter.release_when_done(self.run);
+        }
+    }
+}

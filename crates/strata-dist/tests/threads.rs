@@ -1,0 +1,609 @@
+//! Engine behaviour with children as threads (`ExecMode::Threads`): the same mailbox
+//! protocol as processes, so these run under the ordinary test harness. Process-mode
+//! scenarios (fork, death, reaping) are in `processes.rs`.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use strata_chip::{ChipConfig, CoreArgs};
+use strata_dist::*;
+use strata_host::ExecMode;
+use strata_types::{ArgTag, DataType, TaskArgs};
+
+fn l3(chips: usize, subs: usize) -> DistWorker {
+    DistWorker::new(
+        DistConfig::l3(vec![ChipConfig::default(); chips], subs).with_exec_mode(ExecMode::Threads),
+    )
+    .unwrap()
+}
+
+fn args(tensors: &[strata_types::TensorArg], scalars: &[u64]) -> TaskArgs {
+    let mut a = TaskArgs::new();
+    for t in tensors {
+        a.push_tensor(*t).unwrap();
+    }
+    for s in scalars {
+        a.push_scalar_bits(*s).unwrap();
+    }
+    a
+}
+
+#[test]
+fn sub_tasks_run_and_dependencies_order_them() {
+    let mut w = l3(0, 2);
+    let x = w.shared_tensor_from(&[1], &[0u64]).unwrap();
+    // Each task appends its scalar as a digit: x = x * 10 + d. Ordered by INOUT deps.
+    let append = w.register_sub("append", |call| {
+        let d: u64 = call.scalar(0).ok_or("missing digit")?;
+        let mut t = call.tensor_mut::<u64>(0)?;
+        t.update(|v| v * 10 + d);
+        Ok(())
+    });
+    let xa = x.clone();
+    let orch = w.register_orchestration("digits", move |o, _| {
+        for d in 1..=9u64 {
+            o.submit_sub(&append, &args(&[xa.arg(ArgTag::InOut)], &[d]))?;
+        }
+        Ok(())
+    });
+    w.init().unwrap();
+    w.run(&orch, &TaskArgs::new()).unwrap();
+    assert_eq!(x.to_vec::<u64>().unwrap(), vec![123_456_789]);
+    // Many runs reuse everything.
+    for _ in 0..20 {
+        x.write(&[0u64]).unwrap();
+        w.run(&orch, &TaskArgs::new()).unwrap();
+        assert_eq!(x.to_vec::<u64>().unwrap(), vec![123_456_789]);
+    }
+    w.close().unwrap();
+}
+
+#[test]
+fn readers_of_one_buffer_run_concurrently_and_a_writer_waits_for_them() {
+    let mut w = l3(0, 3);
+    let x = w.shared_tensor_from(&[1], &[7u64]).unwrap();
+    let out = w.shared_tensor(&[3], DataType::U64).unwrap();
+    // Each reader waits (bounded) until all three readers have started: it only gets
+    // past the rendezvous if the engine runs readers of one buffer side by side.
+    let arrived = Arc::new(AtomicUsize::new(0));
+    let seen = arrived.clone();
+    let read = w.register_sub("read", move |call| {
+        seen.fetch_add(1, Ordering::SeqCst);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while seen.load(Ordering::SeqCst) < 3 {
+            if std::time::Instant::now() > deadline {
+                return Err("readers did not run concurrently".into());
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let v = call.tensor::<u64>(0)?.get(&[0])?;
+        call.tensor_mut::<u64>(1)?.set(&[0], v)?;
+        Ok(())
+    });
+    let set = w.register_sub("set", |call| {
+        call.tensor_mut::<u64>(0)?.set(&[0], 99)?;
+        Ok(())
+    });
+    let (xa, oa) = (x.clone(), out.clone());
+    let orch = w.register_orchestration("war", move |o, _| {
+        for i in 0..3u64 {
+            let v = oa.view().slice(0, i, i + 1)?;
+            o.submit_sub(
+                &read,
+                &args(
+                    &[
+                        xa.arg(ArgTag::Input),
+                        oa.arg_view(v, ArgTag::OutputExisting)?,
+                    ],
+                    &[i],
+                ),
+            )?;
+        }
+        // Write-after-read: must wait for all three readers.
+        o.submit_sub(&set, &args(&[xa.arg(ArgTag::OutputExisting)], &[]))?;
+        Ok(())
+    });
+    w.init().unwrap();
+    w.run(&orch, &TaskArgs::new()).unwrap();
+    assert_eq!(arrived.load(Ordering::SeqCst), 3);
+    assert_eq!(out.to_vec::<u64>().unwrap(), vec![7, 7, 7]);
+    assert_eq!(x.to_vec::<u64>().unwrap(), vec![99]);
+}
+
+#[test]
+fn a_failing_sub_task_poisons_downstream_and_the_run_reports_it() {
+    let mut w = l3(0, 2);
+    let x = w.shared_tensor(&[1], DataType::U32).unwrap();
+    let ran = Arc::new(AtomicUsize::new(0));
+    let boom = w.register_sub("boom", |_| Err("SentinelError: boom-from-sub".into()));
+    let r2 = ran.clone();
+    let count = w.register_sub("count", move |_| {
+        r2.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    });
+    let xa = x.clone();
+    let orch = w.register_orchestration("fail", move |o, _| {
+        o.submit_sub(&boom, &args(&[xa.arg(ArgTag::OutputExisting)], &[]))?;
+        o.submit_sub(&count, &args(&[xa.arg(ArgTag::Input)], &[]))?;
+        Ok(())
+    });
+    let ok = w.register_orchestration("ok", move |o, _| {
+        o.submit_sub(&count, &TaskArgs::new())?;
+        Ok(())
+    });
+    w.init().unwrap();
+    let e = w.run(&orch, &TaskArgs::new()).unwrap_err();
+    let msg = e.to_string();
+    assert!(
+        msg.contains("sub_worker") && msg.contains("SentinelError: boom-from-sub"),
+        "{msg}"
+    );
+    assert_eq!(ran.load(Ordering::SeqCst), 0, "the consumer was poisoned");
+    // A failed run does not stop the next one.
+    w.run(&ok, &TaskArgs::new()).unwrap();
+    assert_eq!(ran.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn orchestration_errors_are_synchronous_and_the_worker_stays_usable() {
+    let mut w = l3(0, 1);
+    let counter = Arc::new(AtomicU64::new(0));
+    let c = counter.clone();
+    let inc = w.register_sub("inc", move |_| {
+        c.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    });
+    let bad = w.register_orchestration("bad", move |o, _| {
+        o.submit_sub(&inc, &TaskArgs::new())?;
+        Err("graph-build-failure".into())
+    });
+    let good = w.register_orchestration("good", move |o, _| {
+        o.submit_sub(&inc, &TaskArgs::new())?;
+        Ok(())
+    });
+    w.init().unwrap();
+    let e = w.run(&bad, &TaskArgs::new()).unwrap_err();
+    assert!(matches!(e, DistError::Orchestration(_)), "{e}");
+    assert!(e.to_string().contains("graph-build-failure"));
+    w.run(&good, &TaskArgs::new()).unwrap();
+    w.run(&good, &TaskArgs::new()).unwrap();
+    // The cancelled task of the failed run may or may not have started; the two good runs
+    // both ran.
+    assert!(counter.load(Ordering::SeqCst) >= 2);
+}
+
+#[test]
+fn a_submit_after_a_failure_rethrows_the_runs_first_error() {
+    let mut w = l3(0, 1);
+    let boom = w.register_sub("boom", |_| Err("SentinelError: fail-fast".into()));
+    let orch = w.register_orchestration("ff", move |o, _| {
+        o.submit_sub(&boom, &TaskArgs::new())?;
+        std::thread::sleep(Duration::from_millis(200));
+        o.submit_sub(&boom, &TaskArgs::new())?;
+        Ok(())
+    });
+    w.init().unwrap();
+    let e = w.run(&orch, &TaskArgs::new()).unwrap_err();
+    assert!(e.to_string().contains("SentinelError: fail-fast"), "{e}");
+}
+
+#[test]
+fn groups_launch_together_and_dependents_wait_for_every_member() {
+    let mut w = l3(0, 2);
+    let t = w.shared_tensor(&[2], DataType::U32).unwrap();
+    let marker = w.shared_tensor(&[1], DataType::U32).unwrap();
+    let both = w.register_sub("both", |call| {
+        let sum: u32 = call.tensor::<u32>(0)?.to_vec().iter().sum();
+        call.tensor_mut::<u32>(1)?.set(&[0], sum + 1)?;
+        Ok(())
+    });
+    // Each member waits (bounded) until both members have started: the group only
+    // succeeds if its members are launched together.
+    let started = Arc::new(AtomicUsize::new(0));
+    let seen = started.clone();
+    let write_i = w.register_sub("write_i", move |call| {
+        let i: u64 = call.scalar(0).ok_or("index")?;
+        seen.fetch_add(1, Ordering::SeqCst);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while seen.load(Ordering::SeqCst) < 2 {
+            if std::time::Instant::now() > deadline {
+                return Err("group members did not launch together".into());
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        call.tensor_mut::<u32>(0)?.set(&[0], 10 + i as u32)?;
+        Ok(())
+    });
+    let (ta, ma) = (t.clone(), marker.clone());
+    let orch = w.register_orchestration("group", move |o, _| {
+        let members: Vec<TaskArgs> = (0..2u64)
+            .map(|i| {
+                let v = ta.view().slice(0, i, i + 1).unwrap();
+                args(&[ta.arg_view(v, ArgTag::OutputExisting).unwrap()], &[i])
+            })
+            .collect();
+        o.submit_sub_group(&write_i, &members)?;
+        o.submit_sub(
+            &both,
+            &args(
+                &[ta.arg(ArgTag::Input), ma.arg(ArgTag::OutputExisting)],
+                &[],
+            ),
+        )?;
+        Ok(())
+    });
+    w.init().unwrap();
+    w.run(&orch, &TaskArgs::new()).unwrap();
+    assert_eq!(t.to_vec::<u32>().unwrap(), vec![10, 11]);
+    assert_eq!(marker.to_vec::<u32>().unwrap(), vec![22]);
+}
+
+#[test]
+fn submit_returns_before_completion_and_a_wait_timeout_is_retryable() {
+    let mut w = l3(0, 1);
+    let slow = w.register_sub("slow", |_| {
+        std::thread::sleep(Duration::from_millis(300));
+        Ok(())
+    });
+    let orch = w.register_orchestration("slow", move |o, _| {
+        o.submit_sub(&slow, &TaskArgs::new())?;
+        Ok(())
+    });
+    w.init().unwrap();
+    let mut h = w.submit(&orch, &TaskArgs::new()).unwrap();
+    assert!(!h.is_done());
+    assert!(matches!(
+        h.wait(Some(Duration::from_millis(10))),
+        Err(DistError::WaitTimeout(_))
+    ));
+    h.wait(None).unwrap();
+    assert!(h.is_done());
+}
+
+#[test]
+fn two_runs_are_in_flight_and_results_follow_submit_order() {
+    let mut w = l3(0, 1);
+    let x = w.shared_tensor_from(&[1], &[0u64]).unwrap();
+    let step = w.register_sub("step", |call| {
+        std::thread::sleep(Duration::from_millis(5));
+        let k: u64 = call.scalar(0).ok_or("k")?;
+        call.tensor_mut::<u64>(0)?.update(|v| v * 3 + k);
+        Ok(())
+    });
+    let xa = x.clone();
+    let orch = w.register_orchestration("step", move |o, a| {
+        let k: u64 = a.scalar(0).ok_or("k")?;
+        o.submit_sub(&step, &args(&[xa.arg(ArgTag::InOut)], &[k]))?;
+        Ok(())
+    });
+    w.init().unwrap();
+    let mut handles = vec![];
+    let mut expected = 0u64;
+    for k in 1..=6u64 {
+        handles.push(w.submit(&orch, &args(&[], &[k])).unwrap());
+        expected = expected * 3 + k;
+    }
+    for mut h in handles {
+        h.wait(None).unwrap();
+    }
+    assert_eq!(x.to_vec::<u64>().unwrap(), vec![expected]);
+}
+
+#[test]
+fn runtime_intermediates_carry_data_between_tasks() {
+    let mut w = l3(0, 2);
+    let out = w.shared_tensor(&[4], DataType::F32).unwrap();
+    let fill = w.register_sub("fill", |call| {
+        let v: f32 = call.scalar(0).ok_or("v")?;
+        call.tensor_mut::<f32>(0)?.fill(v);
+        Ok(())
+    });
+    let add = w.register_sub("add", |call| {
+        let a = call.tensor::<f32>(0)?.to_vec();
+        let b = call.tensor::<f32>(1)?.to_vec();
+        let mut o = call.tensor_mut::<f32>(2)?;
+        for i in 0..4 {
+            o.set(&[i as u64], a[i] + b[i])?;
+        }
+        Ok(())
+    });
+    let oa = out.clone();
+    let orch = w.register_orchestration("tmp", move |o, _| {
+        o.scope(|o| {
+            let a = o.alloc(&[4], DataType::F32)?;
+            let b = o.alloc(&[4], DataType::F32)?;
+            o.submit_sub(
+                &fill,
+                &args(&[a.arg(ArgTag::Output)], &[1.5f32.to_bits() as u64]),
+            )?;
+            o.submit_sub(
+                &fill,
+                &args(&[b.arg(ArgTag::Output)], &[2.0f32.to_bits() as u64]),
+            )?;
+            o.submit_sub(
+                &add,
+                &args(
+                    &[
+                        a.arg(ArgTag::Input),
+                        b.arg(ArgTag::Input),
+                        oa.arg(ArgTag::OutputExisting),
+                    ],
+                    &[],
+                ),
+            )?;
+            Ok(())
+        })
+    });
+    w.init().unwrap();
+    for _ in 0..10 {
+        w.run(&orch, &TaskArgs::new()).unwrap();
+        assert_eq!(out.to_vec::<f32>().unwrap(), vec![3.5; 4]);
+    }
+}
+
+#[test]
+fn bad_arguments_are_typed_errors() {
+    let mut w = l3(1, 1);
+    let early = w.shared_tensor(&[4], DataType::F32).unwrap();
+    let noop = w.register_sub("noop", |_| Ok(()));
+    let chip_orch = w
+        .register_chip_orchestration("empty", |_, _| Ok(()))
+        .unwrap();
+    let probe = w.register_orchestration("probe", move |o, a| {
+        let which: u64 = a.scalar(0).ok_or("which")?;
+        match which {
+            0 => o.submit_next_level(chip_orch, &TaskArgs::new(), 5)?,
+            1 => o.submit_next_level(chip_orch, &args(&[], &[]), 0)?,
+            2 => o.submit_sub(&noop, &args(&[early.arg(ArgTag::Input)], &[]))?,
+            _ => {}
+        }
+        Ok(())
+    });
+    w.init().unwrap();
+    let late = w.shared_tensor(&[4], DataType::F32).unwrap();
+    let late_orch = w.register_orchestration("late", |_, _| Ok(()));
+    let e = w.run(&probe, &args(&[], &[0])).unwrap_err();
+    assert!(e.to_string().contains("out of range"), "{e}");
+    w.run(&probe, &args(&[], &[1])).unwrap();
+    w.run(&probe, &args(&[], &[2])).unwrap();
+    // A callable registered after init is unknown to the running tree.
+    assert!(matches!(
+        w.run(&late_orch, &TaskArgs::new()),
+        Err(DistError::UnknownCallable(_))
+    ));
+    let _ = late;
+}
+
+#[test]
+fn chips_and_a_sub_worker_compute_against_a_host_golden() {
+    let n = 1024u64;
+    let mut w = l3(2, 1);
+    let add = w
+        .register_kernel("vadd", |ctx| {
+            let a = ctx.input::<f32>(0)?.to_vec();
+            let b = ctx.input::<f32>(1)?.to_vec();
+            let mut o = ctx.output::<f32>(2)?;
+            let out = o
+                .as_mut_slice()
+                .ok_or_else(|| strata_chip::KernelError::new("strided"))?;
+            for i in 0..out.len() {
+                out[i] = a[i] + b[i];
+            }
+            Ok(())
+        })
+        .unwrap();
+    let vadd = w
+        .register_chip_orchestration("vadd", move |o, a| {
+            o.submit_aiv(
+                add,
+                CoreArgs::new()
+                    .input(&a.tensor(0)?)
+                    .input(&a.tensor(1)?)
+                    .output(&a.tensor(2)?),
+            )?;
+            Ok(())
+        })
+        .unwrap();
+    let sum = w.register_sub("sum", |call| {
+        let x = call.tensor::<f32>(0)?.to_vec();
+        let y = call.tensor::<f32>(1)?.to_vec();
+        let mut o = call.tensor_mut::<f32>(2)?;
+        for i in 0..x.len() {
+            o.set(&[i as u64], x[i] + y[i])?;
+        }
+        Ok(())
+    });
+    let a: Vec<f32> = (0..n).map(|i| i as f32).collect();
+    let b: Vec<f32> = (0..n).map(|i| 2.0 * i as f32).collect();
+    let c: Vec<f32> = (0..n).map(|i| 0.5 * i as f32).collect();
+    let d: Vec<f32> = (0..n).map(|i| 100.0 - i as f32).collect();
+    let ta = w.shared_tensor_from(&[n], &a).unwrap();
+    let tb = w.shared_tensor_from(&[n], &b).unwrap();
+    let tc = w.shared_tensor_from(&[n], &c).unwrap();
+    let td = w.shared_tensor_from(&[n], &d).unwrap();
+    let r0 = w.shared_tensor(&[n], DataType::F32).unwrap();
+    let r1 = w.shared_tensor(&[n], DataType::F32).unwrap();
+    let out = w.shared_tensor(&[n], DataType::F32).unwrap();
+    let (ta2, tb2, tc2, td2, r0a, r1a, outa) = (
+        ta.clone(),
+        tb.clone(),
+        tc.clone(),
+        td.clone(),
+        r0.clone(),
+        r1.clone(),
+        out.clone(),
+    );
+    let orch = w.register_orchestration("l3", move |o, _| {
+        o.submit_next_level(
+            vadd,
+            &args(
+                &[
+                    ta2.arg(ArgTag::Input),
+                    tb2.arg(ArgTag::Input),
+                    r0a.arg(ArgTag::OutputExisting),
+                ],
+                &[],
+            ),
+            0,
+        )?;
+        o.submit_next_level(
+            vadd,
+            &args(
+                &[
+                    tc2.arg(ArgTag::Input),
+                    td2.arg(ArgTag::Input),
+                    r1a.arg(ArgTag::OutputExisting),
+                ],
+                &[],
+            ),
+            1,
+        )?;
+        o.submit_sub(
+            &sum,
+            &args(
+                &[
+                    r0a.arg(ArgTag::Input),
+                    r1a.arg(ArgTag::Input),
+                    outa.arg(ArgTag::OutputExisting),
+                ],
+                &[],
+            ),
+        )?;
+        Ok(())
+    });
+    w.init().unwrap();
+    w.run(&orch, &TaskArgs::new()).unwrap();
+    let golden: Vec<f32> = (0..n as usize).map(|i| a[i] + b[i] + c[i] + d[i]).collect();
+    assert_eq!(out.to_vec::<f32>().unwrap(), golden);
+    w.close().unwrap();
+}
+
+#[test]
+fn device_tensors_stay_resident_on_their_chip() {
+    let mut w = l3(2, 0);
+    let scale = w
+        .register_kernel("scale", |ctx| {
+            let k: f32 = ctx.scalar(0)?;
+            let mut t = ctx.output::<f32>(0)?;
+            for v in t
+                .as_mut_slice()
+                .ok_or_else(|| strata_chip::KernelError::new("strided"))?
+            {
+                *v *= k;
+            }
+            Ok(())
+        })
+        .unwrap();
+    let chip_scale = w
+        .register_chip_orchestration("scale", move |o, a| {
+            o.submit_aiv(
+                scale,
+                CoreArgs::new()
+                    .inout(&a.tensor(0)?)
+                    .scalar(a.scalar::<f32>(0)?),
+            )?;
+            Ok(())
+        })
+        .unwrap();
+    let host = w.shared_tensor_from(&[8], &[1.0f32; 8]).unwrap();
+    let result = w.shared_tensor(&[8], DataType::F32).unwrap();
+    let holder: Arc<std::sync::Mutex<Option<ChildTensor>>> = Arc::default();
+    let h2 = holder.clone();
+    let orch = w.register_orchestration("scale_twice", move |o, _| {
+        let dev = h2.lock().unwrap().ok_or("no device tensor")?;
+        let mut a = TaskArgs::new();
+        a.push_tensor(dev.arg(ArgTag::InOut))?.push_scalar(3.0f32)?;
+        o.submit_next_level(chip_scale, &a, 0)?;
+        o.submit_next_level(chip_scale, &a, 0)?;
+        // The same tensor on the other chip is an error.
+        match o.submit_next_level(chip_scale, &a, 1) {
+            Err(DistError::InvalidArgs(m)) if m.contains("device memory of worker 0") => Ok(()),
+            other => Err(format!("expected a device-space error, got {other:?}").into()),
+        }
+    });
+    w.init().unwrap();
+    let before = w.committed_device_memory(0).unwrap();
+    let dev = w.alloc_child_tensor(0, &[8], DataType::F32).unwrap();
+    assert!(w.committed_device_memory(0).unwrap() >= before + 32);
+    w.copy_to(&dev, &host).unwrap();
+    *holder.lock().unwrap() = Some(dev);
+    w.run(&orch, &TaskArgs::new()).unwrap();
+    w.copy_from(&result, &dev).unwrap();
+    assert_eq!(result.to_vec::<f32>().unwrap(), vec![9.0; 8]);
+    w.free(dev).unwrap();
+    assert!(w.free(dev).is_err(), "double free is refused");
+    let e = w.run(&orch, &TaskArgs::new()).unwrap_err();
+    assert!(e.to_string().contains("not a live allocation"), "{e}");
+}
+
+#[test]
+fn a_level_4_worker_drives_level_3_children() {
+    let mk_child = || {
+        let mut c =
+            DistWorker::new(DistConfig::l3(vec![], 1).with_exec_mode(ExecMode::Threads)).unwrap();
+        c.register_sub("add_one", |call| {
+            call.tensor_mut::<u64>(0)?.update(|v| v + 1);
+            Ok(())
+        });
+        c
+    };
+    let mut top = DistWorker::new(DistConfig::l4(1).with_exec_mode(ExecMode::Threads)).unwrap();
+    let add_one = top.register_sub("add_one", |call| {
+        call.tensor_mut::<u64>(0)?.update(|v| v + 1);
+        Ok(())
+    });
+    let x = top.shared_tensor_from(&[2], &[0u64, 0]).unwrap();
+    // The level-3 orchestration the level-4 worker dispatches (inherited by the children).
+    let inner = top.register_orchestration("inner", move |o, a| {
+        o.submit_sub(&add_one, a)?;
+        o.submit_sub(&add_one, a)?;
+        Ok(())
+    });
+    let c0 = top.add_worker(mk_child()).unwrap();
+    let c1 = top.add_worker(mk_child()).unwrap();
+    let xa = x.clone();
+    let outer = top.register_orchestration("outer", move |o, _| {
+        for (i, w) in [c0, c1].into_iter().enumerate() {
+            let v = xa.view().slice(0, i as u64, i as u64 + 1)?;
+            o.submit_next_level(inner, &args(&[xa.arg_view(v, ArgTag::InOut)?], &[]), w)?;
+        }
+        o.submit_sub(&add_one, &args(&[xa.arg(ArgTag::InOut)], &[]))?;
+        Ok(())
+    });
+    top.init().unwrap();
+    for round in 1..=3u64 {
+        top.run(&outer, &TaskArgs::new()).unwrap();
+        assert_eq!(x.to_vec::<u64>().unwrap(), vec![3 * round, 3 * round]);
+    }
+    top.close().unwrap();
+}
+
+#[test]
+fn lifecycle_misuse_is_refused() {
+    let mut w = l3(0, 1);
+    let o = w.register_orchestration("o", |_, _| Ok(()));
+    assert!(matches!(
+        w.run(&o, &TaskArgs::new()),
+        Err(DistError::State { .. })
+    ));
+    let mut l4 = DistWorker::new(DistConfig::l4(0)).unwrap();
+    assert!(l4.add_worker(l3(0, 1)).is_ok());
+    let mut not4 = l3(0, 1);
+    assert!(matches!(
+        not4.add_worker(l3(0, 1)),
+        Err(DistError::InvalidConfig(_))
+    ));
+    assert!(DistWorker::new(DistConfig {
+        level: Level::L4,
+        ..DistConfig::l3(vec![ChipConfig::default()], 0)
+    })
+    .is_err());
+    w.init().unwrap();
+    assert!(matches!(w.init(), Err(DistError::State { .. })));
+    w.close().unwrap();
+    w.close().unwrap();
+    assert!(matches!(
+        w.run(&o, &TaskArgs::new()),
+        Err(DistError::State { .. })
+    ));
+}

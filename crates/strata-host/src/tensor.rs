@@ -1,0 +1,320 @@
+//! Host tensors in shared memory: zero-copy for every child.
+
+use crate::access::dtype_compatible;
+use crate::error::HostError;
+use crate::shm::SharedMemory;
+use std::sync::Arc;
+use strata_types::{
+    ArgTag, BufferDesc, BufferLocation, DataType, Element, IdentityMinter, TensorArg, TensorView,
+};
+
+/// A host tensor in its own shared-memory region: every child of the worker tree (forked
+/// or thread) reads and writes the same bytes, so passing it to a task copies nothing and
+/// a child's writes are visible to the parent with no copy-back.
+///
+/// Create it **before** the children start (its region must exist when they fork);
+/// afterwards [`SharedTensor::new`] fails with "allocate shared tensors before init()".
+/// Cloning is cheap and shares the bytes.
+///
+/// Reading and writing from the parent ([`SharedTensor::to_vec`],
+/// [`SharedTensor::write`]) is safe Rust but only meaningful while no task that uses the
+/// tensor is running: the engine orders tasks against each other, not against the
+/// parent's own accesses.
+///
+/// ```
+/// use strata_host::{SharedMemory, SharedTensor};
+/// use strata_types::{ArgTag, IdentityMinter};
+/// let mem = SharedMemory::new();
+/// let minter = IdentityMinter::new();
+/// let t = SharedTensor::from_slice(&mem, &minter, &[2, 3], &[1f32, 2., 3., 4., 5., 6.])?;
+/// assert_eq!(t.nbytes(), 24);
+/// let arg = t.arg(ArgTag::Input);
+/// assert_eq!(arg.view.shape(), &[2, 3]);
+/// let row1 = t.arg_view(t.view().slice(0, 1, 2)?, ArgTag::Output)?;
+/// assert_eq!(row1.view.byte_offset(), 12);
+/// t.write(&[0f32; 6])?;
+/// assert_eq!(t.to_vec::<f32>()?, vec![0.0; 6]);
+/// assert!(t.to_vec::<i32>().is_err()); // dtype-checked
+/// # Ok::<(), strata_host::HostError>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct SharedTensor {
+    mem: Arc<SharedMemory>,
+    buffer: BufferDesc,
+    view: TensorView,
+    region: u64,
+}
+
+impl SharedTensor {
+    /// A zero-filled tensor of `shape` and `dtype` in a new region, with a fresh buffer
+    /// identity from `minter`.
+    ///
+    /// # Errors
+    /// [`HostError::Types`] for a bad shape; [`HostError::SharedMemoryFrozen`] after the
+    /// children started; [`HostError::RegionCreate`].
+    pub fn new(
+        mem: &Arc<SharedMemory>,
+        minter: &IdentityMinter,
+        shape: &[u64],
+        dtype: DataType,
+    ) -> Result<SharedTensor, HostError> {
+        let view = TensorView::contiguous(dtype, shape)?;
+        let nbytes = view.nbytes();
+        let bytes = usize::try_from(nbytes).map_err(|_| HostError::RegionCreate {
+            label: format!("tensor {shape:?} {dtype}"),
+            bytes: usize::MAX,
+            source: std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "the tensor is larger than the address space",
+            ),
+        })?;
+        let region = mem.create_region(bytes, &format!("tensor-{dtype}-{shape:?}"))?;
+        Ok(SharedTensor {
+            mem: mem.clone(),
+            buffer: BufferDesc {
+                identity: minter.mint(),
+                nbytes,
+                location: BufferLocation::HostShared { region, offset: 0 },
+            },
+            view,
+            region,
+        })
+    }
+
+    /// A zero-filled tensor of element type `T` (same as [`SharedTensor::new`] with
+    /// `T::DTYPE`).
+    ///
+    /// # Errors
+    /// As [`SharedTensor::new`].
+    pub fn zeros<T: Element>(
+        mem: &Arc<SharedMemory>,
+        minter: &IdentityMinter,
+        shape: &[u64],
+    ) -> Result<SharedTensor, HostError> {
+        Self::new(mem, minter, shape, T::DTYPE)
+    }
+
+    /// A tensor of element type `T` holding `data` (row-major).
+    ///
+    /// # Errors
+    /// As [`SharedTensor::new`]; [`HostError::LengthMismatch`] if `data` does not have
+    /// one element per position of `shape`.
+    pub fn from_slice<T: Element>(
+        mem: &Arc<SharedMemory>,
+        minter: &IdentityMinter,
+        shape: &[u64],
+        data: &[T],
+    ) -> Result<SharedTensor, HostError> {
+        let view = TensorView::contiguous(T::DTYPE, shape)?;
+        if view.numel() != data.len() as u64 {
+            return Err(HostError::LengthMismatch {
+                expected: view.numel(),
+                got: data.len(),
+            });
+        }
+        let t = Self::new(mem, minter, shape, T::DTYPE)?;
+        t.write(data)?;
+        Ok(t)
+    }
+
+    /// The whole-tensor view (row-major contiguous, byte offset 0).
+    pub fn view(&self) -> TensorView {
+        self.view
+    }
+
+    /// The buffer: identity, size and `HostShared { region, offset: 0 }` location.
+    pub fn buffer(&self) -> BufferDesc {
+        self.buffer
+    }
+
+    /// The region id.
+    pub fn region(&self) -> u64 {
+        self.region
+    }
+
+    /// The shared memory the tensor lives in.
+    pub fn memory(&self) -> &Arc<SharedMemory> {
+        &self.mem
+    }
+
+    /// Size in bytes.
+    pub fn nbytes(&self) -> u64 {
+        self.buffer.nbytes
+    }
+
+    /// Element type.
+    pub fn dtype(&self) -> DataType {
+        self.view.dtype()
+    }
+
+    /// Shape.
+    pub fn shape(&self) -> &[u64] {
+        self.view.shape()
+    }
+
+    /// A task argument naming the whole tensor.
+    pub fn arg(&self, tag: ArgTag) -> TensorArg {
+        TensorArg {
+            buffer: self.buffer,
+            view: self.view,
+            tag,
+        }
+    }
+
+    /// A task argument naming part of the tensor: `view` must lie inside the buffer
+    /// (build it from [`SharedTensor::view`] with `slice`, `window`, `transpose`, …).
+    ///
+    /// # Errors
+    /// [`HostError::Types`] (`ViewOutOfBounds`) if it does not.
+    pub fn arg_view(&self, view: TensorView, tag: ArgTag) -> Result<TensorArg, HostError> {
+        Ok(TensorArg::new(self.buffer, view, tag)?)
+    }
+
+    fn base(&self) -> Result<*mut u8, HostError> {
+        self.mem.ptr(self.region, 0, self.buffer.nbytes)
+    }
+
+    fn check<T: Element>(&self) -> Result<(), HostError> {
+        if dtype_compatible::<T>(self.dtype()) {
+            Ok(())
+        } else {
+            Err(HostError::DtypeMismatch {
+                tensor: self.dtype(),
+                requested: T::DTYPE,
+            })
+        }
+    }
+
+    fn numel(&self) -> usize {
+        // The region exists, so the element count fits in memory.
+        self.view.numel() as usize
+    }
+
+    /// Copies the elements out.
+    ///
+    /// # Errors
+    /// [`HostError::DtypeMismatch`] unless `T` is the tensor's element type.
+    pub fn to_vec<T: Element>(&self) -> Result<Vec<T>, HostError> {
+        self.check::<T>()?;
+        let base = self.base()?;
+        let mut out = Vec::<T>::with_capacity(self.numel());
+        // SAFETY: the region holds `numel` elements of T from `base` (page-aligned, so
+        // aligned for T); `out` has capacity for them and does not overlap shared memory;
+        // every bit pattern is a valid T (`Element`). Concurrent writers are excluded by
+        // the documented contract (no running task uses the tensor).
+        unsafe {
+            std::ptr::copy_nonoverlapping(base.cast::<T>(), out.as_mut_ptr(), self.numel());
+            out.set_len(self.numel());
+        }
+        Ok(out)
+    }
+
+    /// Overwrites every element with `data` (row-major).
+    ///
+    /// # Errors
+    /// [`HostError::DtypeMismatch`], [`HostError::LengthMismatch`].
+    pub fn write<T: Element>(&self, data: &[T]) -> Result<(), HostError> {
+        self.check::<T>()?;
+        if data.len() != self.numel() {
+            return Err(HostError::LengthMismatch {
+                expected: self.view.numel(),
+                got: data.len(),
+            });
+        }
+        let base = self.base()?;
+        // SAFETY: the region holds exactly `data.len()` elements of T from `base`
+        // (aligned); `data` is ordinary memory, so the ranges do not overlap. Concurrent
+        // accesses are excluded by the documented contract.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), base.cast::<T>(), data.len()) };
+        Ok(())
+    }
+
+    /// The elements as a slice, without copying.
+    ///
+    /// # Safety
+    /// The bytes are shared with every process of the worker tree. The caller must make
+    /// sure nobody writes them while the slice lives: no running task may have the
+    /// tensor as an OUTPUT/INOUT/OUTPUT_EXISTING (or NO_DEP) argument, and no
+    /// [`SharedTensor::write`] or `as_mut_slice` on any clone may overlap it. Violating
+    /// this is a data race (undefined behaviour), which Rust cannot check across
+    /// processes.
+    ///
+    /// # Errors
+    /// [`HostError::DtypeMismatch`].
+    pub unsafe fn as_slice<T: Element>(&self) -> Result<&[T], HostError> {
+        self.check::<T>()?;
+        let base = self.base()?;
+        // SAFETY: `numel` elements of T at an aligned `base` inside the live region (kept
+        // alive by `self.mem`); exclusion of writers is the caller's obligation.
+        Ok(unsafe { std::slice::from_raw_parts(base.cast::<T>(), self.numel()) })
+    }
+
+    /// The elements as a mutable slice, without copying.
+    ///
+    /// # Safety
+    /// As [`SharedTensor::as_slice`], and additionally nobody may *read* the bytes either
+    /// while the slice lives (no running task using the tensor at all, no other slice
+    /// from any clone): this must be the only access.
+    ///
+    /// # Errors
+    /// [`HostError::DtypeMismatch`].
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn as_mut_slice<T: Element>(&self) -> Result<&mut [T], HostError> {
+        self.check::<T>()?;
+        let base = self.base()?;
+        // SAFETY: as `as_slice`; exclusivity is the caller's obligation.
+        Ok(unsafe { std::slice::from_raw_parts_mut(base.cast::<T>(), self.numel()) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use strata_types::f16;
+
+    #[test]
+    fn tensors_round_trip_and_check_types_and_lengths() {
+        let mem = SharedMemory::new();
+        let m = IdentityMinter::new();
+        let a = SharedTensor::from_slice(&mem, &m, &[4], &[1u64, 2, 3, 4]).unwrap();
+        let b = SharedTensor::zeros::<f16>(&mem, &m, &[2, 2]).unwrap();
+        assert_ne!(a.buffer().identity, b.buffer().identity);
+        assert_eq!(a.region(), 1);
+        assert_eq!(b.region(), 2);
+        assert_eq!(b.to_vec::<f16>().unwrap(), vec![f16::ZERO; 4]);
+        assert!(matches!(
+            a.write(&[1u64]),
+            Err(HostError::LengthMismatch {
+                expected: 4,
+                got: 1
+            })
+        ));
+        assert!(matches!(
+            a.to_vec::<i64>(),
+            Err(HostError::DtypeMismatch { .. })
+        ));
+        assert!(matches!(
+            SharedTensor::from_slice(&mem, &m, &[3], &[1u8]),
+            Err(HostError::LengthMismatch { .. })
+        ));
+        assert!(matches!(
+            SharedTensor::new(&mem, &m, &[], DataType::F32),
+            Err(HostError::Types(_))
+        ));
+        let c = a.clone();
+        c.write(&[9u64, 8, 7, 6]).unwrap();
+        // SAFETY: nothing else touches `a` in this test.
+        assert_eq!(unsafe { a.as_slice::<u64>() }.unwrap(), &[9, 8, 7, 6]);
+        // SAFETY: as above; the slice is the only access while it lives.
+        unsafe { a.as_mut_slice::<u64>() }.unwrap()[0] = 1;
+        assert_eq!(c.to_vec::<u64>().unwrap(), vec![1, 8, 7, 6]);
+        let bad = TensorView::contiguous(DataType::U64, &[5]).unwrap();
+        assert!(a.arg_view(bad, ArgTag::Input).is_err());
+        let bools = SharedTensor::new(&mem, &m, &[3], DataType::Bool).unwrap();
+        bools.write(&[1u8, 0, 1]).unwrap();
+        assert_eq!(bools.to_vec::<u8>().unwrap(), vec![1, 0, 1]);
+        mem.freeze();
+        let e = SharedTensor::zeros::<f32>(&mem, &m, &[1]).unwrap_err();
+        assert!(e.to_string().contains("before init()"), "{e}");
+    }
+}
