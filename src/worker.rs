@@ -24,6 +24,9 @@ pub enum Error {
     /// An error of shared memory.
     #[error(transparent)]
     Host(#[from] strata_host::HostError),
+    /// Bad task arguments (too many, a view outside its buffer, ...).
+    #[error(transparent)]
+    Types(#[from] strata_types::TypesError),
     /// An operation this level does not have (and which level does).
     #[error("{op} is not available on a level-{level} worker: {hint}")]
     Level {
@@ -136,7 +139,7 @@ impl Worker {
         let inner = match (level, config) {
             (2, WorkerConfig::Chip(c)) => Inner::Chip {
                 chip: Box::new(ChipWorker::new(c)?),
-                shared: SharedMemory::new(),
+                shared: SharedMemory::process().clone(),
                 minter: IdentityMinter::new(),
             },
             (3 | 4, WorkerConfig::Dist(c)) => {
@@ -332,7 +335,7 @@ impl Worker {
         match (&mut self.inner, callable.into()) {
             (Inner::Chip { chip, shared, .. }, Callable::Chip(h)) => {
                 let result = run_on_chip(chip, shared, &h, args, config);
-                Ok(RunHandle(HandleInner::Done(Some(result))))
+                Ok(RunHandle(HandleInner::Done(result)))
             }
             (Inner::Dist(d), Callable::Host(h)) => {
                 Ok(RunHandle(HandleInner::Dist(d.submit_with(&h, args, config)?)))
@@ -446,7 +449,9 @@ fn run_on_chip(
     for (i, t) in args.tensors().iter().enumerate() {
         match t.buffer.location {
             BufferLocation::HostShared { region, offset } => {
-                let base = shared.ptr(region, offset, t.view.byte_span().1)?;
+                let base = shared
+                    .ptr(region, offset, t.view.byte_span().1)
+                    .map_err(|e| Error::InvalidArgs(format!("tensor argument {i}: {e}")))?;
                 // SAFETY: `ptr` checked the view's span against the mapped region, and
                 // the run is synchronous: the caller holds the worker mutably, so nothing
                 // else runs against these bytes until `run` returns.
@@ -470,8 +475,18 @@ fn run_on_chip(
     Ok(())
 }
 
+/// The same error again, for a second wait on a finished level-2 run (whose errors are
+/// only ever chip, argument and type errors).
+fn replay(e: &Error) -> Error {
+    match e {
+        Error::Chip(c) => Error::Chip(c.clone()),
+        Error::Types(t) => Error::Types(t.clone()),
+        other => Error::InvalidArgs(other.to_string()),
+    }
+}
+
 enum HandleInner {
-    Done(Option<Result<(), Error>>),
+    Done(Result<(), Error>),
     Dist(strata_dist::RunHandle),
 }
 
@@ -499,7 +514,7 @@ impl RunHandle {
     /// The run's first error; a timeout (the run goes on; wait again).
     pub fn wait(&mut self, timeout: Option<std::time::Duration>) -> Result<(), Error> {
         match &mut self.0 {
-            HandleInner::Done(r) => r.take().unwrap_or(Ok(())),
+            HandleInner::Done(r) => r.as_ref().map(|_| ()).map_err(replay),
             HandleInner::Dist(h) => Ok(h.wait(timeout)?),
         }
     }

@@ -39,6 +39,12 @@ const BENCHES: &[Bench] = &[
         target: "chip_throughput",
         what: "empty-kernel tasks through one emulated chip (chain / fan / independent) and 1 MiB vector-add bandwidth vs single-core memcpy",
     },
+    Bench {
+        name: "dispatch",
+        package: "strata-dist",
+        target: "dispatch",
+        what: "L3 engine: one-task run round trip to a forked child vs a raw cache-line ping-pong; µs per task for chain / fan / wavefront sub-task DAGs (Process and Threads); init + close",
+    },
 ];
 
 fn workspace_root() -> PathBuf {

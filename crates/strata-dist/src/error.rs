@@ -75,6 +75,15 @@ pub enum DistError {
         /// Its message.
         message: String,
     },
+    /// `close()` found children that ended abnormally during shutdown (killed after the
+    /// grace period because a task did not finish, crashed while shutting down, ...). The
+    /// worker is closed and every child reaped regardless.
+    #[error("the worker closed, but: {0}")]
+    Close(String),
+    /// A failure of the engine itself (a thread that could not start or panicked); the
+    /// message says which. Please report it.
+    #[error("internal error: {0}")]
+    Internal(String),
     /// An error of the graph core.
     #[error(transparent)]
     Graph(GraphError),

@@ -201,6 +201,11 @@ impl<'w> Orch<'w> {
                             "tensor argument {i} lives in shared-memory region {region}, created after this worker started its children; create shared tensors before init()"
                         )));
                     }
+                    if !self.ctx.shared.is_live(region) {
+                        return Err(DistError::InvalidArgs(format!(
+                            "tensor argument {i}: shared-memory region {region} was released (its SharedTensor was dropped); keep the tensor alive while tasks use it"
+                        )));
+                    }
                 }
                 BufferLocation::Device { worker, addr } => {
                     let Target::Worker(w) = target else {
@@ -484,6 +489,8 @@ impl<'w> Orch<'w> {
         let view = TensorView::contiguous(dtype, shape)?;
         let identity = self.ctx.minter.mint();
         let key = BufferKey::new(identity, KeySpace::Host);
+        // The space may only come back once tasks still in the hand-over batch have run.
+        self.flush();
         let (_, slab) = self.graph.alloc(key, view.nbytes())?;
         let buffer = BufferDesc {
             identity,
@@ -506,6 +513,9 @@ impl<'w> Orch<'w> {
             )));
         }
         while self.graph.dispatchable_run() != Some(self.run) {
+            if let Some(why) = self.ctx.link.unusable() {
+                return Err(DistError::Unusable(why));
+            }
             self.graph
                 .wait_progress(std::time::Duration::from_millis(5));
         }
@@ -675,6 +685,7 @@ impl Ctx {
                 "the shared tensor was created after this worker started its children; create it before init()".into(),
             ));
         }
+        self.shared.ptr(region, offset, host.nbytes())?;
         let n = dev.view.nbytes();
         if host.nbytes() != n {
             return Err(DistError::InvalidArgs(format!(

@@ -111,7 +111,9 @@ impl std::fmt::Debug for Programs {
 impl Programs {
     pub(crate) fn register_host(&mut self, name: &str, f: HostOrchFn) -> HostOrchHandle {
         let id = CallableDescriptor::new(CallableKind::HostOrchestration, name).digest();
-        self.host.entry(id).or_insert_with(|| (Arc::from(name), f));
+        // The same name again replaces the function (as for sub callables): the handle
+        // stays valid.
+        self.host.insert(id, (Arc::from(name), f));
         HostOrchHandle { id }
     }
 

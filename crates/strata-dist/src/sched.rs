@@ -40,7 +40,8 @@ pub(crate) struct ControlJob {
 struct Inbox {
     ready: Vec<ReadyTask>,
     controls: Vec<ControlJob>,
-    stop: bool,
+    /// Stop once every child is idle, or at this deadline (failing what still runs).
+    stop: Option<std::time::Instant>,
 }
 
 /// What the orchestrator side and the scheduler thread share.
@@ -92,9 +93,11 @@ impl Link {
         self.doorbell.ring();
     }
 
-    /// Asks the scheduler thread to stop once every child is idle.
-    pub(crate) fn stop(&self) {
-        self.inbox().stop = true;
+    /// Asks the scheduler thread to stop: it dispatches nothing more, fails what is queued,
+    /// and returns once every child is idle or `deadline` passed (failing the tasks still
+    /// running, whose children the caller then shuts down).
+    pub(crate) fn stop(&self, deadline: std::time::Instant) {
+        self.inbox().stop = Some(deadline);
         self.pending.store(true, Ordering::Release);
         self.doorbell.ring();
     }
@@ -164,7 +167,8 @@ pub(crate) struct SchedLoop {
     controls: VecDeque<ControlJob>,
     ready: Vec<ReadyTask>,
     labels: Vec<String>,
-    stopping: bool,
+    stopping: Option<std::time::Instant>,
+    last_liveness: std::time::Instant,
 }
 
 /// What the scheduler thread hands back when it stops: the children, still running, for
@@ -201,7 +205,8 @@ impl SchedLoop {
             controls: VecDeque::new(),
             ready: Vec::new(),
             labels,
-            stopping: false,
+            stopping: None,
+            last_liveness: std::time::Instant::now(),
         }
     }
 
@@ -212,12 +217,27 @@ impl SchedLoop {
             let mut progress = self.intake();
             progress |= self.poll_lanes();
             progress |= self.run_controls();
-            progress |= self.dispatch();
+            if self.stopping.is_none() {
+                progress |= self.dispatch();
+            }
+            if self.last_liveness.elapsed() >= BUSY_SLICE {
+                self.check_liveness();
+                self.last_liveness = std::time::Instant::now();
+            }
             let busy = self.lanes.iter().any(|l| l.busy.is_some());
-            if self.stopping && !busy {
+            if let Some(deadline) = self.stopping {
                 self.fail_queued("the worker is closing");
-                self.sched.flush();
-                break;
+                if !busy || std::time::Instant::now() >= deadline {
+                    for lane in 0..self.lanes.len() {
+                        let f = self.endpoint_failure(
+                            lane,
+                            "the worker closed before this task finished (close_grace passed)",
+                        );
+                        self.finish(lane, Err(f));
+                    }
+                    self.sched.flush();
+                    break;
+                }
             }
             if progress {
                 continue;
@@ -226,9 +246,7 @@ impl SchedLoop {
             if !queued && !self.link.hungry.load(Ordering::Relaxed) {
                 self.link.hungry.store(true, Ordering::Relaxed);
             }
-            if busy {
-                self.check_liveness();
-            } else {
+            if !busy {
                 self.sched.flush();
             }
             let slice = if busy { BUSY_SLICE } else { IDLE_SLICE };
@@ -253,10 +271,12 @@ impl SchedLoop {
             (
                 std::mem::take(&mut inbox.ready),
                 std::mem::take(&mut inbox.controls),
-                inbox.stop,
+                inbox.stop.take(),
             )
         };
-        self.stopping |= stop;
+        if stop.is_some() {
+            self.stopping = stop;
+        }
         self.controls.extend(controls);
         for r in ready.drain(..) {
             self.route(r);
@@ -266,6 +286,16 @@ impl SchedLoop {
 
     fn route(&mut self, r: ReadyTask) {
         let n_next = self.n_next;
+        if r.route != ROUTE_SUB && r.route != ROUTE_GROUP && r.route >= n_next as u64 {
+            // Validated at submit, so out of range is a bug of this engine.
+            let why = format!(
+                "internal error: a task was routed to next-level worker {} of {n_next}",
+                r.route
+            );
+            self.link.set_unusable(why.clone());
+            self.fail_task(r.task, &why);
+            return;
+        }
         let q = self.queues.entry(r.run).or_insert_with(|| RunQueues {
             workers: (0..n_next).map(|_| VecDeque::new()).collect(),
             ..RunQueues::default()
@@ -273,16 +303,24 @@ impl SchedLoop {
         match r.route {
             ROUTE_SUB => q.subs.push_back(r.task),
             ROUTE_GROUP => q.groups.push_back(r.task),
-            w => match q.workers.get_mut(w as usize) {
-                Some(fifo) => fifo.push_back(r.task),
-                // Validated at submit; a route out of range cannot happen.
-                None => q.subs.push_back(r.task),
-            },
+            w => q.workers[w as usize].push_back(r.task),
         }
     }
 
     fn label(&self, lane: usize) -> &str {
         &self.labels[lane]
+    }
+
+    /// `message` attributed to `lane`: children name themselves in their messages (by
+    /// their process label); next-level lanes add their worker id, and a message that
+    /// names nobody gets the lane's full label.
+    fn attribute(&self, lane: usize, message: String) -> String {
+        let own = self.children.lanes()[lane].label();
+        match (message.starts_with(own), lane < self.n_next) {
+            (true, true) => format!("worker {lane}: {message}"),
+            (true, false) => message,
+            (false, _) => format!("{}: {message}", self.label(lane)),
+        }
     }
 
     /// Completes what `lane` was running.
@@ -298,9 +336,14 @@ impl SchedLoop {
         } else {
             self.sched.complete(f.task, outcome, &mut ready)
         };
-        // A completion for a task that is no longer running cannot happen here: the lane
-        // tracks exactly what it dispatched.
-        debug_assert!(result.is_ok(), "{result:?}");
+        // The lane tracks exactly what it dispatched, so the graph refusing the completion
+        // is a bug of this engine: stop admitting work rather than run on a broken graph.
+        if let Err(e) = result {
+            self.link.set_unusable(format!(
+                "internal error: the graph refused the completion of a task on {}: {e}",
+                self.label(lane)
+            ));
+        }
         for r in ready.drain(..) {
             self.route(r);
         }
@@ -315,7 +358,7 @@ impl SchedLoop {
     }
 
     fn lane_died(&mut self, lane: usize, why: String) {
-        let msg = format!("{}: {why}", self.label(lane));
+        let msg = self.attribute(lane, why);
         self.lanes[lane].dead = Some(msg.clone());
         self.link.set_unusable(msg.clone());
         let f = Failure::new(FailureKind::Endpoint, msg);
@@ -339,14 +382,8 @@ impl SchedLoop {
                         progress = true;
                         continue;
                     }
-                    let label = self.label(lane);
                     let outcome = done.outcome.map_err(|f| {
-                        // Children name themselves; add the lane's name only when they did not.
-                        let message = if f.message.starts_with(label) {
-                            f.message
-                        } else {
-                            format!("{label}: {}", f.message)
-                        };
+                        let message = self.attribute(lane, f.message);
                         Failure::with_code(FailureKind::Task, f.code, message)
                     });
                     self.finish(lane, outcome);
@@ -361,15 +398,18 @@ impl SchedLoop {
         progress
     }
 
+    /// Checks every child still believed alive: a busy child's death fails its task, an
+    /// idle child's death makes the worker unusable before anything is sent to it.
     fn check_liveness(&mut self) {
         for lane in 0..self.lanes.len() {
-            if self.lanes[lane].busy.is_none() {
+            if self.lanes[lane].dead.is_some() {
                 continue;
             }
             if let Err(e) = self.children.lane(lane).check_alive() {
-                // A completion published just before the child died still counts.
-                if self.poll_lanes() && self.lanes[lane].busy.is_none() {
-                    continue;
+                // A completion published just before the child died still counts (the
+                // lane is dead all the same).
+                if self.lanes[lane].busy.is_some() {
+                    self.poll_lanes();
                 }
                 let why = match e {
                     HostError::ChildDied { .. } => format!("{e}"),

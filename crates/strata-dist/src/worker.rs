@@ -9,7 +9,7 @@ use crate::registry::{HostOrchHandle, Programs, SubHandle};
 use crate::sched::{Link, SchedExit, SchedLoop};
 use crate::task::DistTask;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use strata_graph::{
@@ -24,13 +24,6 @@ use strata_types::{
     BufferIdentity, CallConfig, CallableDescriptor, CallableKind, DataType, Element,
     IdentityMinter, TaskArgs,
 };
-
-/// The shared memory of every worker tree in this process: one region table, so region ids
-/// agree between a level-4 worker, its level-3 children and their children.
-pub(crate) fn process_shared() -> &'static Arc<SharedMemory> {
-    static SHARED: OnceLock<Arc<SharedMemory>> = OnceLock::new();
-    SHARED.get_or_init(SharedMemory::new)
-}
 
 /// What a next-level child is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,9 +40,11 @@ pub(crate) struct Ctx {
     pub(crate) next: Vec<ChildKind>,
     pub(crate) labels: Vec<String>,
     pub(crate) n_subs: usize,
-    /// Shared-memory regions with ids below this existed when the children started.
+    /// Shared-memory regions with ids up to this one (ids start at 1) existed when the
+    /// children started, so every child maps them.
     pub(crate) visible_regions: u64,
     pub(crate) heap_regions: [u64; RING_COUNT],
+    pub(crate) shared: Arc<SharedMemory>,
     pub(crate) minter: Arc<IdentityMinter>,
     pub(crate) programs: Arc<Programs>,
     pub(crate) child_tensors: Mutex<HashMap<BufferIdentity, (usize, u64)>>,
@@ -57,7 +52,7 @@ pub(crate) struct Ctx {
 
 impl Ctx {
     pub(crate) fn region_visible(&self, region: u64) -> bool {
-        region < self.visible_regions || self.heap_regions.contains(&region)
+        (1..=self.visible_regions).contains(&region)
     }
 }
 
@@ -87,6 +82,9 @@ struct Runtime {
     sched: Option<JoinHandle<SchedExit>>,
     config: Arc<EncodedConfig>,
     children_pids: Vec<i32>,
+    /// The heap rings' regions, returned (pages discarded, region pooled for the next
+    /// worker) once the children are gone.
+    _heap_leases: Vec<strata_host::RegionLease>,
 }
 
 /// An L3 (or L4) worker: host orchestrations that dispatch chip orchestrations to chip
@@ -148,7 +146,7 @@ impl DistWorker {
             config,
             programs: Programs::default(),
             children: Vec::new(),
-            shared: process_shared().clone(),
+            shared: SharedMemory::process().clone(),
             minter: Arc::new(IdentityMinter::new()),
             state: State::New,
             rt: None,
@@ -329,10 +327,13 @@ impl DistWorker {
     fn start(&mut self) -> Result<Runtime, DistError> {
         let cfg = &self.config;
         let mut heap_regions = [0u64; RING_COUNT];
+        let mut heap_leases = Vec::with_capacity(RING_COUNT);
         for (i, r) in heap_regions.iter_mut().enumerate() {
-            *r = self
+            let lease = self
                 .shared
-                .create_region(cfg.heap_ring_bytes as usize, &format!("heap ring {i}"))?;
+                .lease_region(cfg.heap_ring_bytes as usize, &format!("heap ring {i}"))?;
+            *r = lease.id();
+            heap_leases.push(lease);
         }
         let visible_regions = self.shared.regions() as u64;
 
@@ -393,9 +394,7 @@ impl DistWorker {
         let handle = std::thread::Builder::new()
             .name("strata-scheduler".into())
             .spawn(move || SchedLoop::new(sched, children, sched_link, n_next).run())
-            .map_err(|e| {
-                DistError::InvalidConfig(format!("cannot start the scheduler thread: {e}"))
-            })?;
+            .map_err(|e| DistError::Internal(format!("cannot start the scheduler thread: {e}")))?;
         let ctx = Arc::new(Ctx {
             link,
             next,
@@ -403,6 +402,7 @@ impl DistWorker {
             n_subs: cfg.num_sub_workers,
             visible_regions,
             heap_regions,
+            shared: self.shared.clone(),
             minter: self.minter.clone(),
             programs: Arc::new(self.programs.clone()),
             child_tensors: Mutex::new(HashMap::new()),
@@ -414,6 +414,7 @@ impl DistWorker {
             sched: Some(handle),
             config: Arc::new(EncodedConfig::new(&CallConfig::default())?),
             children_pids,
+            _heap_leases: heap_leases,
         })
     }
 
@@ -506,7 +507,7 @@ impl DistWorker {
                 Ok(RunHandle {
                     run,
                     waiter: rt.waiter.clone(),
-                    released: false,
+                    outcome: None,
                 })
             }
             Err(e) => {
@@ -629,17 +630,31 @@ impl DistWorker {
             }
         }
         rt.graph.shutdown();
-        rt.ctx.link.stop();
+        rt.ctx.link.stop(deadline);
+        let already_reported = rt.ctx.link.unusable().is_some();
         let exit = rt
             .sched
             .take()
             .map(|h| h.join())
             .transpose()
-            .map_err(|_| DistError::InvalidConfig("the scheduler thread panicked".into()))?;
-        if let Some(mut exit) = exit {
-            exit.children.shutdown(self.config.close_grace)?;
+            .map_err(|_| DistError::Internal("the scheduler thread panicked".into()))?;
+        let Some(mut exit) = exit else {
+            return Ok(());
+        };
+        let report = exit.children.shutdown(self.config.close_grace)?;
+        // A child that died before close was reported then (its run failed, the worker
+        // became unusable); anything else abnormal is news.
+        let news: Vec<String> = report
+            .abnormal()
+            .into_iter()
+            .filter(|c| !(c.died_before_shutdown && already_reported))
+            .map(|c| c.to_string())
+            .collect();
+        if news.is_empty() {
+            Ok(())
+        } else {
+            Err(DistError::Close(news.join("; ")))
         }
-        Ok(())
     }
 }
 
@@ -663,7 +678,8 @@ fn panic_message(p: &Box<dyn std::any::Any + Send>) -> String {
 pub struct RunHandle {
     run: RunId,
     waiter: RunWaiter,
-    released: bool,
+    /// The outcome, once known (the graph forgets the run then).
+    outcome: Option<Result<(), Failure>>,
 }
 
 impl std::fmt::Debug for RunHandle {
@@ -683,7 +699,7 @@ impl RunHandle {
 
     /// Whether the run finished.
     pub fn is_done(&self) -> bool {
-        self.released
+        self.outcome.is_some()
             || matches!(
                 self.waiter.phase(self.run),
                 Some(RunPhase::Completed | RunPhase::Failed)
@@ -697,8 +713,8 @@ impl RunHandle {
     /// [`DistError::TaskFailed`] with the run's first error (naming the worker and carrying
     /// the child's message); [`DistError::WaitTimeout`].
     pub fn wait(&mut self, timeout: Option<Duration>) -> Result<(), DistError> {
-        if self.released {
-            return Ok(());
+        if let Some(outcome) = &self.outcome {
+            return outcome.clone().map_err(DistError::TaskFailed);
         }
         let start = Instant::now();
         while start.elapsed() < WAIT_SPIN {
@@ -710,8 +726,8 @@ impl RunHandle {
         match self.waiter.wait(self.run, timeout)? {
             None => Err(DistError::WaitTimeout(timeout.unwrap_or_default())),
             Some(outcome) => {
-                self.released = true;
                 let _ = self.waiter.release(self.run);
+                self.outcome = Some(outcome.clone());
                 outcome.map_err(DistError::TaskFailed)
             }
         }
@@ -728,7 +744,7 @@ impl RunHandle {
 
 impl Drop for RunHandle {
     fn drop(&mut self) {
-        if !self.released {
+        if self.outcome.is_none() {
             self.waiter.release_when_done(self.run);
         }
     }

@@ -607,3 +607,404 @@ fn lifecycle_misuse_is_refused() {
         Err(DistError::State { .. })
     ));
 }
+
+/// What gated chip tasks record: the labels in the order their kernels started, and a
+/// hold on one label that the test releases.
+#[derive(Default)]
+struct Lab {
+    started: std::sync::Mutex<Vec<u64>>,
+    held: AtomicU64,
+}
+
+impl Lab {
+    fn log(&self) -> Vec<u64> {
+        self.started.lock().unwrap().clone()
+    }
+    fn wait_started(&self, label: u64) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !self.log().contains(&label) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{label} never started"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+/// A chip orchestration whose kernel logs its scalar label and, if the label is the held
+/// one, waits (bounded) until the hold is released.
+fn gated(w: &mut DistWorker, lab: &Arc<Lab>) -> strata_chip::OrchHandle {
+    let l = lab.clone();
+    let k = w
+        .register_kernel("gated", move |ctx| {
+            let label: u64 = ctx.scalar(0)?;
+            l.started.lock().unwrap().push(label);
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while l.held.load(Ordering::SeqCst) == label {
+                if std::time::Instant::now() > deadline {
+                    return Err(strata_chip::KernelError::new("never released"));
+                }
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            Ok(())
+        })
+        .unwrap();
+    w.register_chip_orchestration("gated", move |o, a| {
+        o.submit_aiv(k, CoreArgs::new().scalar(a.scalar::<u64>(0)?))?;
+        Ok(())
+    })
+    .unwrap()
+}
+
+#[test]
+fn a_blocked_group_reserves_its_targets_and_precedes_conflicting_singles() {
+    let mut w = l3(3, 0);
+    let lab = Arc::new(Lab::default());
+    let g = gated(&mut w, &lab);
+    let l2 = lab.clone();
+    let orch = w.register_orchestration("reserve", move |o, _| {
+        o.submit_next_level(g, &args(&[], &[1]), 1)?; // holds worker 1
+                                                      // An idle scheduler gets a ready task at once, so this returns once it runs (the
+                                                      // group must find worker 1 busy, not overtake the single in the same pass).
+        l2.wait_started(1);
+        o.submit_next_level_group(g, &[args(&[], &[10]), args(&[], &[11])], &[0, 1])?;
+        o.submit_next_level(g, &args(&[], &[20]), 0)?; // queued behind the group on 0
+        o.submit_next_level(g, &args(&[], &[30]), 2)?; // unrelated worker: runs at once
+        Ok(())
+    });
+    w.init().unwrap();
+    lab.held.store(1, Ordering::SeqCst);
+    let h = w.submit(&orch, &TaskArgs::new()).unwrap();
+    lab.wait_started(1);
+    lab.wait_started(30);
+    std::thread::sleep(Duration::from_millis(30));
+    let mut early = lab.log();
+    early.sort_unstable();
+    assert_eq!(
+        early,
+        vec![1, 30],
+        "worker 0 is idle but reserved for the blocked group: its single must wait"
+    );
+    lab.held.store(0, Ordering::SeqCst);
+    h.result().unwrap();
+    let log = lab.log();
+    let pos = |l: u64| log.iter().position(|&x| x == l).unwrap();
+    assert!(
+        pos(10) < pos(20),
+        "the group ran before the single queued behind it: {log:?}"
+    );
+    assert!(pos(11) > pos(1), "member 1 waited for worker 1: {log:?}");
+}
+
+#[test]
+fn group_members_run_on_the_worker_ids_they_name() {
+    let mut w = l3(2, 0);
+    let scale = w
+        .register_kernel("scale", |ctx| {
+            let k: f32 = ctx.scalar(0)?;
+            let mut t = ctx.output::<f32>(0)?;
+            for v in t
+                .as_mut_slice()
+                .ok_or_else(|| strata_chip::KernelError::new("strided"))?
+            {
+                *v *= k;
+            }
+            Ok(())
+        })
+        .unwrap();
+    let chip_scale = w
+        .register_chip_orchestration("scale", move |o, a| {
+            o.submit_aiv(
+                scale,
+                CoreArgs::new()
+                    .inout(&a.tensor(0)?)
+                    .scalar(a.scalar::<f32>(0)?),
+            )?;
+            Ok(())
+        })
+        .unwrap();
+    let ones = w.shared_tensor_from(&[4], &[1.0f32; 4]).unwrap();
+    let result = w.shared_tensor(&[4], DataType::F32).unwrap();
+    let devs: Arc<std::sync::Mutex<Vec<ChildTensor>>> = Arc::default();
+    let d2 = devs.clone();
+    // Member 0 runs on worker 1 with worker 1's tensor, member 1 on worker 0 with worker
+    // 0's: a scheduler that used member indices as worker ids would hand each chip an
+    // address of the other chip's memory.
+    let orch = w.register_orchestration("swap", move |o, _| {
+        let d = d2.lock().unwrap().clone();
+        let mut m0 = TaskArgs::new();
+        m0.push_tensor(d[1].arg(ArgTag::InOut))?
+            .push_scalar(2.0f32)?;
+        let mut m1 = TaskArgs::new();
+        m1.push_tensor(d[0].arg(ArgTag::InOut))?
+            .push_scalar(3.0f32)?;
+        o.submit_next_level_group(chip_scale, &[m0, m1], &[1, 0])?;
+        Ok(())
+    });
+    w.init().unwrap();
+    for chip in 0..2 {
+        let d = w.alloc_child_tensor(chip, &[4], DataType::F32).unwrap();
+        w.copy_to(&d, &ones).unwrap();
+        devs.lock().unwrap().push(d);
+    }
+    w.run(&orch, &TaskArgs::new()).unwrap();
+    let d = devs.lock().unwrap().clone();
+    w.copy_from(&result, &d[0]).unwrap();
+    assert_eq!(result.to_vec::<f32>().unwrap(), vec![3.0; 4]);
+    w.copy_from(&result, &d[1]).unwrap();
+    assert_eq!(result.to_vec::<f32>().unwrap(), vec![2.0; 4]);
+}
+
+#[test]
+fn a_busy_worker_does_not_hold_up_other_workers_or_sub_tasks() {
+    let mut w = l3(2, 1);
+    let lab = Arc::new(Lab::default());
+    let g = gated(&mut w, &lab);
+    let ran = Arc::new(AtomicUsize::new(0));
+    let r2 = ran.clone();
+    let sub = w.register_sub("count", move |_| {
+        r2.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    });
+    let orch = w.register_orchestration("busy", move |o, _| {
+        o.submit_next_level(g, &args(&[], &[1]), 0)?; // held
+        o.submit_next_level(g, &args(&[], &[2]), 0)?; // queued behind it
+        o.submit_next_level(g, &args(&[], &[3]), 1)?; // another worker
+        o.submit_sub(&sub, &TaskArgs::new())?;
+        Ok(())
+    });
+    w.init().unwrap();
+    lab.held.store(1, Ordering::SeqCst);
+    let h = w.submit(&orch, &TaskArgs::new()).unwrap();
+    lab.wait_started(3);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while ran.load(Ordering::SeqCst) == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the sub task waited for chip 0"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(!lab.log().contains(&2), "worker 0's FIFO keeps its order");
+    lab.held.store(0, Ordering::SeqCst);
+    h.result().unwrap();
+    assert_eq!(lab.log().iter().filter(|&&l| l == 2).count(), 1);
+}
+
+#[test]
+fn a_sub_worker_failure_two_levels_down_surfaces_at_level_4() {
+    let mut top = DistWorker::new(DistConfig::l4(0).with_exec_mode(ExecMode::Threads)).unwrap();
+    let boom = top.register_sub("boom", |_| Err("SentinelError: l3-sub-boom".into()));
+    let inner = top.register_orchestration("inner", move |o, _| {
+        o.submit_sub(&boom, &TaskArgs::new())?;
+        Ok(())
+    });
+    let c = top
+        .add_worker(DistWorker::new(DistConfig::l3(vec![], 1)).unwrap())
+        .unwrap();
+    let outer = top.register_orchestration("outer", move |o, _| {
+        o.submit_next_level(inner, &TaskArgs::new(), c)?;
+        Ok(())
+    });
+    top.init().unwrap();
+    let e = top.run(&outer, &TaskArgs::new()).unwrap_err().to_string();
+    assert!(
+        e.contains("child_worker")
+            && e.contains("sub_worker")
+            && e.contains("SentinelError: l3-sub-boom"),
+        "{e}"
+    );
+    // The level-3 child is still usable.
+    let e2 = top.run(&outer, &TaskArgs::new()).unwrap_err().to_string();
+    assert!(e2.contains("l3-sub-boom"), "{e2}");
+    top.close().unwrap();
+}
+
+#[test]
+fn two_workers_in_one_process_are_independent() {
+    let mut a = l3(0, 1);
+    let mut b = l3(0, 2);
+    let xa = a.shared_tensor_from(&[1], &[0u64]).unwrap();
+    let xb = b.shared_tensor_from(&[1], &[0u64]).unwrap();
+    let mut orchs = vec![];
+    for (w, x, k) in [(&mut a, xa.clone(), 1u64), (&mut b, xb.clone(), 100)] {
+        let add = w.register_sub("add", move |call| {
+            call.tensor_mut::<u64>(0)?.update(|v| v + k);
+            Ok(())
+        });
+        orchs.push(w.register_orchestration("twenty", move |o, _| {
+            for _ in 0..20 {
+                o.submit_sub(&add, &args(&[x.arg(ArgTag::InOut)], &[]))?;
+            }
+            Ok(())
+        }));
+    }
+    a.init().unwrap();
+    b.init().unwrap();
+    let ha = a.submit(&orchs[0], &TaskArgs::new()).unwrap();
+    let hb = b.submit(&orchs[1], &TaskArgs::new()).unwrap();
+    ha.result().unwrap();
+    hb.result().unwrap();
+    assert_eq!(xa.to_vec::<u64>().unwrap(), vec![20]);
+    assert_eq!(xb.to_vec::<u64>().unwrap(), vec![2000]);
+}
+
+#[test]
+fn overlapping_writes_within_one_task_are_refused_at_submit() {
+    let mut w = l3(0, 1);
+    let x = w.shared_tensor(&[128], DataType::U8).unwrap();
+    let noop = w.register_sub("noop", |_| Ok(()));
+    let orch = w.register_orchestration("overlap", move |o, a| {
+        let which: u64 = a.scalar(0).ok_or("which")?;
+        let v = |b: u64, e: u64| {
+            x.arg_view(x.view().slice(0, b, e).unwrap(), ArgTag::OutputExisting)
+                .unwrap()
+        };
+        let r = |b: u64, e: u64| {
+            x.arg_view(x.view().slice(0, b, e).unwrap(), ArgTag::Input)
+                .unwrap()
+        };
+        let t = match which {
+            0 => args(&[v(0, 64), v(32, 96)], &[]),
+            1 => args(&[v(0, 64), v(64, 128)], &[]),
+            _ => args(&[r(0, 64), r(32, 96)], &[]),
+        };
+        o.submit_sub(&noop, &t)?;
+        Ok(())
+    });
+    w.init().unwrap();
+    let e = w.run(&orch, &args(&[], &[0])).unwrap_err();
+    assert!(matches!(e, DistError::Orchestration(_)), "{e:?}");
+    w.run(&orch, &args(&[], &[1]))
+        .expect("disjoint slices of one buffer are legal");
+    w.run(&orch, &args(&[], &[2]))
+        .expect("overlapping reads are legal");
+}
+
+#[test]
+fn close_with_a_run_in_flight_drains_it() {
+    let mut w = l3(0, 2);
+    let x = w.shared_tensor_from(&[1], &[0u64]).unwrap();
+    let slow = w.register_sub("slow", |call| {
+        std::thread::sleep(Duration::from_millis(20));
+        call.tensor_mut::<u64>(0)?.update(|v| v + 1);
+        Ok(())
+    });
+    let xa = x.clone();
+    let orch = w.register_orchestration("slow", move |o, _| {
+        for _ in 0..5 {
+            o.submit_sub(&slow, &args(&[xa.arg(ArgTag::InOut)], &[]))?;
+        }
+        Ok(())
+    });
+    w.init().unwrap();
+    let h = w.submit(&orch, &TaskArgs::new()).unwrap();
+    w.close().unwrap();
+    assert_eq!(
+        x.to_vec::<u64>().unwrap(),
+        vec![5],
+        "every task ran before close returned"
+    );
+    h.result().unwrap();
+    assert!(matches!(
+        w.submit(&orch, &TaskArgs::new()),
+        Err(DistError::State { .. })
+    ));
+}
+
+#[test]
+fn a_failed_run_reports_its_error_on_every_wait() {
+    let mut w = l3(0, 1);
+    let boom = w.register_sub("boom", |_| Err("SentinelError: twice".into()));
+    let orch = w.register_orchestration("boom", move |o, _| {
+        o.submit_sub(&boom, &TaskArgs::new())?;
+        Ok(())
+    });
+    w.init().unwrap();
+    let mut h = w.submit(&orch, &TaskArgs::new()).unwrap();
+    let first = h.wait(None).unwrap_err().to_string();
+    let second = h.wait(Some(Duration::ZERO)).unwrap_err().to_string();
+    assert!(first.contains("SentinelError: twice"), "{first}");
+    assert_eq!(first, second);
+    assert!(h.is_done());
+}
+
+#[test]
+fn alloc_hands_over_batched_tasks_before_waiting_for_ring_space() {
+    // Four 16 KiB intermediates fill a 64 KiB ring; every later alloc needs an earlier
+    // pair of tasks to have run, so it must not sit on them in the hand-over batch. In the
+    // run's own scope the ring would fill for good: that is an immediate error.
+    let mut cfg = DistConfig::l3(vec![], 1).with_exec_mode(ExecMode::Threads);
+    cfg.heap_ring_bytes = 64 * 1024;
+    let mut w = DistWorker::new(cfg).unwrap();
+    let total = w.shared_tensor_from(&[1], &[0u64]).unwrap();
+    let fill = w.register_sub("fill", |call| {
+        let v: u64 = call.scalar(0).ok_or("v")?;
+        call.tensor_mut::<u64>(0)?.fill(v);
+        Ok(())
+    });
+    let add = w.register_sub("add", |call| {
+        let s: u64 = call.tensor::<u64>(0)?.to_vec().iter().sum();
+        call.tensor_mut::<u64>(1)?.update(|t| t + s);
+        Ok(())
+    });
+    let (ta, tb) = (total.clone(), total.clone());
+    let add2 = add;
+    let orch = w.register_orchestration("stream", move |o, _| {
+        for i in 0..64u64 {
+            // A scope per step: its intermediate is reclaimed once both tasks ran.
+            o.scope(|o| {
+                let t = o.alloc(&[2048], DataType::U64)?;
+                o.submit_sub(&fill, &args(&[t.arg(ArgTag::Output)], &[i]))?;
+                let a = args(&[t.arg(ArgTag::Input), ta.arg(ArgTag::InOut)], &[]);
+                o.submit_sub(&add, &a)?;
+                Ok(())
+            })?;
+        }
+        Ok(())
+    });
+    let unscoped = w.register_orchestration("unscoped", move |o, _| {
+        for _ in 0..5 {
+            let t = o.alloc(&[2048], DataType::U64)?;
+            o.submit_sub(
+                &add2,
+                &args(&[t.arg(ArgTag::Input), tb.arg(ArgTag::InOut)], &[]),
+            )?;
+        }
+        Ok(())
+    });
+    w.init().unwrap();
+    w.run(&orch, &TaskArgs::new()).unwrap();
+    assert_eq!(
+        total.to_vec::<u64>().unwrap(),
+        vec![2048 * (0..64).sum::<u64>()]
+    );
+    let e = w.run(&unscoped, &TaskArgs::new()).unwrap_err().to_string();
+    assert!(e.contains("heap ring 0") && e.contains("scope"), "{e}");
+}
+
+#[test]
+fn re_registering_a_name_replaces_the_callable() {
+    let mut w = l3(0, 1);
+    let x = w.shared_tensor_from(&[1], &[0u64]).unwrap();
+    let xa = x.clone();
+    let set = w.register_sub("set", |call| {
+        call.tensor_mut::<u64>(0)?.set(&[0], 1)?;
+        Ok(())
+    });
+    let set2 = w.register_sub("set", |call| {
+        call.tensor_mut::<u64>(0)?.set(&[0], 2)?;
+        Ok(())
+    });
+    assert_eq!(set.id(), set2.id());
+    let o1 = w.register_orchestration("o", |_, _| Err("the first registration".into()));
+    let o2 = w.register_orchestration("o", move |o, _| {
+        o.submit_sub(&set, &args(&[xa.arg(ArgTag::OutputExisting)], &[]))?;
+        Ok(())
+    });
+    assert_eq!(o1.id(), o2.id());
+    w.init().unwrap();
+    w.run(&o1, &TaskArgs::new()).unwrap();
+    assert_eq!(x.to_vec::<u64>().unwrap(), vec![2]);
+}

@@ -146,6 +146,14 @@ pub enum HostError {
         /// How many regions exist.
         count: usize,
     },
+    /// A region whose owner released it (a dropped `SharedTensor`, a returned lease).
+    #[error("shared-memory region {region} ({label}) was released: its SharedTensor was dropped (or its lease returned); keep the tensor alive while tasks use it")]
+    RegionReleased {
+        /// The region.
+        region: u64,
+        /// Its label.
+        label: String,
+    },
     /// A byte range that leaves its region.
     #[error("bytes [{offset}, {offset} + {len}) are outside shared-memory region {region} of {region_len} bytes")]
     OutOfBounds {

@@ -81,6 +81,6 @@ pub use children::{
 };
 pub use doorbell::Doorbell;
 pub use error::{ChildEnd, HostError};
-pub use shm::SharedMemory;
+pub use shm::{RegionLease, SharedMemory};
 pub use sub::{sub_codes, SubCall, SubFn, SubHandler, SubProgram, SubRegistry};
 pub use tensor::SharedTensor;

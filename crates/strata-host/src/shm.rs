@@ -6,7 +6,7 @@ use memmap2::{MmapOptions, MmapRaw};
 use nix::sys::memfd::{memfd_create, MemFdCreateFlag};
 use std::ffi::CString;
 use std::fs::File;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
 /// One `MAP_SHARED` mapping of a fresh memfd. The descriptor is closed right after
@@ -40,13 +40,41 @@ impl Mapping {
     pub(crate) fn ptr(&self) -> *mut u8 {
         self.map.as_mut_ptr()
     }
+
+    /// Gives the pages back to the kernel; the mapping stays and reads as zeros.
+    fn discard_pages(&self) {
+        // SAFETY: the range is exactly this mapping. MADV_REMOVE frees the memfd's backing
+        // pages (later accesses see fresh zero pages), so nothing dangles; callers only
+        // discard regions no task uses any more.
+        unsafe {
+            libc::madvise(self.ptr().cast(), self.map.len(), libc::MADV_REMOVE);
+        }
+    }
 }
+
+/// In use.
+const LIVE: u8 = 0;
+/// Returned by a [`RegionLease`]: pages discarded, ready to be leased again.
+const POOLED: u8 = 1;
+/// Released by its owner for good (a dropped [`crate::SharedTensor`]): pages discarded.
+const RELEASED: u8 = 2;
 
 #[derive(Debug)]
 struct Region {
     map: Mapping,
     len: usize,
     label: String,
+    state: AtomicU8,
+    /// The process that created it. Only that process discards its pages or reuses it:
+    /// the memfd is shared with every forked descendant, and a child dropping its copy of
+    /// a tensor or worker must not pull the memory out from under its parent.
+    creator: u32,
+}
+
+impl Region {
+    fn ours(&self) -> bool {
+        self.creator == std::process::id()
+    }
 }
 
 /// Regions per directory chunk; the directory has [`CHUNKS`] chunks.
@@ -62,8 +90,12 @@ const CHUNKS: usize = 64;
 /// region is named by a small integer id (1, 2, …, in creation order), which is what
 /// `BufferLocation::HostShared { region, .. }` carries. Regions created after a child was
 /// forked are not mapped in that child: the engine checks visibility before it sends one.
-/// Regions live as long as the `SharedMemory` (in each process that holds it); nothing is
-/// ever written to `/dev/shm`, so nothing can leak when a process is killed.
+/// Nothing is ever written to `/dev/shm`, so nothing can leak when a process is killed.
+/// A region's memory goes back to the kernel when its owner releases it
+/// ([`SharedMemory::release_region`], which a dropped [`crate::SharedTensor`] calls) or
+/// returns its [`RegionLease`]; leased regions are reused by later leases of the same size
+/// (a worker's heap rings, re-created by every `init`), so repeated init/close cycles do
+/// not grow the table. The table itself (ids and address space) only grows.
 ///
 /// Lookups ([`SharedMemory::ptr`]) are lock-free. [`SharedMemory::freeze`] optionally
 /// closes the table.
@@ -88,6 +120,8 @@ pub struct SharedMemory {
     create: Mutex<()>,
     count: AtomicUsize,
     chunks: Box<[OnceLock<Chunk>]>,
+    /// Returned leases, ready for reuse.
+    pool: Mutex<Vec<u64>>,
 }
 
 /// A fixed block of region slots, each written once; chunks are allocated on demand so
@@ -101,6 +135,7 @@ impl Default for SharedMemory {
             create: Mutex::new(()),
             count: AtomicUsize::new(0),
             chunks: (0..CHUNKS).map(|_| OnceLock::new()).collect(),
+            pool: Mutex::new(Vec::new()),
         }
     }
 }
@@ -109,6 +144,20 @@ impl SharedMemory {
     /// An empty table of regions.
     pub fn new() -> Arc<SharedMemory> {
         Arc::new(SharedMemory::default())
+    }
+
+    /// The table every worker of this process shares. Region ids are only meaningful
+    /// within one table, and a tensor may be handed from one worker to another (a level-4
+    /// worker's tensor to its level-3 children, a level-2 run's output to a level-3 run),
+    /// so workers use this one rather than tables of their own.
+    ///
+    /// ```
+    /// # use strata_host::SharedMemory;
+    /// assert!(std::sync::Arc::ptr_eq(SharedMemory::process(), SharedMemory::process()));
+    /// ```
+    pub fn process() -> &'static Arc<SharedMemory> {
+        static PROCESS: std::sync::OnceLock<Arc<SharedMemory>> = std::sync::OnceLock::new();
+        PROCESS.get_or_init(SharedMemory::new)
     }
 
     fn lock(&self) -> MutexGuard<'_, ()> {
@@ -162,6 +211,8 @@ impl SharedMemory {
             map,
             len: bytes,
             label: label.to_owned(),
+            state: AtomicU8::new(LIVE),
+            creator: std::process::id(),
         }));
         // Publish the slot only once it is filled.
         self.count.store(i + 1, Ordering::Release);
@@ -216,6 +267,12 @@ impl SharedMemory {
     /// [`HostError::UnknownRegion`], [`HostError::OutOfBounds`].
     pub fn ptr(&self, region: u64, offset: u64, len: u64) -> Result<*mut u8, HostError> {
         self.with_region(region, |r| {
+            if r.state.load(Ordering::Acquire) != LIVE {
+                return Err(HostError::RegionReleased {
+                    region,
+                    label: r.label.clone(),
+                });
+            }
             let end = offset.checked_add(len);
             match end {
                 Some(end) if end <= r.len as u64 => {
@@ -233,6 +290,84 @@ impl SharedMemory {
         })?
     }
 
+    /// A region of `bytes` bytes for as long as the lease lives: a pooled region of that
+    /// size (returned by an earlier lease, zeroed) if there is one, else a new region.
+    /// Dropping the lease discards the pages and pools the region.
+    ///
+    /// ```
+    /// # use strata_host::SharedMemory;
+    /// let mem = SharedMemory::new();
+    /// let first = mem.lease_region(1 << 16, "heap")?.id();   // dropped at once
+    /// let again = mem.lease_region(1 << 16, "heap")?;
+    /// assert_eq!(again.id(), first, "reused");
+    /// assert_eq!(mem.regions(), 1);
+    /// # Ok::<(), strata_host::HostError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`SharedMemory::create_region`].
+    pub fn lease_region(
+        self: &Arc<Self>,
+        bytes: usize,
+        label: &str,
+    ) -> Result<RegionLease, HostError> {
+        let reused = {
+            let mut pool = self.pool.lock().unwrap_or_else(PoisonError::into_inner);
+            let me = std::process::id();
+            let fits = |r: u64| {
+                self.with_region(r, |reg| reg.len == bytes && reg.creator == me)
+                    .unwrap_or(false)
+            };
+            let hit = pool.iter().position(|&r| fits(r));
+            hit.map(|i| pool.swap_remove(i))
+        };
+        let region = match reused {
+            Some(r) => {
+                self.with_region(r, |reg| reg.state.store(LIVE, Ordering::Release))?;
+                r
+            }
+            None => self.create_region(bytes, label)?,
+        };
+        Ok(RegionLease {
+            mem: self.clone(),
+            region,
+        })
+    }
+
+    /// Releases region `region` for good: its pages go back to the kernel, and later
+    /// lookups fail with [`HostError::RegionReleased`]. Idempotent.
+    ///
+    /// # Errors
+    /// [`HostError::UnknownRegion`].
+    pub fn release_region(&self, region: u64) -> Result<(), HostError> {
+        self.with_region(region, |r| {
+            if r.state.swap(RELEASED, Ordering::AcqRel) != RELEASED && r.ours() {
+                r.map.discard_pages();
+            }
+        })
+    }
+
+    /// Whether region `region` exists and is in use (not released, not pooled).
+    pub fn is_live(&self, region: u64) -> bool {
+        self.with_region(region, |r| r.state.load(Ordering::Acquire) == LIVE)
+            .unwrap_or(false)
+    }
+
+    fn return_lease(&self, region: u64) {
+        let returned = self.with_region(region, |r| {
+            if r.ours() {
+                r.map.discard_pages();
+            }
+            r.state.store(POOLED, Ordering::Release);
+        });
+        if returned.is_ok() {
+            self.pool
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(region);
+        }
+    }
+
     /// How many regions exist.
     pub fn regions(&self) -> usize {
         self.count.load(Ordering::Acquire)
@@ -243,6 +378,27 @@ impl SharedMemory {
         (1..=self.regions() as u64)
             .filter_map(|r| self.region_len(r))
             .sum()
+    }
+}
+
+/// A region leased with [`SharedMemory::lease_region`]; dropping it discards the pages
+/// and returns the region to the pool.
+#[derive(Debug)]
+pub struct RegionLease {
+    mem: Arc<SharedMemory>,
+    region: u64,
+}
+
+impl RegionLease {
+    /// The region id.
+    pub fn id(&self) -> u64 {
+        self.region
+    }
+}
+
+impl Drop for RegionLease {
+    fn drop(&mut self) {
+        self.mem.return_lease(self.region);
     }
 }
 
@@ -303,5 +459,36 @@ mod tests {
         );
         assert_eq!(mem.regions(), 1);
         assert!(mem.ptr(a, 0, 64).is_ok());
+    }
+
+    #[test]
+    fn leases_are_reused_zeroed_and_released_regions_refuse_lookups() {
+        let mem = SharedMemory::new();
+        let lease = mem.lease_region(8192, "heap").unwrap();
+        let id = lease.id();
+        let p = mem.ptr(id, 0, 8).unwrap();
+        // SAFETY: 8 bytes of a region only this test uses.
+        unsafe { p.cast::<u64>().write(0xfeed) };
+        let other = mem.lease_region(4096, "small").unwrap();
+        drop(lease);
+        assert!(matches!(
+            mem.ptr(id, 0, 8),
+            Err(HostError::RegionReleased { .. })
+        ));
+        let again = mem.lease_region(8192, "heap").unwrap();
+        assert_eq!(again.id(), id, "a pooled region of the same size is reused");
+        let p = mem.ptr(id, 0, 8).unwrap();
+        // SAFETY: as above.
+        let v = unsafe { p.cast::<u64>().read() };
+        assert_eq!(v, 0, "zeroed");
+        let fresh = mem.lease_region(8192, "heap").unwrap();
+        assert_ne!(fresh.id(), id, "a leased region is not handed out twice");
+        assert_eq!(mem.regions(), 3);
+
+        mem.release_region(other.id()).unwrap();
+        mem.release_region(other.id()).unwrap();
+        let e = mem.ptr(other.id(), 0, 1).unwrap_err().to_string();
+        assert!(e.contains("released") && e.contains("small"), "{e}");
+        assert!(mem.release_region(99).is_err());
     }
 }

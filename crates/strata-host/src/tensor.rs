@@ -14,7 +14,9 @@ use strata_types::{
 ///
 /// Create it **before** the children start (its region must exist when they fork);
 /// afterwards [`SharedTensor::new`] fails with "allocate shared tensors before init()".
-/// Cloning is cheap and shares the bytes.
+/// Cloning is cheap and shares the bytes. When the last clone (in the process that
+/// created it) drops, the memory goes back to the kernel; a task that still names the
+/// tensor then fails with [`HostError::RegionReleased`].
 ///
 /// Reading and writing from the parent ([`SharedTensor::to_vec`],
 /// [`SharedTensor::write`]) is safe Rust but only meaningful while no task that uses the
@@ -43,6 +45,20 @@ pub struct SharedTensor {
     buffer: BufferDesc,
     view: TensorView,
     region: u64,
+    _owner: Arc<RegionOwner>,
+}
+
+/// Releases the tensor's region when its last handle (in the creating process) drops.
+#[derive(Debug)]
+struct RegionOwner {
+    mem: Arc<SharedMemory>,
+    region: u64,
+}
+
+impl Drop for RegionOwner {
+    fn drop(&mut self) {
+        let _ = self.mem.release_region(self.region);
+    }
 }
 
 impl SharedTensor {
@@ -70,6 +86,10 @@ impl SharedTensor {
         })?;
         let region = mem.create_region(bytes, &format!("tensor-{dtype}-{shape:?}"))?;
         Ok(SharedTensor {
+            _owner: Arc::new(RegionOwner {
+                mem: mem.clone(),
+                region,
+            }),
             mem: mem.clone(),
             buffer: BufferDesc {
                 identity: minter.mint(),

@@ -634,7 +634,10 @@ fn spawn_refuses_to_fork_while_threads_run_unless_opted_in() -> Outcome {
     drop(tx);
     t.join().map_err(|_| "thread panicked")?;
     result?;
-    check!(other_threads().ctx("threads")? == 0, "thread count");
+    check!(
+        strata_host::other_threads().ctx("threads")? == 0,
+        "thread count"
+    );
     // Threads mode never forks, so it does not refuse.
     let mut children = Children::spawn(&mem, subs(&reg, 1), SpawnOptions::new(ExecMode::Threads))
         .ctx("threads mode")?;
@@ -1181,22 +1184,6 @@ fn the_doorbell_rings_after_every_completion() -> Outcome {
     Ok(())
 }
 
-/// CPU time of a process in ns (`/proc/<pid>/schedstat`, else utime+stime).
-fn cpu_ns(pid: i32) -> Result<u64, String> {
-    if let Ok(s) = std::fs::read_to_string(format!("/proc/{pid}/schedstat")) {
-        if let Some(v) = s.split_whitespace().next().and_then(|v| v.parse().ok()) {
-            return Ok(v);
-        }
-    }
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ctx("stat")?;
-    let close = stat.rfind(')').ok_or("stat")?;
-    let f: Vec<&str> = stat[close + 2..].split_whitespace().collect();
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
-    let ticks: u64 = f[11].parse::<u64>().unwrap_or(0) + f[12].parse::<u64>().unwrap_or(0);
-    Ok(ticks * 1_000_000_000 / hz)
-}
-
 fn idle_children_use_almost_no_cpu() -> Outcome {
     let mem = SharedMemory::new();
     let mut reg = SubRegistry::new();
@@ -1255,16 +1242,7 @@ fn lanes_report_labels_pids_and_wait_options() -> Outcome {
 }
 
 fn main() {
-    // Orphans of the scenarios are reparented to this process (and counted by the leak
-    // check) instead of escaping to init.
-    // SAFETY: prctl(PR_SET_CHILD_SUBREAPER, 1) only sets a flag on this process.
-    let r = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
-    if r != 0 {
-        eprintln!(
-            "warning: PR_SET_CHILD_SUBREAPER failed: {}",
-            std::io::Error::last_os_error()
-        );
-    }
+    become_subreaper();
     common::run(&[
         (
             "shared_memory_is_shared_both_ways_and_zero_copy",

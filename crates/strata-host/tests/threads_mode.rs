@@ -180,7 +180,7 @@ fn startup_failures_name_the_thread_and_join_everything() -> Outcome {
             other => return Err(format!("{kind}: expected StartupFailed, got {other:?}")),
         }
         check!(
-            other_threads().ctx("threads")? == 0,
+            strata_host::other_threads().ctx("threads")? == 0,
             "{kind}: threads left running"
         );
     }

@@ -85,6 +85,22 @@ impl TensorArg {
         view.check_fits(buffer.nbytes)?;
         Ok(TensorArg { buffer, view, tag })
     }
+
+    /// The same tensor with another tag (e.g. an orchestration forwarding its input to a
+    /// task that reads it).
+    ///
+    /// ```
+    /// # use strata_types::*;
+    /// # let id = IdentityMinter::new().mint();
+    /// # let buf = BufferDesc { identity: id, nbytes: 64, location: BufferLocation::HostLocal { addr: 0x1000 } };
+    /// # let view = TensorView::contiguous(DataType::F32, &[16]).unwrap();
+    /// let a = TensorArg::new(buf, view, ArgTag::InOut).unwrap();
+    /// assert_eq!(a.with_tag(ArgTag::Input).tag, ArgTag::Input);
+    /// ```
+    #[must_use]
+    pub fn with_tag(self, tag: ArgTag) -> Self {
+        TensorArg { tag, ..self }
+    }
 }
 
 /// Limits on the number of arguments of one task.

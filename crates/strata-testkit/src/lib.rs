@@ -1,0 +1,276 @@
+//! Scaffolding of strata's `harness = false` test binaries, which fork and so must stay
+//! single-threaded: a sequential scenario runner that wraps every scenario in a leak check
+//! (descendant processes, `/dev/shm/strata-*` entries, threads of this process), the
+//! `check!` macro, and `/proc` probes (descendants, process state, CPU time).
+//!
+//! ```
+//! use strata_testkit::{check, Outcome};
+//! fn one_plus_one() -> Outcome {
+//!     check!(1 + 1 == 2, "arithmetic");
+//!     Ok(())
+//! }
+//! assert!(one_plus_one().is_ok());
+//! ```
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::time::{Duration, Instant};
+/// The safety net of every wait in these tests (never a performance expectation).
+pub const BOUND: Duration = Duration::from_secs(30);
+
+/// What a scenario returns: `Err` carries the failure message.
+pub type Outcome = Result<(), String>;
+/// A named scenario.
+pub type Scenario = (&'static str, fn() -> Outcome);
+
+/// Returns `Err(message)` from the scenario unless the condition holds.
+#[macro_export]
+macro_rules! check {
+    ($cond:expr, $($fmt:tt)+) => {
+        if !($cond as bool) {
+            return Err(format!("{} (at line {})", format!($($fmt)+), line!()));
+        }
+    };
+}
+
+/// Converts any error into the scenario's error string.
+pub trait Ctx<T> {
+    /// Prefixes the error with `what`.
+    fn ctx(self, what: &str) -> Result<T, String>;
+}
+
+impl<T, E: std::fmt::Display> Ctx<T> for Result<T, E> {
+    fn ctx(self, what: &str) -> Result<T, String> {
+        self.map_err(|e| format!("{what}: {e}"))
+    }
+}
+
+/// Pids of every descendant of this process (children, grandchildren, … including
+/// zombies), from `/proc/*/stat`.
+pub fn descendants() -> Vec<i32> {
+    descendants_of(std::process::id() as i32)
+}
+
+/// Pids of every descendant of `root`, sorted.
+pub fn descendants_of(root: i32) -> Vec<i32> {
+    let mut parent_of: Vec<(i32, i32)> = Vec::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        let Some(close) = stat.rfind(')') else {
+            continue;
+        };
+        let ppid = stat[close + 1..]
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse::<i32>().ok());
+        if let Some(ppid) = ppid {
+            parent_of.push((pid, ppid));
+        }
+    }
+    let mut found = vec![root];
+    let mut i = 0;
+    while i < found.len() {
+        let p = found[i];
+        for &(c, pp) in &parent_of {
+            if pp == p && !found.contains(&c) {
+                found.push(c);
+            }
+        }
+        i += 1;
+    }
+    found.remove(0);
+    found.sort_unstable();
+    found
+}
+
+/// CPU time of every live thread of `pid`, in ns (`/proc/<pid>/task/*/schedstat`).
+pub fn process_cpu_ns(pid: i32) -> Result<u64, String> {
+    let mut total = 0;
+    for e in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .ctx("task dir")?
+        .flatten()
+    {
+        if let Ok(s) = std::fs::read_to_string(e.path().join("schedstat")) {
+            total += s
+                .split_whitespace()
+                .next()
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0);
+        }
+    }
+    Ok(total)
+}
+
+/// `/dev/shm` entries with the `strata-` prefix.
+pub fn shm_entries() -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir("/dev/shm")
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| e.file_name().to_str().map(str::to_owned))
+                .filter(|n| n.starts_with("strata-"))
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+/// The scheduler state letter of a process (`R`, `S`, `Z`, …).
+pub fn proc_state(pid: i32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = &stat[stat.rfind(')')? + 1..];
+    after.trim_start().chars().next()
+}
+
+/// Keeps deliberate panics of the scenarios (and of their children) off the output.
+pub fn quiet_deliberate_panics() {
+    let prev = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        if !info.to_string().contains("deliberate") {
+            prev(info);
+        }
+    }));
+}
+
+/// Runs the scenarios in order (filtered by the non-flag arguments), with a leak check
+/// around each: the descendant processes, the `/dev/shm/strata-*` entries and the
+/// threads of this process must be the same after the scenario as before. Exits
+/// non-zero if any scenario fails.
+pub fn run(scenarios: &[Scenario]) {
+    quiet_deliberate_panics();
+    let filters: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let mut failed = Vec::new();
+    let mut ran = 0;
+    for (name, f) in scenarios {
+        if !filters.is_empty() && !filters.iter().any(|flt| name.contains(flt.as_str())) {
+            continue;
+        }
+        ran += 1;
+        let before = (descendants(), shm_entries());
+        let threads_before = other_threads().unwrap_or(usize::MAX);
+        let start = Instant::now();
+        let result = match catch_unwind(AssertUnwindSafe(f)) {
+            Ok(r) => r,
+            Err(p) => Err(format!(
+                "panicked: {}",
+                p.downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_default()
+            )),
+        };
+        // Detached threads (a threads-mode child stuck past its grace period) finish
+        // shortly; give them a bounded moment.
+        let end = Instant::now() + Duration::from_secs(10);
+        while other_threads().unwrap_or(0) > threads_before && Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let after = (descendants(), shm_entries());
+        let threads_after = other_threads().unwrap_or(usize::MAX);
+        let leak = if after != before {
+            Some(format!(
+                "leak: descendants {:?} -> {:?}, /dev/shm strata-* {:?} -> {:?}",
+                before.0, after.0, before.1, after.1
+            ))
+        } else if threads_after != threads_before {
+            Some(format!(
+                "leak: other threads {threads_before} -> {threads_after}"
+            ))
+        } else {
+            None
+        };
+        let result = match (result, leak) {
+            (Ok(()), None) => Ok(()),
+            (Ok(()), Some(l)) => Err(l),
+            (Err(e), None) => Err(e),
+            (Err(e), Some(l)) => Err(format!("{e}; {l}")),
+        };
+        match result {
+            Ok(()) => println!("test {name} ... ok ({:.2?})", start.elapsed()),
+            Err(e) => {
+                println!("test {name} ... FAILED\n    {e}");
+                failed.push(*name);
+            }
+        }
+    }
+    println!();
+    if failed.is_empty() {
+        println!("test result: ok. {ran} passed; 0 failed");
+    } else {
+        println!(
+            "test result: FAILED. {} passed; {} failed: {failed:?}",
+            ran - failed.len(),
+            failed.len()
+        );
+        std::process::exit(1);
+    }
+}
+
+/// Nanoseconds of CLOCK_MONOTONIC (the same clock in every process).
+pub fn mono_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Spins (with short sleeps) until `cond` holds, at most `BOUND`.
+pub fn wait_for(what: &str, mut cond: impl FnMut() -> bool) -> Outcome {
+    let end = Instant::now() + BOUND;
+    while !cond() {
+        if Instant::now() > end {
+            return Err(format!("timed out after {BOUND:?} waiting for {what}"));
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    Ok(())
+}
+
+/// Threads of this process besides the caller (entries of `/proc/self/task` minus one).
+pub fn other_threads() -> Option<usize> {
+    Some(
+        std::fs::read_dir("/proc/self/task")
+            .ok()?
+            .count()
+            .saturating_sub(1),
+    )
+}
+
+/// CPU time of a process in ns (`/proc/<pid>/schedstat`, else utime + stime).
+pub fn cpu_ns(pid: i32) -> Result<u64, String> {
+    if let Ok(s) = std::fs::read_to_string(format!("/proc/{pid}/schedstat")) {
+        if let Some(v) = s.split_whitespace().next().and_then(|v| v.parse().ok()) {
+            return Ok(v);
+        }
+    }
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ctx("stat")?;
+    let close = stat.rfind(')').ok_or("stat has no ')'")?;
+    let f: Vec<&str> = stat[close + 2..].split_whitespace().collect();
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    let field = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    Ok((field(11) + field(12)) * 1_000_000_000 / hz)
+}
+
+/// Makes this process a child subreaper, so orphaned grandchildren of the scenarios are
+/// reparented to it (and counted by the leak check) instead of escaping to init.
+pub fn become_subreaper() {
+    // SAFETY: prctl(PR_SET_CHILD_SUBREAPER, 1) only sets a flag on this process.
+    let r = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+    if r != 0 {
+        eprintln!(
+            "warning: PR_SET_CHILD_SUBREAPER failed: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+}
