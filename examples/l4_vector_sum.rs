@@ -90,6 +90,9 @@ fn run() -> Result<String, Error> {
     let mut golden = vec![0.0f32; N as usize];
     let mut child_args = Vec::new();
     let mut child_outs: Vec<SharedTensor> = Vec::new();
+    // Task arguments only name tensors: the tensors themselves must stay alive (here, in
+    // the orchestration's closure) while tasks use them.
+    let mut inputs: Vec<SharedTensor> = Vec::new();
     for c in 0..2 {
         let mut a = TaskArgs::new();
         for k in 0..4 {
@@ -99,7 +102,9 @@ fn run() -> Result<String, Error> {
             for (g, x) in golden.iter_mut().zip(&v) {
                 *g += x;
             }
-            a.push_tensor(top.shared_tensor_from(&[N], &v)?.arg(ArgTag::Input))?;
+            let t = top.shared_tensor_from(&[N], &v)?;
+            a.push_tensor(t.arg(ArgTag::Input))?;
+            inputs.push(t);
         }
         let out = top.shared_tensor(&[N], DataType::F32)?;
         a.push_tensor(out.arg(ArgTag::OutputExisting))?;
@@ -110,6 +115,7 @@ fn run() -> Result<String, Error> {
 
     let (outs, tot) = (child_outs.clone(), total.clone());
     let l4_sum = top.register_orchestration("l4_vector_sum", move |o, _| {
+        let _alive = &inputs;
         for (a, &worker) in child_args.iter().zip(&children) {
             o.submit_next_level(l3_sum, a, worker)?;
         }

@@ -13,9 +13,9 @@
 
 use crate::task::{DistTask, Target, ROUTE_GROUP, ROUTE_SUB};
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 use strata_graph::{Claimed, Failure, FailureKind, ReadyTask, RunId, Scheduler, TaskRef};
 use strata_host::{Children, Doorbell, HostError};
 use strata_mailbox::{ControlReply, ControlRequest, FrameIdentity, TaskPublication, TaskSlot};
@@ -53,6 +53,8 @@ pub(crate) struct Link {
     unusable_flag: AtomicBool,
     /// The scheduler ran out of work: hand ready tasks over at once rather than batching.
     hungry: AtomicBool,
+    /// Callers driving the loop themselves (the scheduler thread parks meanwhile).
+    drivers: AtomicUsize,
 }
 
 impl Link {
@@ -64,6 +66,7 @@ impl Link {
             unusable: Mutex::new(None),
             unusable_flag: AtomicBool::new(false),
             hungry: AtomicBool::new(true),
+            drivers: AtomicUsize::new(0),
         }
     }
 
@@ -210,48 +213,49 @@ impl SchedLoop {
         }
     }
 
-    /// Runs until asked to stop with every child idle.
-    pub(crate) fn run(mut self) -> SchedExit {
-        loop {
-            let seen = self.link.doorbell.seq();
-            let mut progress = self.intake();
-            progress |= self.poll_lanes();
-            progress |= self.run_controls();
-            if self.stopping.is_none() {
-                progress |= self.dispatch();
-            }
-            if self.last_liveness.elapsed() >= BUSY_SLICE {
-                self.check_liveness();
-                self.last_liveness = std::time::Instant::now();
-            }
-            let busy = self.lanes.iter().any(|l| l.busy.is_some());
-            if let Some(deadline) = self.stopping {
-                self.fail_queued("the worker is closing");
-                if !busy || std::time::Instant::now() >= deadline {
-                    for lane in 0..self.lanes.len() {
-                        let f = self.endpoint_failure(
-                            lane,
-                            "the worker closed before this task finished (close_grace passed)",
-                        );
-                        self.finish(lane, Err(f));
-                    }
-                    self.sched.flush();
-                    break;
-                }
-            }
-            if progress {
-                continue;
-            }
-            let queued = self.queues.values().any(|q| !q.is_empty());
-            if !queued && !self.link.hungry.load(Ordering::Relaxed) {
-                self.link.hungry.store(true, Ordering::Relaxed);
-            }
-            if !busy {
-                self.sched.flush();
-            }
-            let slice = if busy { BUSY_SLICE } else { IDLE_SLICE };
-            self.link.doorbell.wait(seen, SPIN, slice);
+    /// One pass: intake, completions, control commands, liveness, dispatch. `None` once
+    /// the loop has stopped (closing: every child idle, or the close deadline passed);
+    /// otherwise whether the pass made progress and whether a child is busy.
+    fn step(&mut self) -> Option<(bool, bool)> {
+        let mut progress = self.intake();
+        progress |= self.poll_lanes();
+        progress |= self.run_controls();
+        if self.stopping.is_none() {
+            progress |= self.dispatch();
         }
+        if self.last_liveness.elapsed() >= BUSY_SLICE {
+            self.check_liveness();
+            self.last_liveness = std::time::Instant::now();
+        }
+        let busy = self.lanes.iter().any(|l| l.busy.is_some());
+        if let Some(deadline) = self.stopping {
+            self.fail_queued("the worker is closing");
+            if !busy || std::time::Instant::now() >= deadline {
+                for lane in 0..self.lanes.len() {
+                    let f = self.endpoint_failure(
+                        lane,
+                        "the worker closed before this task finished (close_grace passed)",
+                    );
+                    self.finish(lane, Err(f));
+                }
+                self.sched.flush();
+                return None;
+            }
+        }
+        if progress {
+            return Some((true, busy));
+        }
+        let queued = self.queues.values().any(|q| !q.is_empty());
+        if !queued && !self.link.hungry.load(Ordering::Relaxed) {
+            self.link.hungry.store(true, Ordering::Relaxed);
+        }
+        if !busy {
+            self.sched.flush();
+        }
+        Some((false, busy))
+    }
+
+    fn into_exit(mut self) -> SchedExit {
         for job in self.controls.drain(..) {
             let _ = job.reply.send(Err("the worker is closing".into()));
         }
@@ -639,6 +643,117 @@ impl SchedLoop {
                 Target::Sub => lane,
             };
             self.publish(lane, t, i, group, run, &c.payload);
+        }
+    }
+}
+
+/// The scheduler loop, driven by the scheduler thread — or, while a caller waits for a
+/// run, by that caller ("caller-runs"): the waiting thread polls the children and
+/// completes and dispatches tasks itself, and the scheduler thread parks. A round trip
+/// then involves two parties (the caller and the child) instead of three, which matters
+/// when there are no more cores than spinning parties: with three spinners on two cores a
+/// hand-off can wait for another spinner's whole budget.
+pub(crate) struct Driver {
+    lp: Mutex<Option<SchedLoop>>,
+    link: Arc<Link>,
+    thread: OnceLock<std::thread::Thread>,
+}
+
+/// Leaves the driver seat (also on unwind) and wakes the scheduler thread.
+struct Seat<'a>(&'a Driver);
+
+impl Drop for Seat<'_> {
+    fn drop(&mut self) {
+        self.0.link.drivers.fetch_sub(1, Ordering::AcqRel);
+        if let Some(t) = self.0.thread.get() {
+            t.unpark();
+        }
+    }
+}
+
+impl Driver {
+    pub(crate) fn new(lp: SchedLoop) -> Arc<Driver> {
+        Arc::new(Driver {
+            link: lp.link.clone(),
+            lp: Mutex::new(Some(lp)),
+            thread: OnceLock::new(),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<SchedLoop>> {
+        self.lp.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Starts the scheduler thread.
+    pub(crate) fn spawn(self: &Arc<Self>) -> std::io::Result<std::thread::JoinHandle<SchedExit>> {
+        let me = self.clone();
+        let h = std::thread::Builder::new()
+            .name("strata-scheduler".into())
+            .spawn(move || me.thread_main())?;
+        let _ = self.thread.set(h.thread().clone());
+        Ok(h)
+    }
+
+    /// The scheduler thread: runs the loop until it stops, parking while a caller
+    /// drives it.
+    fn thread_main(&self) -> SchedExit {
+        loop {
+            if self.link.drivers.load(Ordering::Acquire) > 0 {
+                std::thread::park_timeout(BUSY_SLICE);
+                continue;
+            }
+            let seen = self.link.doorbell.seq();
+            let step = match self.lock().as_mut() {
+                Some(lp) => lp.step(),
+                None => None,
+            };
+            match step {
+                None => break,
+                Some((true, _)) => {}
+                Some((false, busy)) => {
+                    let slice = if busy { BUSY_SLICE } else { IDLE_SLICE };
+                    self.link.doorbell.wait(seen, SPIN, slice);
+                }
+            }
+        }
+        let lp = self.lock().take();
+        lp.map(SchedLoop::into_exit)
+            .unwrap_or_else(|| unreachable!("only this thread takes the loop"))
+    }
+
+    /// Drives the loop on the calling thread until `done()`, `deadline`, or a spin budget
+    /// without progress (then the caller parks and the scheduler thread takes over).
+    pub(crate) fn drive_until(&self, deadline: Option<Instant>, mut done: impl FnMut() -> bool) {
+        self.link.drivers.fetch_add(1, Ordering::AcqRel);
+        let _seat = Seat(self);
+        // Get the scheduler thread out of its spin on the doorbell: it parks.
+        self.link.doorbell.ring();
+        let mut g = self.lock();
+        let Some(lp) = g.as_mut() else {
+            return;
+        };
+        let mut idle_since: Option<Instant> = None;
+        while !done() {
+            let seen = self.link.doorbell.seq();
+            match lp.step() {
+                None => return,
+                Some((true, _)) => idle_since = None,
+                Some((false, _)) => {
+                    let now = Instant::now();
+                    let since = *idle_since.get_or_insert(now);
+                    let mut left = SPIN.saturating_sub(now.duration_since(since));
+                    if let Some(d) = deadline {
+                        left = left.min(d.saturating_duration_since(now));
+                    }
+                    if left.is_zero() {
+                        return;
+                    }
+                    self.link.doorbell.wait(seen, left, left);
+                }
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return;
+            }
         }
     }
 }

@@ -6,7 +6,7 @@ use crate::error::{DistError, OrchError};
 use crate::orch::{ChildTensor, Orch};
 use crate::programs::{ChipChild, NestedChild};
 use crate::registry::{HostOrchHandle, Programs, SubHandle};
-use crate::sched::{Link, SchedExit, SchedLoop};
+use crate::sched::{Driver, Link, SchedExit, SchedLoop};
 use crate::task::DistTask;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -80,6 +80,7 @@ struct Runtime {
     waiter: RunWaiter,
     ctx: Arc<Ctx>,
     sched: Option<JoinHandle<SchedExit>>,
+    driver: Arc<Driver>,
     config: Arc<EncodedConfig>,
     children_pids: Vec<i32>,
     /// The heap rings' regions, returned (pages discarded, region pooled for the next
@@ -390,10 +391,9 @@ impl DistWorker {
         let link = Arc::new(Link::new(doorbell));
         let n_next = next.len();
         let waiter = orch.run_waiter();
-        let sched_link = link.clone();
-        let handle = std::thread::Builder::new()
-            .name("strata-scheduler".into())
-            .spawn(move || SchedLoop::new(sched, children, sched_link, n_next).run())
+        let driver = Driver::new(SchedLoop::new(sched, children, link.clone(), n_next));
+        let handle = driver
+            .spawn()
             .map_err(|e| DistError::Internal(format!("cannot start the scheduler thread: {e}")))?;
         let ctx = Arc::new(Ctx {
             link,
@@ -412,6 +412,7 @@ impl DistWorker {
             waiter,
             ctx,
             sched: Some(handle),
+            driver,
             config: Arc::new(EncodedConfig::new(&CallConfig::default())?),
             children_pids,
             _heap_leases: heap_leases,
@@ -507,6 +508,7 @@ impl DistWorker {
                 Ok(RunHandle {
                     run,
                     waiter: rt.waiter.clone(),
+                    driver: rt.driver.clone(),
                     outcome: None,
                 })
             }
@@ -678,6 +680,7 @@ fn panic_message(p: &Box<dyn std::any::Any + Send>) -> String {
 pub struct RunHandle {
     run: RunId,
     waiter: RunWaiter,
+    driver: Arc<Driver>,
     /// The outcome, once known (the graph forgets the run then).
     outcome: Option<Result<(), Failure>>,
 }
@@ -687,9 +690,6 @@ impl std::fmt::Debug for RunHandle {
         f.debug_struct("RunHandle").field("run", &self.run).finish()
     }
 }
-
-/// Spin on the run's phase before parking (keeps a short run's wait at cache-line speed).
-const WAIT_SPIN: Duration = Duration::from_micros(50);
 
 impl RunHandle {
     /// The run id.
@@ -716,14 +716,19 @@ impl RunHandle {
         if let Some(outcome) = &self.outcome {
             return outcome.clone().map_err(DistError::TaskFailed);
         }
-        let start = Instant::now();
-        while start.elapsed() < WAIT_SPIN {
-            if self.is_done() {
-                break;
-            }
-            std::hint::spin_loop();
-        }
-        match self.waiter.wait(self.run, timeout)? {
+        // Drive the scheduler loop on this thread while the run makes progress (a short
+        // run's wait stays at cache-line speed, with no third party); park once it made
+        // no progress for the spin budget.
+        let (waiter, run) = (&self.waiter, self.run);
+        let deadline = timeout.map(|t| Instant::now() + t);
+        self.driver.drive_until(deadline, || {
+            matches!(
+                waiter.phase(run),
+                Some(RunPhase::Completed | RunPhase::Failed)
+            )
+        });
+        let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+        match self.waiter.wait(self.run, left)? {
             None => Err(DistError::WaitTimeout(timeout.unwrap_or_default())),
             Some(outcome) => {
                 let _ = self.waiter.release(self.run);

@@ -125,8 +125,15 @@ impl Doorbell {
                     return now;
                 }
                 i = i.wrapping_add(1);
-                if i % 64 == 0 && start.elapsed() >= spin_end {
-                    break;
+                if i % 64 == 0 {
+                    let spun = start.elapsed();
+                    if spun >= spin_end {
+                        break;
+                    }
+                    // As the mailbox's waits: let a peer queued on this CPU run.
+                    if spun >= strata_mailbox::YIELD_AFTER {
+                        std::thread::yield_now();
+                    }
                 }
             }
         }

@@ -17,3 +17,12 @@ pub(crate) fn spin_hint() {
     #[cfg(loom)]
     loom::thread::yield_now();
 }
+
+/// Lets another runnable thread of this CPU run (a spin-wait that has not succeeded
+/// within [`crate::wait::YIELD_AFTER`] may be holding the CPU its peer needs). A no-op
+/// under loom, which has no CPUs.
+#[inline]
+pub(crate) fn os_yield() {
+    #[cfg(not(loom))]
+    std::thread::yield_now();
+}

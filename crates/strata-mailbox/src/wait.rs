@@ -22,7 +22,7 @@
 
 use crate::error::MailboxError;
 use crate::futex;
-use crate::sync::{fence, spin_hint, AtomicU32, Ordering};
+use crate::sync::{fence, os_yield, spin_hint, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 /// A state word and its waiter count.
@@ -199,6 +199,11 @@ fn park<const N: usize, T>(
     r
 }
 
+/// A spin-wait that has not succeeded after this long yields the CPU every 64 polls:
+/// when there are more spinning threads than CPUs, the peer it waits for may be queued
+/// behind it on the same CPU, and would otherwise wait for the whole spin budget.
+pub const YIELD_AFTER: Duration = Duration::from_micros(5);
+
 /// Waits until `check(values of words)` returns `Some`, spinning first and then parking.
 ///
 /// `on_tick` runs at least every `tick` (while spinning and between sleeps); an error
@@ -264,8 +269,12 @@ pub(crate) fn wait_until<const N: usize, T>(
                         }
                         last_tick = now;
                     }
-                    if now.duration_since(start) >= opts.spin {
+                    let spun = now.duration_since(start);
+                    if spun >= opts.spin {
                         break;
+                    }
+                    if spun >= YIELD_AFTER {
+                        os_yield();
                     }
                 }
             }
