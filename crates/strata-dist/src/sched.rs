@@ -137,11 +137,28 @@ struct InFlight {
     group: bool,
 }
 
+/// A child's two task frames, as the scheduler uses them: the second frame holds the
+/// child's next task while it runs the first, so it never waits for the scheduler between
+/// tasks. Control commands and group members need the child idle (both frames free).
 #[derive(Debug, Default)]
 struct LaneState {
-    busy: Option<InFlight>,
+    frames: [Option<InFlight>; 2],
     seq: u64,
     dead: Option<String>,
+}
+
+impl LaneState {
+    fn in_flight(&self) -> usize {
+        self.frames.iter().filter(|f| f.is_some()).count()
+    }
+    fn is_busy(&self) -> bool {
+        self.frames.iter().any(Option::is_some)
+    }
+    fn free_frame(&self) -> Option<TaskSlot> {
+        TaskSlot::ALL
+            .into_iter()
+            .find(|s| self.frames[s.index()].is_none())
+    }
 }
 
 #[derive(Debug, Default)]
@@ -227,7 +244,7 @@ impl SchedLoop {
             self.check_liveness();
             self.last_liveness = std::time::Instant::now();
         }
-        let busy = self.lanes.iter().any(|l| l.busy.is_some());
+        let busy = self.lanes.iter().any(LaneState::is_busy);
         if let Some(deadline) = self.stopping {
             self.fail_queued("the worker is closing");
             if !busy || std::time::Instant::now() >= deadline {
@@ -236,7 +253,7 @@ impl SchedLoop {
                         lane,
                         "the worker closed before this task finished (close_grace passed)",
                     );
-                    self.finish(lane, Err(f));
+                    self.finish_all(lane, &f);
                 }
                 self.sched.flush();
                 return None;
@@ -327,9 +344,16 @@ impl SchedLoop {
         }
     }
 
-    /// Completes what `lane` was running.
-    fn finish(&mut self, lane: usize, outcome: Result<(), Failure>) {
-        let Some(f) = self.lanes[lane].busy.take() else {
+    /// Fails everything `lane` holds.
+    fn finish_all(&mut self, lane: usize, failure: &Failure) {
+        for slot in TaskSlot::ALL {
+            self.finish(lane, slot, Err(failure.clone()));
+        }
+    }
+
+    /// Completes what `lane` ran in frame `slot`.
+    fn finish(&mut self, lane: usize, slot: TaskSlot, outcome: Result<(), Failure>) {
+        let Some(f) = self.lanes[lane].frames[slot.index()].take() else {
             return;
         };
         let mut ready = std::mem::take(&mut self.ready);
@@ -366,36 +390,39 @@ impl SchedLoop {
         self.lanes[lane].dead = Some(msg.clone());
         self.link.set_unusable(msg.clone());
         let f = Failure::new(FailureKind::Endpoint, msg);
-        self.finish(lane, Err(f));
+        self.finish_all(lane, &f);
     }
 
     fn poll_lanes(&mut self) -> bool {
         let mut progress = false;
         for lane in 0..self.lanes.len() {
-            if self.lanes[lane].busy.is_none() {
-                continue;
-            }
-            let polled = self.children.lane(lane).parent().poll(TaskSlot::Slot0);
-            match polled {
-                Ok(p) => {
-                    let Some(done) = p.completion else {
-                        continue;
-                    };
-                    if let Err(e) = self.children.lane(lane).parent().reset(TaskSlot::Slot0) {
+            for slot in TaskSlot::ALL {
+                if self.lanes[lane].frames[slot.index()].is_none() {
+                    continue;
+                }
+                let polled = self.children.lane(lane).parent().poll(slot);
+                match polled {
+                    Ok(p) => {
+                        let Some(done) = p.completion else {
+                            continue;
+                        };
+                        if let Err(e) = self.children.lane(lane).parent().reset(slot) {
+                            self.lane_died(lane, format!("mailbox protocol error: {e}"));
+                            progress = true;
+                            break;
+                        }
+                        let outcome = done.outcome.map_err(|f| {
+                            let message = self.attribute(lane, f.message);
+                            Failure::with_code(FailureKind::Task, f.code, message)
+                        });
+                        self.finish(lane, slot, outcome);
+                        progress = true;
+                    }
+                    Err(e) => {
                         self.lane_died(lane, format!("mailbox protocol error: {e}"));
                         progress = true;
-                        continue;
+                        break;
                     }
-                    let outcome = done.outcome.map_err(|f| {
-                        let message = self.attribute(lane, f.message);
-                        Failure::with_code(FailureKind::Task, f.code, message)
-                    });
-                    self.finish(lane, outcome);
-                    progress = true;
-                }
-                Err(e) => {
-                    self.lane_died(lane, format!("mailbox protocol error: {e}"));
-                    progress = true;
                 }
             }
         }
@@ -412,7 +439,7 @@ impl SchedLoop {
             if let Err(e) = self.children.lane(lane).check_alive() {
                 // A completion published just before the child died still counts (the
                 // lane is dead all the same).
-                if self.lanes[lane].busy.is_some() {
+                if self.lanes[lane].is_busy() {
                     self.poll_lanes();
                 }
                 let why = match e {
@@ -429,7 +456,7 @@ impl SchedLoop {
         let mut i = 0;
         while i < self.controls.len() {
             let lane = self.controls[i].lane;
-            if self.lanes.get(lane).is_some_and(|l| l.busy.is_some()) {
+            if self.lanes.get(lane).is_some_and(LaneState::is_busy) {
                 i += 1;
                 continue;
             }
@@ -455,8 +482,8 @@ impl SchedLoop {
         progress
     }
 
-    /// Publishes member `member` of a claimed task to `lane`. On failure the member is
-    /// completed as an endpoint failure.
+    /// Publishes member `member` of a claimed task to a free frame of `lane` (the caller
+    /// checked there is one). On failure the member is completed as an endpoint failure.
     fn publish(
         &mut self,
         lane: usize,
@@ -466,28 +493,30 @@ impl SchedLoop {
         run: RunId,
         p: &DistTask,
     ) {
+        let Some(slot) = self.lanes[lane].free_frame() else {
+            // Unreachable: every caller checks for a free frame first.
+            let f = self.endpoint_failure(lane, "internal error: no free task frame");
+            self.link.set_unusable(f.message().to_owned());
+            return;
+        };
         self.lanes[lane].seq += 1;
         let identity = FrameIdentity {
             run_id: run.0,
-            lease_slot: 0,
+            lease_slot: slot.index() as u32,
             lease_generation: 1,
             dispatch_id: self.lanes[lane].seq,
         };
         let publication =
             TaskPublication::run(p.callable, identity, &p.config, &p.members[member].blob);
-        self.lanes[lane].busy = Some(InFlight {
+        self.lanes[lane].frames[slot.index()] = Some(InFlight {
             task,
             member,
             group,
         });
-        let r = self
-            .children
-            .lane(lane)
-            .parent()
-            .publish(TaskSlot::Slot0, &publication);
+        let r = self.children.lane(lane).parent().publish(slot, &publication);
         if let Err(e) = r {
             let f = self.endpoint_failure(lane, &format!("could not publish the task: {e}"));
-            self.finish(lane, Err(f));
+            self.finish(lane, slot, Err(f));
         }
     }
 
@@ -529,8 +558,14 @@ impl SchedLoop {
         }
     }
 
+    /// Alive with both frames free.
     fn idle(&self, lane: usize) -> bool {
-        self.lanes[lane].busy.is_none() && self.lanes[lane].dead.is_none()
+        !self.lanes[lane].is_busy() && self.lanes[lane].dead.is_none()
+    }
+
+    /// Alive with a free frame.
+    fn has_room(&self, lane: usize) -> bool {
+        self.lanes[lane].free_frame().is_some() && self.lanes[lane].dead.is_none()
     }
 
     fn dispatch(&mut self) -> bool {
@@ -574,16 +609,20 @@ impl SchedLoop {
             break;
         }
 
-        // Singles: at most one per idle, unreserved worker per pass.
+        // Singles: fill the free frames of every unreserved worker from its FIFO (a dead
+        // worker's queued tasks fail).
         for (w, &is_reserved) in reserved.iter().enumerate() {
-            if is_reserved || self.lanes[w].busy.is_some() {
+            if is_reserved {
                 continue;
             }
-            while let Some(t) = self
-                .queues
-                .get_mut(&run)
-                .and_then(|q| q.workers[w].pop_front())
-            {
+            while self.has_room(w) || self.lanes[w].dead.is_some() {
+                let Some(t) = self
+                    .queues
+                    .get_mut(&run)
+                    .and_then(|q| q.workers[w].pop_front())
+                else {
+                    break;
+                };
                 progress = true;
                 if let Some(dead) = self.lanes[w].dead.clone() {
                     self.fail_task(t, &dead);
@@ -591,7 +630,6 @@ impl SchedLoop {
                 }
                 if let Some(c) = self.sched.claim(t) {
                     self.publish(w, t, 0, false, run, &c.payload);
-                    break;
                 }
             }
         }
@@ -603,9 +641,19 @@ impl SchedLoop {
                 progress = true;
                 continue;
             };
-            let idle: Vec<usize> = (self.n_next..self.lanes.len())
-                .filter(|&l| self.idle(l))
+            // Idle sub-workers first; a single task may also queue in the second frame of
+            // the least loaded busy one. Group members need idle workers (they must run
+            // together).
+            let mut idle: Vec<usize> = (self.n_next..self.lanes.len())
+                .filter(|&l| {
+                    if size == 1 {
+                        self.has_room(l)
+                    } else {
+                        self.idle(l)
+                    }
+                })
                 .collect();
+            idle.sort_by_key(|&l| self.lanes[l].in_flight());
             let alive = (self.n_next..self.lanes.len())
                 .filter(|&l| self.lanes[l].dead.is_none())
                 .count();
