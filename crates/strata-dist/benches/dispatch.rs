@@ -34,12 +34,10 @@
 //! decomposition keys `l3_sub_rtt_us`, `sub_ratio`, `chip_run_us`,
 //! `{process,threads}_wavefront_sep_us`.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use strata_chip::{ChipConfig, ChipWorker, RunArgs};
 use strata_dist::{DistConfig, DistWorker, HostOrchHandle};
 use strata_host::{ExecMode, SharedTensor};
-use strata_mailbox::{ChildExit, ChildProcess, SharedRegion};
 use strata_types::{ArgTag, CallConfig, DataType, TaskArgs};
 
 // ----- sizes ---------------------------------------------------------------------------
@@ -64,143 +62,19 @@ const LIFECYCLE_REPS: usize = 10;
 const LIFECYCLE_CHIPS: usize = 4;
 const SUBS: usize = 2;
 
-// ----- statistics ----------------------------------------------------------------------
+use strata_testkit::bench::{assert_single_threaded, median, min, quantile, FloorSpec};
 
-fn median(v: &[f64]) -> f64 {
-    let mut v = v.to_vec();
-    v.sort_by(|a, b| a.total_cmp(b));
-    let n = v.len();
-    if n == 0 {
-        f64::NAN
-    } else if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
-}
-
-fn quantile(v: &[f64], q: f64) -> f64 {
-    let mut v = v.to_vec();
-    v.sort_by(|a, b| a.total_cmp(b));
-    v.get(((v.len() as f64 - 1.0) * q).round() as usize)
-        .copied()
-        .unwrap_or(f64::NAN)
-}
-
-fn min(v: &[f64]) -> f64 {
-    v.iter().copied().fold(f64::INFINITY, f64::min)
-}
-
-// ----- process helpers -----------------------------------------------------------------
-
-/// Forking (ours, or `init` in `Process` mode) needs a single-threaded process.
-fn assert_single_threaded(before: &str) {
-    let n = strata_host::other_threads().expect("/proc/self/task");
-    assert_eq!(
-        n, 0,
-        "{before}: this process runs {n} other thread(s); a fork now could deadlock the child"
-    );
-}
-
-fn pin(cpu: usize) -> bool {
-    let mut set = nix::sched::CpuSet::new();
-    set.set(cpu).is_ok()
-        && nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set).is_ok()
-}
-
-fn fork(body: impl FnOnce() -> i32) -> i32 {
-    assert_single_threaded("fork");
-    // SAFETY: the process is single-threaded (checked above); the child leaves through
-    // `_exit` without unwinding into the parent's frames.
-    let pid = unsafe { libc::fork() };
-    match pid {
-        -1 => panic!("fork failed: {}", std::io::Error::last_os_error()),
-        0 => {
-            let code = body();
-            // SAFETY: see above.
-            unsafe { libc::_exit(code) }
-        }
-        pid => pid,
-    }
-}
-
-fn reap(pid: i32) -> ChildExit {
-    let mut watch = ChildProcess::new(pid);
-    let end = Instant::now() + Duration::from_secs(30);
-    loop {
-        match watch.try_wait() {
-            Ok(Some(exit)) => return exit,
-            Ok(None) if Instant::now() < end => std::thread::sleep(Duration::from_millis(1)),
-            _ => {
-                // SAFETY: kill a child this process forked.
-                unsafe { libc::kill(pid, libc::SIGKILL) };
-                std::thread::sleep(Duration::from_millis(10));
-                return watch
-                    .try_wait()
-                    .ok()
-                    .flatten()
-                    .unwrap_or(ChildExit::NotWaitable);
-            }
-        }
-    }
-}
-
-// ----- 1. floor ------------------------------------------------------------------------
-
-/// Per-batch average RTTs (µs) of a raw one-line ping-pong between this process and a
-/// forked child, pinned to CPU 0 / CPU 1 when `pinned`; this process's CPU affinity is
-/// restored afterwards (the engine's threads and children inherit it).
+/// Per-batch average RTTs (µs) of the raw two-process cache-line ping-pong.
 fn floor(pinned: bool) -> Vec<f64> {
-    let saved = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0)).ok();
-    let region = SharedRegion::anonymous(4096).expect("a shared page");
-    // SAFETY: offset 0 of a page-aligned 4 KiB mapping, used only atomically.
-    let flag = unsafe { &*region.as_ptr().cast::<AtomicU64>() };
-    let total = (FLOOR_WARMUP + FLOOR_BATCHES * FLOOR_PER_BATCH) as u64;
-    let child = fork(|| {
-        if pinned {
-            pin(1);
-        }
-        for i in 1..=total {
-            let want = 2 * i - 1;
-            let mut spins = 0u64;
-            while flag.load(Ordering::Acquire) != want {
-                std::hint::spin_loop();
-                spins += 1;
-                if spins > 4_000_000_000 {
-                    return 1;
-                }
-            }
-            flag.store(want + 1, Ordering::Release);
-        }
-        0
-    });
-    if pinned {
-        pin(0);
-    }
-    let mut i = 0u64;
-    let mut round = || {
-        i += 1;
-        flag.store(2 * i - 1, Ordering::Release);
-        while flag.load(Ordering::Acquire) != 2 * i {
-            std::hint::spin_loop();
-        }
+    let spec = FloorSpec {
+        warmup: FLOOR_WARMUP,
+        batches: FLOOR_BATCHES,
+        per_batch: FLOOR_PER_BATCH,
     };
-    for _ in 0..FLOOR_WARMUP {
-        round();
-    }
-    let mut out = Vec::with_capacity(FLOOR_BATCHES);
-    for _ in 0..FLOOR_BATCHES {
-        let t = Instant::now();
-        for _ in 0..FLOOR_PER_BATCH {
-            round();
-        }
-        out.push(t.elapsed().as_secs_f64() * 1e6 / FLOOR_PER_BATCH as f64);
-    }
-    assert_eq!(reap(child), ChildExit::Exited(0), "floor child");
-    if let Some(set) = saved {
-        let _ = nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set);
-    }
-    out
+    strata_testkit::bench::pingpong_floor_ns(pinned, spec)
+        .into_iter()
+        .map(|ns| ns / 1000.0)
+        .collect()
 }
 
 // ----- 2. round trips ------------------------------------------------------------------

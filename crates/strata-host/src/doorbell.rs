@@ -3,9 +3,10 @@
 
 use crate::error::HostError;
 use crate::shm::Mapping;
-use std::sync::atomic::{fence, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use strata_mailbox::WakeCounter;
 
 /// The shared words, alone in their cache lines.
 #[repr(C, align(256))]
@@ -20,15 +21,10 @@ struct Bell {
 /// publish a terminal task state (or `CONTROL_DONE`, `FRAME_STAGED`, `INIT_*`), and the
 /// engine rings it when it has new work.
 ///
-/// It is a counter word plus a waiter count in shared memory (a memfd mapping inherited
-/// by forked children), with the same spin-then-park protocol as the mailbox:
-///
-/// * [`Doorbell::ring`]: `seq += 1` (release), `fence(SeqCst)`, and `FUTEX_WAKE` only if
-///   the waiter count is non-zero — no system call while nobody sleeps.
-/// * [`Doorbell::wait`]: spin re-reading `seq` until it differs from `seen`; then
-///   register as a waiter (`SeqCst`), `fence(SeqCst)`, re-read, and only if `seq` still
-///   equals `seen` sleep on a shared futex with `seen` as the expected value. The two
-///   fences are totally ordered, so a ring is never lost (see `docs/mailbox.md` §5).
+/// It is a [`WakeCounter`] (the mailbox's spin-then-park protocol, model-checked with
+/// loom) whose counter word and waiter count live in shared memory (a memfd mapping
+/// inherited by forked children): a ring is one atomic add, one fence and one load while
+/// nobody sleeps, and is never lost (see `docs/mailbox.md` §5).
 ///
 /// Usage by a scheduler loop: `let seen = bell.seq();` → poll every lane → if nothing
 /// happened, `bell.wait(seen, spin, timeout)`. A ring after the `seq()` read makes the
@@ -87,122 +83,35 @@ impl Doorbell {
         unsafe { &*self.map.ptr().cast::<Bell>() }
     }
 
+    #[inline(always)]
+    fn counter(&self) -> WakeCounter<'_> {
+        let b = self.bell();
+        WakeCounter::new(&b.seq, &b.waiters)
+    }
+
     /// Rings: bumps the counter and wakes every sleeping waiter.
     #[inline]
     pub fn ring(&self) {
-        let b = self.bell();
-        b.seq.fetch_add(1, Ordering::Release);
-        fence(Ordering::SeqCst);
-        if b.waiters.load(Ordering::Relaxed) != 0 {
-            futex_wake_all(&b.seq);
-        }
+        self.counter().bump();
     }
 
     /// The current counter (an acquire load).
     #[inline]
     pub fn seq(&self) -> u32 {
-        self.bell().seq.load(Ordering::Acquire)
+        self.counter().load()
     }
 
     /// Waits until the counter differs from `seen` or `timeout` passes, and returns the
-    /// counter: spins for `spin` (re-reading one word, with a pause hint), then parks on
-    /// the futex. A return value equal to `seen` means the timeout passed.
+    /// counter: spins for `spin` (re-reading one word, with a pause hint, yielding after
+    /// a few µs), then parks on the futex. A return value equal to `seen` means the
+    /// timeout passed.
     pub fn wait(&self, seen: u32, spin: Duration, timeout: Duration) -> u32 {
-        let b = self.bell();
-        let now = b.seq.load(Ordering::Acquire);
-        if now != seen {
-            return now;
-        }
-        let start = Instant::now();
-        let deadline = start.checked_add(timeout);
-        if !spin.is_zero() {
-            let spin_end = spin.min(timeout);
-            let mut i: u32 = 0;
-            loop {
-                std::hint::spin_loop();
-                let now = b.seq.load(Ordering::Acquire);
-                if now != seen {
-                    return now;
-                }
-                i = i.wrapping_add(1);
-                if i % 64 == 0 {
-                    let spun = start.elapsed();
-                    if spun >= spin_end {
-                        break;
-                    }
-                    // As the mailbox's waits: let a peer queued on this CPU run.
-                    if spun >= strata_mailbox::YIELD_AFTER {
-                        std::thread::yield_now();
-                    }
-                }
-            }
-        }
-        loop {
-            let remaining = match deadline {
-                Some(d) => d.saturating_duration_since(Instant::now()),
-                None => Duration::from_secs(3600),
-            };
-            if remaining.is_zero() {
-                return b.seq.load(Ordering::Acquire);
-            }
-            b.waiters.fetch_add(1, Ordering::SeqCst);
-            fence(Ordering::SeqCst);
-            let now = b.seq.load(Ordering::Acquire);
-            if now == seen {
-                futex_wait(&b.seq, seen, remaining);
-            }
-            b.waiters.fetch_sub(1, Ordering::Relaxed);
-            let now = b.seq.load(Ordering::Acquire);
-            if now != seen {
-                return now;
-            }
-        }
+        self.counter().wait_change(seen, spin, timeout)
     }
 
     /// How many waiters are registered right now (for diagnostics and tests).
     pub fn waiters(&self) -> u32 {
-        self.bell().waiters.load(Ordering::Relaxed)
-    }
-}
-
-/// Sleeps while `*word == expected`, for at most `timeout` (spurious and early returns
-/// are fine: the caller re-checks).
-fn futex_wait(word: &AtomicU32, expected: u32, timeout: Duration) {
-    let ts = libc::timespec {
-        tv_sec: timeout.as_secs().min(i64::MAX as u64) as libc::time_t,
-        tv_nsec: timeout.subsec_nanos() as libc::c_long,
-    };
-    // SAFETY: `word` is a live, aligned atomic in a mapping that outlives the call;
-    // FUTEX_WAIT (shared: no FUTEX_PRIVATE_FLAG, the word lives in MAP_SHARED memory seen
-    // by other processes) only reads it and sleeps at most `ts`. The result (woken,
-    // EAGAIN, ETIMEDOUT, EINTR) needs no handling: the caller re-checks the word.
-    unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            word.as_ptr(),
-            libc::FUTEX_WAIT,
-            expected,
-            &ts as *const libc::timespec,
-            std::ptr::null::<u32>(),
-            0u32,
-        );
-    }
-}
-
-/// Wakes every waiter sleeping on `word`.
-fn futex_wake_all(word: &AtomicU32) {
-    // SAFETY: `word` is a live, aligned atomic; FUTEX_WAKE uses only its address as the
-    // key. A failure would cost latency only: waiters sleep at most their timeout.
-    unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            word.as_ptr(),
-            libc::FUTEX_WAKE,
-            i32::MAX,
-            std::ptr::null::<libc::timespec>(),
-            std::ptr::null::<u32>(),
-            0u32,
-        );
+        self.counter().waiters()
     }
 }
 
@@ -210,6 +119,7 @@ fn futex_wake_all(word: &AtomicU32) {
 mod tests {
     use super::*;
     use std::sync::atomic::AtomicBool;
+    use std::time::Instant;
 
     #[test]
     fn a_parked_waiter_is_woken_by_a_ring() {

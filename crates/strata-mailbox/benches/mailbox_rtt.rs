@@ -18,7 +18,6 @@
 #[cfg(not(loom))]
 mod bench {
 
-    use std::sync::atomic::{AtomicU64, Ordering};
     use std::time::{Duration, Instant};
     use strata_mailbox::*;
     use strata_types::{CallableId, TaskArgs};
@@ -27,108 +26,16 @@ mod bench {
     const PER_BATCH: usize = 1000;
     const WARMUP: usize = 20_000;
 
-    fn pin(cpu: usize) -> bool {
-        let mut set = nix::sched::CpuSet::new();
-        set.set(cpu).is_ok()
-            && nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set).is_ok()
-    }
-
-    fn fork(body: impl FnOnce() -> i32) -> i32 {
-        // SAFETY: the benchmark process is single-threaded when it forks.
-        let pid = unsafe { libc::fork() };
-        match pid {
-            -1 => {
-                eprintln!("fork failed: {}", std::io::Error::last_os_error());
-                std::process::exit(2)
-            }
-            0 => {
-                let code = body();
-                // SAFETY: leave the child without unwinding into the parent's frames.
-                unsafe { libc::_exit(code) }
-            }
-            pid => pid,
-        }
-    }
-
-    fn reap(pid: i32) -> ChildExit {
-        let mut watch = ChildProcess::new(pid);
-        let end = Instant::now() + Duration::from_secs(30);
-        loop {
-            match watch.try_wait() {
-                Ok(Some(exit)) => return exit,
-                Ok(None) if Instant::now() < end => std::thread::sleep(Duration::from_millis(1)),
-                _ => {
-                    // SAFETY: kill a child this process forked.
-                    unsafe { libc::kill(pid, libc::SIGKILL) };
-                    return watch
-                        .try_wait()
-                        .ok()
-                        .flatten()
-                        .unwrap_or(ChildExit::NotWaitable);
-                }
-            }
-        }
-    }
-
-    fn median(v: &mut [f64]) -> f64 {
-        v.sort_by(|a, b| a.total_cmp(b));
-        let n = v.len();
-        if n % 2 == 1 {
-            v[n / 2]
-        } else {
-            (v[n / 2 - 1] + v[n / 2]) / 2.0
-        }
-    }
+    use strata_testkit::bench::{fork, median, min, pin, reap, FloorSpec};
 
     /// Per-batch average RTTs (ns) of a raw cache-line ping-pong between two processes.
     fn floor(pinned: bool) -> Vec<f64> {
-        let region = SharedRegion::anonymous(4096).expect("a shared page");
-        // SAFETY: offset 0 of a page-aligned 4 KiB mapping, used only atomically.
-        let flag = unsafe { &*region.as_ptr().cast::<AtomicU64>() };
-        let total = (WARMUP + BATCHES * PER_BATCH) as u64;
-        let child = fork(|| {
-            if pinned {
-                pin(1);
-            }
-            for i in 1..=total {
-                let want = 2 * i - 1;
-                let mut spins = 0u64;
-                while flag.load(Ordering::Acquire) != want {
-                    std::hint::spin_loop();
-                    spins += 1;
-                    if spins > 4_000_000_000 {
-                        return 1;
-                    }
-                }
-                flag.store(want + 1, Ordering::Release);
-            }
-            0
-        });
-        if pinned {
-            pin(0);
-        }
-        let mut i = 0u64;
-        let mut round = || {
-            i += 1;
-            flag.store(2 * i - 1, Ordering::Release);
-            while flag.load(Ordering::Acquire) != 2 * i {
-                std::hint::spin_loop();
-            }
+        let spec = FloorSpec {
+            warmup: WARMUP,
+            batches: BATCHES,
+            per_batch: PER_BATCH,
         };
-        for _ in 0..WARMUP {
-            round();
-        }
-        let mut out = Vec::with_capacity(BATCHES);
-        for _ in 0..BATCHES {
-            let t = Instant::now();
-            for _ in 0..PER_BATCH {
-                round();
-            }
-            out.push(t.elapsed().as_nanos() as f64 / PER_BATCH as f64);
-        }
-        let exit = reap(child);
-        assert_eq!(exit, ChildExit::Exited(0), "floor child");
-        out
+        strata_testkit::bench::pingpong_floor_ns(pinned, spec)
     }
 
     struct NoOp;
@@ -238,8 +145,8 @@ mod bench {
         let idle_percent = pct(s0, s1).or(idle_percent_ticks).unwrap_or(f64::NAN);
 
         parent.request_shutdown();
-        let exit = reap(child);
-        assert_eq!(exit, ChildExit::Exited(0), "mailbox child");
+        let exit = reap(child, Duration::from_secs(30));
+        assert_eq!(exit, Some(0), "mailbox child");
         MailboxFigures {
             batches,
             idle_percent,
@@ -251,12 +158,12 @@ mod bench {
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
         let pinned = cpus >= 2 && pin(0);
         let started = Instant::now();
-        let mut fl = floor(pinned);
-        let mut mbx = mailbox(pinned);
-        let floor_min = fl.iter().copied().fold(f64::INFINITY, f64::min);
-        let mbx_min = mbx.batches.iter().copied().fold(f64::INFINITY, f64::min);
-        let floor_med = median(&mut fl);
-        let rtt_med = median(&mut mbx.batches);
+        let fl = floor(pinned);
+        let mbx = mailbox(pinned);
+        let floor_min = min(&fl);
+        let mbx_min = min(&mbx.batches);
+        let floor_med = median(&fl);
+        let rtt_med = median(&mbx.batches);
         let ratio = rtt_med / floor_med;
 
         println!();

@@ -91,7 +91,7 @@ pub use error::{ChildExit, MailboxError};
 pub use state::{
     FrameId, FrameIdentity, MailboxState, PrepareDisposition, TaskSlot, UnknownStateValue,
 };
-pub use wait::{WaitOptions, YIELD_AFTER};
+pub use wait::{WaitOptions, WakeCounter, YIELD_AFTER};
 
 #[cfg(not(loom))]
 pub use child::{Child, Handler, PublishHook, ServeExit, ServeOptions, TaskPhase, TaskRequest};

@@ -233,3 +233,22 @@ fn lost_wakeup_model(writer_fence: bool) {
         );
     });
 }
+
+#[test]
+fn loom_a_bump_wakes_a_parked_wake_counter_waiter() {
+    use crate::wait::WakeCounter;
+    loom::model(|| {
+        let w = Arc::new(Word::new(7));
+        let w2 = w.clone();
+        let waiter = thread::spawn(move || {
+            WakeCounter::new(&w2.state, &w2.waiters).wait_change(
+                7,
+                std::time::Duration::ZERO,
+                std::time::Duration::from_secs(3600),
+            )
+        });
+        WakeCounter::new(&w.state, &w.waiters).bump();
+        assert_eq!(waiter.join().unwrap(), 8);
+        assert_eq!(w.waiters.load(Ordering::SeqCst), 0);
+    });
+}

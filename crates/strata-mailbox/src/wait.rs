@@ -90,6 +90,92 @@ impl<'a> WaitWord<'a> {
     }
 }
 
+/// A counter that threads or processes wait on for a change — a doorbell: writers
+/// [`WakeCounter::bump`] it, a waiter [`WakeCounter::wait_change`]s from the value it saw
+/// before it last looked for work. Same protocol as the mailbox's state words (spin, then
+/// park on a shared futex; a bump wakes only if somebody is parked), so no bump is lost.
+/// The two atomics live wherever the caller puts them (e.g. shared memory inherited by
+/// forked children).
+///
+/// ```
+/// use std::sync::atomic::AtomicU32;
+/// use std::time::Duration;
+/// use strata_mailbox::WakeCounter;
+/// let (word, waiters) = (AtomicU32::new(0), AtomicU32::new(0));
+/// let bell = WakeCounter::new(&word, &waiters);
+/// let seen = bell.load();
+/// std::thread::scope(|s| {
+///     s.spawn(|| bell.bump());
+///     assert_ne!(bell.wait_change(seen, Duration::from_micros(50), Duration::from_secs(30)), seen);
+/// });
+/// // Nothing bumps: the wait times out and returns the unchanged value.
+/// let now = bell.load();
+/// assert_eq!(bell.wait_change(now, Duration::ZERO, Duration::from_millis(1)), now);
+/// ```
+#[derive(Clone, Copy)]
+pub struct WakeCounter<'a> {
+    word: WaitWord<'a>,
+}
+
+impl std::fmt::Debug for WakeCounter<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WakeCounter")
+            .field("value", &self.load())
+            .field("waiters", &self.waiters())
+            .finish()
+    }
+}
+
+impl<'a> WakeCounter<'a> {
+    /// The counter `value` with its waiter count `waiters` (both start at any value; keep
+    /// them in one cache line, away from unrelated data).
+    pub fn new(value: &'a AtomicU32, waiters: &'a AtomicU32) -> Self {
+        WakeCounter {
+            word: WaitWord {
+                state: value,
+                waiters,
+            },
+        }
+    }
+
+    /// The current value (an acquire load).
+    #[inline(always)]
+    pub fn load(&self) -> u32 {
+        self.word.load()
+    }
+
+    /// Adds one (release) and wakes every parked waiter, if any.
+    #[inline]
+    pub fn bump(&self) {
+        self.word.state.fetch_add(1, Ordering::Release);
+        self.word.notify();
+    }
+
+    /// How many waiters are parked (or about to park) right now.
+    pub fn waiters(&self) -> u32 {
+        self.word.waiters.load(Ordering::Relaxed)
+    }
+
+    /// Waits until the value differs from `seen`, spinning for `spin` and then parking,
+    /// at most `timeout` in all; returns the value (equal to `seen` after a timeout).
+    pub fn wait_change(&self, seen: u32, spin: Duration, timeout: Duration) -> u32 {
+        let opts = WaitOptions {
+            spin: spin.min(timeout),
+            park_slice: timeout,
+            deadline: Instant::now().checked_add(timeout),
+        };
+        wait_until(
+            [self.word],
+            &opts,
+            opts.slice(),
+            |s| Ok((s[0] != seen).then_some(s[0])),
+            || Ok(()),
+            String::new,
+        )
+        .unwrap_or_else(|_| self.load())
+    }
+}
+
 /// How to wait for the peer: spin for a while, then park on a futex in bounded slices.
 ///
 /// ```

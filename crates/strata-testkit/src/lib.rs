@@ -1,7 +1,8 @@
 //! Scaffolding of strata's `harness = false` test binaries, which fork and so must stay
 //! single-threaded: a sequential scenario runner that wraps every scenario in a leak check
 //! (descendant processes, `/dev/shm/strata-*` entries, threads of this process), the
-//! `check!` macro, and `/proc` probes (descendants, process state, CPU time).
+//! `check!` macro, and `/proc` probes (descendants, process state, CPU time); and, in
+//! [`bench`], what the benchmarks share (statistics, pinning, the ping-pong floor).
 //!
 //! ```
 //! use strata_testkit::{check, Outcome};
@@ -11,6 +12,8 @@
 //! }
 //! assert!(one_plus_one().is_ok());
 //! ```
+
+pub mod bench;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::{Duration, Instant};
