@@ -513,7 +513,11 @@ impl SchedLoop {
             member,
             group,
         });
-        let r = self.children.lane(lane).parent().publish(slot, &publication);
+        let r = self
+            .children
+            .lane(lane)
+            .parent()
+            .publish(slot, &publication);
         if let Err(e) = r {
             let f = self.endpoint_failure(lane, &format!("could not publish the task: {e}"));
             self.finish(lane, slot, Err(f));
