@@ -12,7 +12,7 @@ fn main() -> ExitCode {
     match e1_vector_add(ChipConfig::default()) {
         Ok(r) => {
             if let Some(last) = &r.last {
-                for tree in strata::chip::span_tree(&last.spans) {
+                for tree in strata::chip::span_tree(&last.spans()) {
                     print!("{}", tree.render());
                 }
             }

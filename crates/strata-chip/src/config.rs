@@ -135,12 +135,17 @@ pub struct ChipConfig {
     /// any reclamation before failing with the ring's fatal code. Structural deadlocks
     /// (the space is held by a scope that is still open) fail at once.
     pub ring_wait_timeout: Duration,
-    /// How long an idle core or scheduler spins (then yields) before it parks.
+    /// How long an idle core, the scheduler, the orchestrator thread between runs, and a
+    /// caller of `run` waiting for its reply spin (yielding after a few µs) before they
+    /// park. Back-to-back runs hand over within it at cache-line latency; an idle chip
+    /// parks every thread once it has passed.
     pub idle_spin: Duration,
     /// The chip's worker id: device buffers are keyed in `KeySpace::Device(chip_id)`.
     pub chip_id: u32,
-    /// Print each run's `[STRACE]` lines to stderr (they are always in the
-    /// [`crate::RunReport`]). Also enabled by the environment variable `STRATA_STRACE=1`.
+    /// Print each run's `[STRACE]` lines to stderr (otherwise a run only records its
+    /// timestamps, and [`crate::RunReport::spans`] / [`crate::RunReport::strace`] build the
+    /// spans when asked). Also enabled by the environment variable `STRATA_STRACE=1`, read
+    /// when the chip is initialised.
     pub print_strace: bool,
 }
 

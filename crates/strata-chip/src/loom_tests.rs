@@ -1,8 +1,9 @@
-//! Loom models of the scheduler ↔ core hand-off: the dispatch ring, the completion ring and
-//! the doorbells (announce sleep, fence, re-check, park / publish, fence, unpark if asleep).
+//! Loom models of the chip's hand-offs: the scheduler ↔ core dispatch and completion rings,
+//! the host ↔ orchestrator run slots, and the doorbells behind both (announce sleep, fence,
+//! re-check, park / publish, fence, unpark if asleep).
 //! Run with `RUSTFLAGS="--cfg loom" cargo test --release -p strata-chip --lib loom`.
 
-use crate::link::{Doorbell, Idle, Queue};
+use crate::link::{Doorbell, Idle, Queue, Slot};
 use loom::sync::Arc;
 use loom::thread;
 use std::time::Duration;
@@ -89,5 +90,45 @@ fn loom_doorbell_wakes_a_thread_that_is_about_to_park() {
         });
         producer.join().unwrap();
         consumer.join().unwrap();
+    });
+}
+
+/// A run's hand-off: the host posts a request into one slot and waits for the reply in
+/// another; the orchestrator thread waits for requests and then for EXIT. The two runs
+/// come from two different host threads (the caller of `ChipWorker::run` may change, so
+/// the host registers itself on the reply slot's doorbell before each park). Every
+/// interleaving must deliver each reply to its run and let every thread finish: a lost
+/// wake-up would leave one parked forever, which loom reports as a deadlock.
+#[test]
+fn loom_run_request_and_reply_never_lose_a_wakeup() {
+    loom::model(|| {
+        let request = Arc::new(Slot::<u64>::default());
+        let reply = Arc::new(Slot::<u64>::default());
+        let orch = {
+            let (request, reply) = (request.clone(), reply.clone());
+            thread::spawn(move || {
+                request.bell.register_current();
+                loop {
+                    let Some(m) = request.wait(Duration::ZERO, None, None, || true) else {
+                        continue;
+                    };
+                    if m == 0 {
+                        break; // EXIT
+                    }
+                    reply.post(m * 10);
+                }
+            })
+        };
+        for run in 1..=2u64 {
+            let (request, reply) = (request.clone(), reply.clone());
+            let host = thread::spawn(move || {
+                request.post(run);
+                let got = reply.wait(Duration::ZERO, None, None, || true);
+                assert_eq!(got, Some(run * 10));
+            });
+            host.join().unwrap();
+        }
+        request.post(0);
+        orch.join().unwrap();
     });
 }

@@ -4,18 +4,19 @@
 use crate::config::RingSizing;
 use crate::device::Arena;
 use crate::error::{codes, ChipError};
-use crate::registry::{OrchEntry, Registry};
-use crate::sched::{SchedMsg, SchedShared, Topology};
+use crate::link::{CpuHint, Slot};
+use crate::registry::{OrchestrationFn, Registry};
+use crate::sched::{RunCtl, SchedMsg, SchedShared, Topology};
 use crate::task::{KTensor, Meta, Shape, TaskDesc};
 use crate::tensor::{ArgTensor, ChipTensor, CoreArgs, MixedKernels, TaskOutputs, TensorCreateInfo};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use strata_graph::{
     Access, BufferKey, Failure, FailureKind, Footprint, GraphError, KeySpace, Orchestrator,
     Overlap, RingConfig, TaskRef, TaskSpec,
 };
-use strata_types::{ArgTag, DataType, Element, IdentityMinter, Scalar, RING_COUNT};
+use strata_types::{ArgTag, CallableId, DataType, Element, IdentityMinter, Scalar, RING_COUNT};
 
 /// The arguments of a run as the orchestration sees them: entry tensors (already in device
 /// memory) and scalars.
@@ -73,13 +74,16 @@ const THROTTLE_MAX_AHEAD: u64 = 4096;
 
 /// One run request for the orchestrator thread.
 pub(crate) struct OrchRequest {
-    pub(crate) entry: OrchEntry,
+    /// The orchestration (its name is looked up in `registry` only for an error message).
+    pub(crate) id: CallableId,
+    pub(crate) f: OrchestrationFn,
     pub(crate) args: ChipArgs,
     pub(crate) registry: Arc<Registry>,
     pub(crate) rings: [RingSizing; RING_COUNT],
     pub(crate) reconfigure: bool,
     pub(crate) ring_bases: [u64; RING_COUNT],
-    pub(crate) reply: mpsc::Sender<OrchReply>,
+    /// The scheduler's settings for the run, sent to it just before the run's first task.
+    pub(crate) ctl: RunCtl,
 }
 
 /// What the orchestrator thread reports for a run.
@@ -97,11 +101,32 @@ pub(crate) struct OrchReply {
     pub(crate) t_orch_end: u64,
     pub(crate) t_done: u64,
     pub(crate) tasks: u64,
+    /// Whether the scheduler took part in the run (was sent its `Begin`): only then does
+    /// it have a report to collect.
+    pub(crate) sched_used: bool,
 }
 
+/// What the host posts to the orchestrator thread.
+// The request moves through the slot once per run; boxing it would cost an allocation.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum OrchMsg {
-    Run(Box<OrchRequest>),
+    Run(OrchRequest),
     Exit,
+}
+
+/// The host ↔ orchestrator thread hand-off: the host posts a request and waits for the
+/// reply; the orchestrator thread waits for requests. Both waits spin (yielding after a
+/// few µs) for up to `ChipConfig::idle_spin`, then park, so back-to-back runs hand over
+/// at cache-line latency and an idle chip's orchestrator uses no CPU.
+#[derive(Default)]
+pub(crate) struct OrchLink {
+    /// Host → orchestrator thread (whose doorbell it rings).
+    pub(crate) request: Slot<OrchMsg>,
+    /// Orchestrator thread → host (whose doorbell it rings).
+    pub(crate) reply: Slot<OrchReply>,
+    /// Where the orchestrator thread and the host last ran (see [`CpuHint`]).
+    pub(crate) orch_cpu: CpuHint,
+    pub(crate) host_cpu: CpuHint,
 }
 
 /// The chip orchestration API: what a chip orchestration gets (`&mut ChipOrch`) while it
@@ -128,6 +153,8 @@ pub struct ChipOrch {
     tasks: u64,
     throttle: Option<(u64, u64)>,
     since_check: u32,
+    /// The run's scheduler settings until they are sent (before its first task).
+    pending_begin: Option<RunCtl>,
     free_descs: Vec<Arc<TaskDesc>>,
     accesses: Vec<Access>,
     created: Vec<BufferKey>,
@@ -182,6 +209,7 @@ impl ChipOrch {
             tasks: 0,
             throttle: None,
             since_check: 0,
+            pending_begin: None,
             free_descs: Vec::new(),
             accesses: Vec::new(),
             created: Vec::new(),
@@ -495,6 +523,11 @@ impl ChipOrch {
             .with_route(meta.encode());
         if heap > 0 {
             spec = spec.with_heap(heap, &created);
+        }
+        if let Some(ctl) = self.pending_begin.take() {
+            // The run's first task: tell the scheduler (no wake-up: the task's `Ready`, or
+            // the completion that readies it, follows in the same queue).
+            self.shared.post_quiet(SchedMsg::Begin(ctl));
         }
         let submitted = self.graph.submit(spec);
         self.deps = deps;
@@ -908,6 +941,7 @@ impl ChipOrch {
             t_orch_end: t_thread_start,
             t_done: t_thread_start,
             tasks: 0,
+            sched_used: false,
         };
         if req.reconfigure {
             let rings: [RingConfig; RING_COUNT] = std::array::from_fn(|i| req.rings[i].graph());
@@ -921,6 +955,7 @@ impl ChipOrch {
         self.registry = req.registry.clone();
         self.fatal = None;
         self.tasks = 0;
+        self.pending_begin = Some(req.ctl.clone());
         let window = req.rings.iter().map(|r| r.task_window).min().unwrap_or(0);
         // Stay a few thousand tasks ahead of execution: enough to keep the cores fed,
         // few enough that the dependency pools rarely fill.
@@ -934,10 +969,14 @@ impl ChipOrch {
             }
         };
         reply.t_orch_start = crate::strace::mono_ns();
-        let f = req.entry.f.clone();
+        let f = &req.f;
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(self, &req.args)));
         reply.t_orch_end = crate::strace::mono_ns();
-        let name = req.entry.desc.name().to_owned();
+        let name = || {
+            req.registry
+                .orch_entry(&req.id)
+                .map_or_else(|_| req.id.to_string(), |e| e.desc.name().to_owned())
+        };
         let ended = match (&self.fatal, result) {
             (Some(e), _) => {
                 let code = e.code().unwrap_or(codes::EXPLICIT_ORCH_FATAL);
@@ -949,7 +988,7 @@ impl ChipOrch {
                 let failed_run = matches!(e, ChipError::RunFailed { .. });
                 if !failed_run {
                     reply.orch_error = Some(ChipError::OrchestrationFailed {
-                        orchestration: name,
+                        orchestration: name(),
                         message: e.to_string(),
                     });
                 }
@@ -968,7 +1007,7 @@ impl ChipOrch {
                     "(non-string panic payload)".into()
                 };
                 let e = ChipError::OrchestrationFailed {
-                    orchestration: name,
+                    orchestration: name(),
                     message: format!("panicked: {msg}"),
                 };
                 reply.orch_error = Some(e.clone());
@@ -984,6 +1023,7 @@ impl ChipOrch {
         }
         reply.fatal = self.fatal.clone();
         reply.tasks = self.tasks;
+        reply.sched_used = self.pending_begin.take().is_none();
         reply.graph = match self.graph.wait_run(run, None) {
             Ok(Some(r)) => r,
             Ok(None) => Err(Failure::new(FailureKind::Fatal, "run did not finish")),
@@ -994,14 +1034,22 @@ impl ChipOrch {
         reply
     }
 
-    /// The orchestrator thread's loop.
-    pub(crate) fn main(mut self, rx: mpsc::Receiver<OrchMsg>) {
+    /// The orchestrator thread's loop: wait for a request (spin up to `idle_spin`, then
+    /// park), run it, post the reply.
+    pub(crate) fn main(mut self, link: Arc<OrchLink>, idle_spin: Duration) {
         self.shared.orch_bell.register_current();
-        while let Ok(m) = rx.recv() {
+        link.request.bell.register_current();
+        loop {
+            let cpus = Some((&link.orch_cpu, &link.host_cpu));
+            let Some(m) = link.request.wait(idle_spin, cpus, None, || true) else {
+                continue;
+            };
+            link.orch_cpu.update();
             match m {
                 OrchMsg::Run(req) => {
                     let reply = self.run_request(&req);
-                    let _ = req.reply.send(reply);
+                    drop(req);
+                    link.reply.post(reply);
                 }
                 OrchMsg::Exit => break,
             }
@@ -1010,31 +1058,35 @@ impl ChipOrch {
     }
 }
 
-/// Waits for `rx` while the orchestration and the scheduler make progress; `None` if
-/// neither did for `budget`.
+/// Waits for the orchestrator's reply while the orchestration and the scheduler make
+/// progress: spins up to `spin` (the reply of a short run arrives within microseconds),
+/// then parks in slices of at most 200 ms; `None` if neither made progress for `budget`,
+/// or if the orchestrator thread is gone (`alive` turned false).
 pub(crate) fn wait_reply(
-    rx: &mpsc::Receiver<OrchReply>,
+    link: &OrchLink,
     heartbeat: &AtomicU64,
     shared: &SchedShared,
+    spin: Duration,
     budget: Duration,
+    alive: impl Fn() -> bool,
 ) -> Option<OrchReply> {
     let sched_progress =
         || shared.progress.load(Ordering::Relaxed) + shared.completed.load(Ordering::Relaxed);
     let mut last = (heartbeat.load(Ordering::Relaxed), sched_progress());
     let mut since = Instant::now();
-    loop {
-        match rx.recv_timeout(budget.min(Duration::from_millis(200))) {
-            Ok(r) => return Some(r),
-            Err(mpsc::RecvTimeoutError::Disconnected) => return None,
-            Err(mpsc::RecvTimeoutError::Timeout) => {
-                let now = (heartbeat.load(Ordering::Relaxed), sched_progress());
-                if now != last {
-                    last = now;
-                    since = Instant::now();
-                } else if since.elapsed() >= budget {
-                    return None;
-                }
-            }
+    let slice = budget.min(Duration::from_millis(200));
+    let cpus = Some((&link.host_cpu, &link.orch_cpu));
+    link.reply.wait(spin, cpus, Some(slice), || {
+        if !alive() {
+            return false;
         }
-    }
+        let now = (heartbeat.load(Ordering::Relaxed), sched_progress());
+        if now != last {
+            last = now;
+            since = Instant::now();
+            true
+        } else {
+            since.elapsed() < budget
+        }
+    })
 }

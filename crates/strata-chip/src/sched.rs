@@ -6,14 +6,14 @@
 use crate::aicore::Dispatch;
 use crate::config::CoreType;
 use crate::error::{codes, ChipError};
-use crate::link::{CoreLink, CoreMsg, Doorbell, Idle};
+use crate::link::{CoreLink, CoreMsg, Doorbell, Idle, Slot};
 use crate::swimlane::SwimRecord;
 use crate::sync::Ordering as SyncOrdering;
 use crate::task::{Meta, RunEnv, Shape, TaskDesc};
 use crossbeam_queue::ArrayQueue;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use strata_graph::{Failure, FailureKind, ReadyTask, Scheduler, TaskRef};
 
@@ -21,10 +21,12 @@ use strata_graph::{Failure, FailureKind, ReadyTask, Scheduler, TaskRef};
 pub(crate) enum SchedMsg {
     /// A task that was READY at submit.
     Ready(TaskRef),
-    /// A run starts.
+    /// A run starts. The orchestrator sends it just before the run's first task, so a run
+    /// that gives the scheduler no task costs it nothing (no message, no wake-up).
     Begin(RunCtl),
-    /// The run finished: send the scheduler's part of the report.
-    End(mpsc::Sender<SchedReport>),
+    /// The run finished: post the scheduler's part of the report, tagged with this run
+    /// number, to [`SchedShared::report`].
+    End(u64),
     /// Shut down (after sending EXIT to every core).
     Exit,
 }
@@ -40,6 +42,8 @@ pub(crate) struct RunCtl {
 /// The scheduler's view of one run.
 #[derive(Debug, Default)]
 pub(crate) struct SchedReport {
+    /// The run this reports on (the number its `End` carried).
+    pub(crate) run: u64,
     pub(crate) swimlane: Vec<SwimRecord>,
     /// ns since the chip epoch of the first dispatch and last completion (0 if none).
     pub(crate) first_ns: u64,
@@ -69,6 +73,8 @@ pub(crate) struct SchedShared {
     pub(crate) orch_bell: Doorbell,
     /// Per core: taken out of service by a timeout.
     pub(crate) lost: Vec<AtomicBool>,
+    /// The scheduler's report of a run, answering [`SchedMsg::End`] (taken by the host).
+    pub(crate) report: Slot<SchedReport>,
 }
 
 impl SchedShared {
@@ -83,6 +89,22 @@ impl SchedShared {
             orch_wake_at: AtomicU64::new(u64::MAX),
             orch_bell: Doorbell::default(),
             lost: (0..cores).map(|_| AtomicBool::new(false)).collect(),
+            report: Slot::default(),
+        }
+    }
+
+    /// Queues a message without waking the scheduler (for a message that the next rung
+    /// one follows, such as `Begin` before a run's first `Ready`).
+    pub(crate) fn post_quiet(&self, mut m: SchedMsg) {
+        loop {
+            match self.incoming.push(m) {
+                Ok(()) => return,
+                Err(back) => {
+                    m = back;
+                    self.bell.ring();
+                    std::thread::yield_now();
+                }
+            }
         }
     }
 
@@ -300,10 +322,11 @@ impl Sched {
                         self.ctl = ctl;
                         self.report = SchedReport::default();
                     }
-                    SchedMsg::End(tx) => {
+                    SchedMsg::End(run) => {
                         self.graph.flush();
-                        let r = std::mem::take(&mut self.report);
-                        let _ = tx.send(r);
+                        let mut r = std::mem::take(&mut self.report);
+                        r.run = run;
+                        self.shared.report.post(r);
                     }
                     SchedMsg::Exit => {
                         self.shutdown();

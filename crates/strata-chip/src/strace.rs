@@ -215,15 +215,19 @@ pub(crate) fn thread_id() -> u64 {
 /// Collects the spans of one run.
 #[derive(Debug)]
 pub(crate) struct Tracer {
+    pub(crate) pid: u32,
+    pub(crate) tid: u64,
     pub(crate) inv: u64,
     pub(crate) hid: String,
     pub(crate) spans: Vec<Span>,
 }
 
 impl Tracer {
-    pub(crate) fn new(hid: String) -> Self {
+    pub(crate) fn new(pid: u32, tid: u64, inv: u64, hid: String) -> Self {
         Tracer {
-            inv: next_invocation(),
+            pid,
+            tid,
+            inv,
             hid,
             spans: Vec::new(),
         }
@@ -244,8 +248,8 @@ impl Tracer {
     fn push(&mut self, name: &str, ts: u64, dur: u64, dev: bool) {
         self.spans.push(Span {
             v: 1,
-            pid: std::process::id(),
-            tid: thread_id(),
+            pid: self.pid,
+            tid: self.tid,
             inv: self.inv,
             hid: self.hid.clone(),
             depth: name.matches('.').count().saturating_sub(1) as u32,
@@ -259,14 +263,85 @@ impl Tracer {
             },
         });
     }
+}
 
-    pub(crate) fn text(&self) -> String {
-        let mut s = String::new();
-        for sp in &self.spans {
-            s.push_str(&sp.to_line());
-            s.push('\n');
+/// The `[STRACE]` lines of `spans`.
+pub(crate) fn strace_text(spans: &[Span]) -> String {
+    let mut s = String::new();
+    for sp in spans {
+        s.push_str(&sp.to_line());
+        s.push('\n');
+    }
+    s
+}
+
+/// The raw timestamps of one run (a few words, recorded on every run); its spans and
+/// `[STRACE]` text are built from them only when asked for.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct RunTiming {
+    pub(crate) pid: u32,
+    pub(crate) tid: u64,
+    pub(crate) inv: u64,
+    /// First 8 bytes of the orchestration's digest.
+    pub(crate) hid: [u8; 8],
+    // Host clock (mono_ns).
+    pub(crate) t0: u64,
+    pub(crate) bind: u64,
+    pub(crate) prebuilt: u64,
+    pub(crate) bind_end: u64,
+    pub(crate) runner_end: u64,
+    pub(crate) end: u64,
+    pub(crate) done: u64,
+    // Device phases (mono_ns, made relative to `origin` when rendered).
+    pub(crate) origin: u64,
+    pub(crate) orch_start: u64,
+    pub(crate) orch_end: u64,
+    pub(crate) dev_end: u64,
+    /// First dispatch and last completion, if the run dispatched anything.
+    pub(crate) sched: Option<(u64, u64)>,
+}
+
+impl RunTiming {
+    /// The run's spans, children first (as the reference emits them on scope exit).
+    pub(crate) fn spans(&self) -> Vec<Span> {
+        let hid: String = self.hid.iter().map(|b| format!("{b:02x}")).collect();
+        let mut t = Tracer::new(self.pid, self.tid, self.inv, hid);
+        t.host("chip.run.bind.prebuilt", self.bind, self.prebuilt);
+        t.host("chip.run.bind.args", self.prebuilt, self.bind_end);
+        t.host("chip.run.bind", self.bind, self.bind_end);
+        let origin = self.origin;
+        let rel = |x: u64| x.saturating_sub(origin);
+        t.device(
+            "chip.run.runner_run.device_wall.preamble",
+            0,
+            rel(self.orch_start),
+        );
+        t.device(
+            "chip.run.runner_run.device_wall.orch",
+            rel(self.orch_start),
+            self.orch_end.saturating_sub(self.orch_start),
+        );
+        if let Some((first, last)) = self.sched {
+            t.device(
+                "chip.run.runner_run.device_wall.sched",
+                rel(first),
+                last.saturating_sub(first),
+            );
         }
-        s
+        t.device(
+            "chip.run.runner_run.device_wall.post_orch",
+            rel(self.orch_end),
+            self.dev_end.saturating_sub(self.orch_end),
+        );
+        t.device(
+            "chip.run.runner_run.device_wall",
+            0,
+            rel(self.dev_end).max(1),
+        );
+        t.host("chip.run.runner_run", self.bind_end, self.runner_end);
+        t.host("chip.run.validate", self.runner_end, self.end);
+        t.host("chip.run", self.t0, self.done);
+        t.spans
     }
 }
 
@@ -276,7 +351,12 @@ mod tests {
 
     #[test]
     fn lines_round_trip_and_tree_nests_by_name() {
-        let mut t = Tracer::new("abcd".into());
+        let mut t = Tracer::new(
+            std::process::id(),
+            thread_id(),
+            next_invocation(),
+            "abcd".into(),
+        );
         t.host("chip.run.bind.args", 12, 15);
         t.host("chip.run.bind", 11, 20);
         t.device("chip.run.runner_run.device_wall.orch", 0, 5);
@@ -284,7 +364,7 @@ mod tests {
         t.device("chip.run.runner_run.device_wall.sched", 0, 0); // skipped: empty
         t.host("chip.run.runner_run", 21, 40);
         t.host("chip.run", 10, 50);
-        let spans = parse_strace(&t.text());
+        let spans = parse_strace(&strace_text(&t.spans));
         assert_eq!(spans, t.spans);
         assert_eq!(spans.len(), 6);
         let roots = span_tree(&spans);

@@ -7,16 +7,16 @@ use crate::error::{codes, ChipError};
 use crate::kernel::{KernelCtx, KernelError};
 use crate::link::CoreLink;
 use crate::memory::{DeviceMemory, DevicePtr, DeviceTensor};
-use crate::orch::{wait_reply, ChipArgs, ChipOrch, OrchMsg, OrchReply, OrchRequest};
+use crate::orch::{wait_reply, ChipArgs, ChipOrch, OrchLink, OrchMsg, OrchReply, OrchRequest};
 use crate::registry::{KernelHandle, OrchHandle, Registry};
 use crate::sched::{RunCtl, Sched, SchedMsg, SchedReport, SchedShared, Topology};
-use crate::strace::{mono_ns, Span, Tracer};
+use crate::strace::{mono_ns, next_invocation, strace_text, thread_id, RunTiming, Span};
 use crate::swimlane::Swimlane;
 use crate::task::RunEnv;
 use crate::tensor::ChipTensor;
 use std::any::Any;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 use strata_graph::{graph, BufferKey, GraphConfig, KeySpace, RingConfig};
@@ -229,12 +229,13 @@ impl<'a> RunArgs<'a> {
 }
 
 /// What a successful run reports.
+///
+/// The run's `[STRACE]` timing is recorded as a few raw timestamps; [`RunReport::spans`]
+/// and [`RunReport::strace`] build the spans and their text only when asked for, so a run
+/// whose trace nobody reads does not pay for formatting it.
 #[derive(Debug, Clone, Default)]
 pub struct RunReport {
-    /// The run's `[STRACE]` spans (children first).
-    pub spans: Vec<Span>,
-    /// The same spans as `[STRACE]` lines.
-    pub strace: String,
+    timing: Option<RunTiming>,
     /// The swimlane, when [`CallConfig::swimlane`] was 1.
     pub swimlane: Option<Swimlane>,
     /// Tasks the orchestration submitted (including dependency-only and allocation tasks).
@@ -245,11 +246,26 @@ pub struct RunReport {
     pub notes: Vec<String>,
 }
 
+impl RunReport {
+    /// The run's `[STRACE]` spans, children first (empty for a default report).
+    pub fn spans(&self) -> Vec<Span> {
+        self.timing
+            .as_ref()
+            .map(RunTiming::spans)
+            .unwrap_or_default()
+    }
+
+    /// The same spans as `[STRACE]` lines (what [`crate::parse_strace`] reads back).
+    pub fn strace(&self) -> String {
+        strace_text(&self.spans())
+    }
+}
+
 struct Live {
     mem: Arc<DeviceMemory>,
     shared: Arc<SchedShared>,
     links: Vec<Arc<CoreLink>>,
-    orch_tx: mpsc::Sender<OrchMsg>,
+    orch_link: Arc<OrchLink>,
     orch_thread: Option<JoinHandle<()>>,
     sched_thread: Option<JoinHandle<()>>,
     core_threads: Vec<Option<JoinHandle<()>>>,
@@ -258,6 +274,13 @@ struct Live {
     ring_regions: [Option<(DevicePtr, u64)>; RING_COUNT],
     staging: Option<(DevicePtr, u64)>,
     staged_ids: IdentityMinter,
+    /// The run environment the cores hold (rebuilt only when the registry or the comm
+    /// context changed).
+    env: Arc<RunEnv>,
+    /// This process's id, for the trace (read once: `getpid` is a system call).
+    pid: u32,
+    /// `ChipConfig::print_strace`, or `STRATA_STRACE=1` when `init` ran.
+    print_strace: bool,
 }
 
 /// One emulated chip (L2): device memory, registered kernels and chip orchestrations, an
@@ -305,7 +328,10 @@ pub struct ChipWorker {
     closed: bool,
     unusable: Option<String>,
     comm: Option<Arc<dyn Any + Send + Sync>>,
+    /// The run environment's epoch (bumped when the registry or comm context changes).
     epoch: u64,
+    /// Runs started (tags the scheduler's report of a run).
+    runs: u64,
 }
 
 impl std::fmt::Debug for ChipWorker {
@@ -343,6 +369,7 @@ impl ChipWorker {
             unusable: None,
             comm: None,
             epoch: 0,
+            runs: 0,
         })
     }
 
@@ -526,16 +553,20 @@ impl ChipWorker {
             cfg.tensor_wait_timeout,
             heartbeat.clone(),
         );
-        let (orch_tx, orch_rx) = mpsc::channel();
+        let orch_link = Arc::new(OrchLink::default());
+        let link = orch_link.clone();
+        let idle_spin = cfg.idle_spin;
         let orch_thread = std::thread::Builder::new()
             .name(format!("chip{}-orch", cfg.chip_id))
-            .spawn(move || orch.main(orch_rx))
+            .spawn(move || orch.main(link, idle_spin))
             .map_err(|e| spawn_err("the orchestrator".into(), e))?;
+        let print_strace =
+            cfg.print_strace || std::env::var("STRATA_STRACE").is_ok_and(|v| v == "1");
         self.live = Some(Live {
             mem,
             shared,
             links,
-            orch_tx,
+            orch_link,
             orch_thread: Some(orch_thread),
             sched_thread: Some(sched_thread),
             core_threads,
@@ -544,6 +575,9 @@ impl ChipWorker {
             ring_regions: [None; RING_COUNT],
             staging: None,
             staged_ids: IdentityMinter::new(),
+            env: Arc::new(RunEnv::new(0, Arc::new(Registry::new()), None)),
+            pid: std::process::id(),
+            print_strace,
         });
         Ok(())
     }
@@ -1021,17 +1055,20 @@ impl ChipWorker {
                 args.scalars.len()
             )));
         }
-        let entry = self.registry.orch_entry(&orch.id())?.clone();
+        let entry = self.registry.orch_entry(&orch.id())?;
         Self::check_signature(&entry.desc, args)?;
+        let f = entry.f.clone();
         let registry = self
             .registry_snapshot
             .get_or_insert_with(|| Arc::new(self.registry.clone()))
             .clone();
-        let hid: String = orch.id().as_bytes()[..8]
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
-        let mut tracer = Tracer::new(hid);
+        let mut timing = RunTiming {
+            tid: thread_id(),
+            inv: next_invocation(),
+            t0,
+            ..RunTiming::default()
+        };
+        timing.hid.copy_from_slice(&orch.id().as_bytes()[..8]);
         let timeout = if config.timeout_ms > 0 {
             Duration::from_millis(config.timeout_ms)
         } else {
@@ -1039,48 +1076,74 @@ impl ChipWorker {
         };
 
         // bind
-        let t_bind = mono_ns();
+        timing.bind = mono_ns();
         let reconfigure = self.live.as_ref().expect("checked").rings_current != rings;
         let ring_bases = self.ensure_rings(&rings)?;
-        let t_prebuilt = mono_ns();
+        timing.prebuilt = mono_ns();
         let chip_args = self.stage(args)?;
-        let t_bind_end = mono_ns();
+        timing.bind_end = mono_ns();
 
         // runner_run
         let live = self.live.as_mut().expect("checked");
         live.rings_current = rings;
-        self.epoch += 1;
-        let env = Arc::new(RunEnv::new(self.epoch, registry.clone(), self.comm.clone()));
-        for l in &live.links {
-            *l.env.lock().unwrap_or_else(|e| e.into_inner()) = env.clone();
+        timing.pid = live.pid;
+        let comm_changed = match (&live.env.comm, &self.comm) {
+            (None, None) => false,
+            (Some(a), Some(b)) => !Arc::ptr_eq(a, b),
+            _ => true,
+        };
+        if comm_changed || !Arc::ptr_eq(&live.env.registry, &registry) {
+            // A new environment for the cores (they re-read it when a dispatch carries
+            // a new epoch).
+            self.epoch += 1;
+            live.env = Arc::new(RunEnv::new(self.epoch, registry.clone(), self.comm.clone()));
+            for l in &live.links {
+                *l.env.lock().unwrap_or_else(|e| e.into_inner()) = live.env.clone();
+            }
         }
-        live.shared.send(SchedMsg::Begin(RunCtl {
-            timing: config.swimlane == 1,
-            timeout,
-            env,
-        }));
-        let (tx, rx) = mpsc::channel();
+        self.runs += 1;
+        let run_seq = self.runs;
         let req = OrchRequest {
-            entry,
+            id: orch.id(),
+            f,
             args: chip_args,
             registry,
             rings,
             reconfigure,
             ring_bases,
-            reply: tx,
+            ctl: RunCtl {
+                timing: config.swimlane == 1,
+                timeout,
+                env: live.env.clone(),
+            },
         };
-        if live.orch_tx.send(OrchMsg::Run(Box::new(req))).is_err() {
+        let orch_thread = live.orch_thread.as_ref();
+        let orch_alive = || orch_thread.is_some_and(|h| !h.is_finished());
+        if !orch_alive() {
             self.unusable = Some("the orchestrator thread is gone".into());
             return Err(ChipError::Unusable(
                 "the orchestrator thread is gone".into(),
             ));
         }
+        live.orch_link.request.post(OrchMsg::Run(req));
         let budget = 2 * timeout
             .max(self.config.tensor_wait_timeout)
             .max(self.config.ring_wait_timeout)
             + Duration::from_secs(1);
-        let reply = wait_reply(&rx, &live.heartbeat, &live.shared, budget);
+        let reply = wait_reply(
+            &live.orch_link,
+            &live.heartbeat,
+            &live.shared,
+            self.config.idle_spin,
+            budget,
+            orch_alive,
+        );
         let Some(reply) = reply else {
+            if live.orch_thread.as_ref().is_none_or(|h| h.is_finished()) {
+                let msg = "the orchestrator thread is gone".to_owned();
+                self.unusable = Some(msg.clone());
+                return Err(ChipError::Unusable(msg));
+            }
             let msg = format!(
                 "the orchestration made no progress for {} ms (SCHEDULER_TIMEOUT, orchestrator-starvation): its thread is stuck and the chip cannot run again; close it",
                 budget.as_millis()
@@ -1088,12 +1151,29 @@ impl ChipWorker {
             self.unusable = Some(msg.clone());
             return Err(ChipError::fatal(codes::SCHEDULER_TIMEOUT, msg));
         };
-        let (stx, srx) = mpsc::channel();
-        live.shared.send(SchedMsg::End(stx));
-        let sched: SchedReport = srx
-            .recv_timeout(Duration::from_secs(30))
-            .map_err(|_| ChipError::Internal("the scheduler did not report the run".into()))?;
-        let t_runner_end = mono_ns();
+        let sched = if reply.sched_used {
+            // The scheduler ran tasks of this run: collect its part of the report (it is
+            // usually still spinning after the run's last completion).
+            live.shared.send(SchedMsg::End(run_seq));
+            let deadline = std::time::Instant::now() + Duration::from_secs(30);
+            let mut got = None;
+            while got.is_none() && std::time::Instant::now() < deadline {
+                got = live
+                    .shared
+                    .report
+                    .wait(
+                        self.config.idle_spin,
+                        None,
+                        Some(Duration::from_millis(100)),
+                        || std::time::Instant::now() < deadline,
+                    )
+                    .filter(|r| r.run == run_seq);
+            }
+            got.ok_or_else(|| ChipError::Internal("the scheduler did not report the run".into()))?
+        } else {
+            SchedReport::default()
+        };
+        timing.runner_end = mono_ns();
 
         // validate
         let result = Self::verdict(&reply, &sched);
@@ -1101,48 +1181,17 @@ impl ChipWorker {
             Ok(()) => self.copy_back(args),
             Err(_) => Ok(()),
         };
-        let t_end = mono_ns();
+        timing.end = mono_ns();
 
-        // spans (children first, as the reference emits them on scope exit)
-        tracer.host("chip.run.bind.prebuilt", t_bind, t_prebuilt);
-        tracer.host("chip.run.bind.args", t_prebuilt, t_bind_end);
-        tracer.host("chip.run.bind", t_bind, t_bind_end);
-        let origin = reply.t_thread_start;
-        let dev_end = reply.t_done.max(sched.last_ns);
-        let rel = |t: u64| t.saturating_sub(origin);
-        tracer.device(
-            "chip.run.runner_run.device_wall.preamble",
-            0,
-            reply.t_orch_start.saturating_sub(origin),
-        );
-        tracer.device(
-            "chip.run.runner_run.device_wall.orch",
-            rel(reply.t_orch_start),
-            reply.t_orch_end.saturating_sub(reply.t_orch_start),
-        );
-        if sched.dispatches > 0 {
-            tracer.device(
-                "chip.run.runner_run.device_wall.sched",
-                rel(sched.first_ns),
-                sched.last_ns.saturating_sub(sched.first_ns),
-            );
-        }
-        tracer.device(
-            "chip.run.runner_run.device_wall.post_orch",
-            rel(reply.t_orch_end),
-            dev_end.saturating_sub(reply.t_orch_end),
-        );
-        tracer.device(
-            "chip.run.runner_run.device_wall",
-            0,
-            dev_end.saturating_sub(origin).max(1),
-        );
-        tracer.host("chip.run.runner_run", t_bind_end, t_runner_end);
-        tracer.host("chip.run.validate", t_runner_end, t_end);
-        tracer.host("chip.run", t0, mono_ns());
-        let strace = tracer.text();
-        if self.config.print_strace || std::env::var("STRATA_STRACE").is_ok_and(|v| v == "1") {
-            eprint!("{strace}");
+        timing.origin = reply.t_thread_start;
+        timing.orch_start = reply.t_orch_start;
+        timing.orch_end = reply.t_orch_end;
+        timing.dev_end = reply.t_done.max(sched.last_ns);
+        timing.sched = (sched.dispatches > 0).then_some((sched.first_ns, sched.last_ns));
+        let print_strace = self.live.as_ref().expect("checked").print_strace;
+        if print_strace {
+            timing.done = mono_ns();
+            eprint!("{}", strace_text(&timing.spans()));
         }
         result?;
         copy_back?;
@@ -1161,9 +1210,11 @@ impl ChipWorker {
                     ))
                 })?;
         }
+        if !print_strace {
+            timing.done = mono_ns();
+        }
         Ok(RunReport {
-            spans: tracer.spans,
-            strace,
+            timing: Some(timing),
             swimlane,
             tasks: reply.tasks,
             dispatches: sched.dispatches,
@@ -1244,7 +1295,7 @@ impl ChipWorker {
         let Some(mut live) = self.live.take() else {
             return Ok(());
         };
-        let _ = live.orch_tx.send(OrchMsg::Exit);
+        live.orch_link.request.post(OrchMsg::Exit);
         if let Some(h) = live.orch_thread.take() {
             if self.unusable.is_some() && !h.is_finished() {
                 eprintln!("strata-chip: chip {}: the orchestrator thread is stuck in the orchestration; detaching it", self.config.chip_id);

@@ -244,8 +244,8 @@ fn empty_run_completes_and_traces_nest() {
         .run(&orch, &mut RunArgs::new(), &CallConfig::default())
         .unwrap();
     assert_eq!((r.tasks, r.dispatches), (0, 0));
-    let spans = parse_strace(&r.strace);
-    assert_eq!(spans, r.spans);
+    let spans = parse_strace(&r.strace());
+    assert_eq!(spans, r.spans());
     let roots = span_tree(&spans);
     assert_eq!(roots.len(), 1);
     let root = &roots[0];
@@ -803,4 +803,129 @@ fn orchestration_errors_and_panics_are_reported() {
         ),
         Err(ChipError::UnknownCallable { .. })
     ));
+}
+
+#[test]
+fn empty_and_busy_runs_interleave_with_their_own_reports() {
+    // An empty run never involves the scheduler (no Begin/End hand-off); a run with tasks
+    // must still get exactly its own scheduler report, swimlane and dispatch count.
+    let mut chip = ChipWorker::new(cfg()).unwrap();
+    let k = chip.register_kernel_fn("k", |_| Ok(())).unwrap();
+    let empty = chip
+        .register_orchestration_fn("empty", |_, _| Ok(()))
+        .unwrap();
+    let n_tasks = chip
+        .register_orchestration_fn("n", move |o, args| {
+            for _ in 0..args.scalar::<u32>(0)? {
+                o.submit_aiv(k, &CoreArgs::new())?;
+            }
+            Ok(())
+        })
+        .unwrap();
+    chip.init().unwrap();
+    let swim = CallConfig {
+        swimlane: 1,
+        ..CallConfig::default()
+    };
+    for round in 0..50u32 {
+        let n = 1 + round % 3;
+        let r = chip.run(&n_tasks, RunArgs::new().scalar(n), &swim).unwrap();
+        assert_eq!((r.tasks, r.dispatches), (n as u64, n as u64));
+        assert_eq!(r.swimlane.as_ref().unwrap().records.len(), n as usize);
+        assert!(r
+            .spans()
+            .iter()
+            .any(|s| s.name == "chip.run.runner_run.device_wall.sched"));
+        let r = chip.run(&empty, &mut RunArgs::new(), &swim).unwrap();
+        assert_eq!((r.tasks, r.dispatches), (0, 0));
+        assert!(r.swimlane.as_ref().unwrap().records.is_empty());
+        assert!(!r
+            .spans()
+            .iter()
+            .any(|s| s.name == "chip.run.runner_run.device_wall.sched"));
+        let r = chip
+            .run(
+                &n_tasks,
+                RunArgs::new().scalar(2u32),
+                &CallConfig::default(),
+            )
+            .unwrap();
+        assert_eq!(r.dispatches, 2);
+        assert!(r.swimlane.is_none());
+    }
+    assert!(RunReport::default().spans().is_empty());
+    assert!(RunReport::default().strace().is_empty());
+}
+
+#[test]
+fn runs_from_changing_threads_wake_a_parked_caller() {
+    // The caller of `run` may differ from run to run, and a caller whose run outlasts its
+    // spin parks: the reply must wake whichever thread is waiting.
+    let mut chip = ChipWorker::new(cfg()).unwrap();
+    let slow = chip
+        .register_kernel_fn("slow", |_| {
+            std::thread::sleep(Duration::from_millis(3));
+            Ok(())
+        })
+        .unwrap();
+    let orch = chip
+        .register_orchestration_fn("o", move |o, args| {
+            if args.scalar::<u32>(0)? == 1 {
+                o.submit_aiv(slow, &CoreArgs::new())?;
+            }
+            Ok(())
+        })
+        .unwrap();
+    chip.init().unwrap();
+    for i in 0..20u32 {
+        chip = std::thread::spawn(move || {
+            let r = chip
+                .run(&orch, RunArgs::new().scalar(i % 2), &CallConfig::default())
+                .unwrap();
+            assert_eq!(r.dispatches, u64::from(i % 2));
+            if i % 4 == 0 {
+                // Long enough for the orchestrator thread to park between runs.
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            chip
+        })
+        .join()
+        .unwrap();
+    }
+    chip.close().unwrap();
+}
+
+#[test]
+fn a_chip_parks_after_back_to_back_runs() {
+    // Runs hand over by spinning; once they stop, every thread of the chip parks.
+    let config = ChipConfig {
+        chip_id: 4343,
+        ..cfg()
+    };
+    let mut chip = ChipWorker::new(config).unwrap();
+    let k = chip.register_kernel_fn("k", |_| Ok(())).unwrap();
+    let empty = chip
+        .register_orchestration_fn("empty", |_, _| Ok(()))
+        .unwrap();
+    let one = chip
+        .register_orchestration_fn("one", move |o, _| {
+            o.submit_aiv(k, &CoreArgs::new())?;
+            Ok(())
+        })
+        .unwrap();
+    chip.init().unwrap();
+    for i in 0..2000 {
+        let orch = if i % 10 == 0 { &one } else { &empty };
+        chip.run(orch, &mut RunArgs::new(), &CallConfig::default())
+            .unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    let before = workloads::threads_cpu_time("chip4343-");
+    std::thread::sleep(Duration::from_millis(400));
+    let used = workloads::threads_cpu_time("chip4343-").saturating_sub(before);
+    assert!(
+        used < Duration::from_millis(150),
+        "the chip used {used:?} of CPU in 400 ms after its runs"
+    );
+    chip.close().unwrap();
 }

@@ -16,7 +16,7 @@ fn e1_vector_add_matches_host_golden() {
     let r = e1_vector_add(small()).unwrap();
     assert_eq!((r.runs, r.tasks), (1, 1));
     let last = r.last.unwrap();
-    let spans = strata_chip::parse_strace(&last.strace);
+    let spans = strata_chip::parse_strace(&last.strace());
     let run = spans.iter().find(|s| s.name == "chip.run").unwrap();
     assert!(run.dur > 0);
     let wall = spans

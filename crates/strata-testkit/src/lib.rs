@@ -2,7 +2,7 @@
 //! single-threaded: a sequential scenario runner that wraps every scenario in a leak check
 //! (descendant processes, `/dev/shm/strata-*` entries, threads of this process), the
 //! `check!` macro, and `/proc` probes (descendants, process state, CPU time); and, in
-//! [`bench`], what the benchmarks share (statistics, pinning, the ping-pong floor).
+//! [`bench`](mod@bench), what the benchmarks share (statistics, pinning, the ping-pong floor).
 //!
 //! ```
 //! use strata_testkit::{check, Outcome};
