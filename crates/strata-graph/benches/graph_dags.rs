@@ -7,6 +7,12 @@
 //! thread (the machine has two cores; OpenMP gets two threads too). A single-thread
 //! figure (build the whole run, then drain it) is printed as well. The last line is a
 //! JSON object with the figures.
+//!
+//! A second table measures `submit` alone with many views of one buffer: a wavefront over
+//! N = 16², 32², 48² tiles (4 × 4 `u64`) of one 2-D tensor next to the same DAG with one
+//! tensor per tile, and a fan-out of width 1000 over 1-element slices of one tensor next
+//! to one tensor per slice. The whole run is built before any task executes (as when a
+//! scope holds every task), so every entry stays live; then it is drained, untimed.
 
 use std::collections::VecDeque;
 use std::process::Command;
@@ -14,7 +20,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use strata_graph::*;
-use strata_types::{ArgTag, IdentityMinter};
+use strata_types::{ArgTag, DataType, IdentityMinter, TensorView};
 
 const CHAIN: usize = 100_000;
 const FAN_ROUNDS: usize = 100;
@@ -259,6 +265,167 @@ fn strata(dag: Dag, keys: &Keys) -> (f64, f64) {
     (two, single)
 }
 
+// ----- many views of one buffer --------------------------------------------------------
+
+/// Wavefront tile grids (tiles per side) and the tile edge, in elements.
+const TILE_GRIDS: [usize; 3] = [16, 32, 48];
+const TILE: u64 = 4;
+/// Fan-out width and rounds of the slice fan.
+const SLICES: usize = 1000;
+const SLICE_ROUNDS: usize = 4;
+
+/// The argument lists of a DAG over views of one buffer (`shared`) or one buffer per view.
+fn view_dag(m: &IdentityMinter, kind: &str, n: usize, shared: bool) -> Vec<Vec<Access>> {
+    let key = || BufferKey::new(m.mint(), KeySpace::Host);
+    let mut tasks = vec![];
+    if kind == "tiles" {
+        let side = n as u64 * TILE;
+        let grid = TensorView::contiguous(DataType::U64, &[side, side]).expect("grid");
+        let one = key();
+        let own: Vec<BufferKey> = (0..n * n).map(|_| key()).collect();
+        let tile = |i: usize, j: usize, tag: ArgTag| {
+            if !shared {
+                return Access::new(own[i * n + j], Footprint::WHOLE, tag);
+            }
+            let v = grid
+                .window(&[i as u64 * TILE, j as u64 * TILE], &[TILE, TILE])
+                .expect("tile");
+            Access::new(one, Footprint::of_view(&v), tag)
+        };
+        for i in 0..n {
+            for j in 0..n {
+                let mut a = vec![];
+                if i > 0 {
+                    a.push(tile(i - 1, j, ArgTag::Input));
+                }
+                if j > 0 {
+                    a.push(tile(i, j - 1, ArgTag::Input));
+                }
+                a.push(tile(i, j, ArgTag::OutputExisting));
+                tasks.push(a);
+            }
+        }
+    } else {
+        let y = TensorView::contiguous(DataType::U64, &[n as u64]).expect("y");
+        let (x, ys) = (key(), key());
+        let own: Vec<BufferKey> = (0..n).map(|_| key()).collect();
+        let slice = |i: usize| {
+            if shared {
+                let v = y.slice(0, i as u64, i as u64 + 1).expect("slice");
+                Access::new(ys, Footprint::of_view(&v), ArgTag::OutputExisting)
+            } else {
+                Access::new(own[i], Footprint::WHOLE, ArgTag::OutputExisting)
+            }
+        };
+        let mut sink: Vec<Access> = if shared {
+            vec![Access::new(ys, Footprint::of_view(&y), ArgTag::Input)]
+        } else {
+            own.iter().map(|k| acc(*k, ArgTag::Input)).collect()
+        };
+        sink.push(acc(x, ArgTag::InOut));
+        for _ in 0..SLICE_ROUNDS {
+            tasks.push(vec![acc(x, ArgTag::InOut)]);
+            for i in 0..n {
+                tasks.push(vec![acc(x, ArgTag::Input), slice(i)]);
+            }
+            tasks.push(sink.clone());
+        }
+    }
+    tasks
+}
+
+/// Median µs per `submit` building the whole run before draining it (fresh graph, one
+/// warm-up run), and the TensorMap entries examined per submit.
+fn submit_cost(tasks: &[Vec<Access>]) -> (f64, f64) {
+    let (mut orch, mut sched) = graph::<()>(GraphConfig::default()).expect("graph");
+    let mut samples = vec![];
+    let mut visits = 0;
+    for rep in 0..=REPS {
+        let run = orch.begin_run().expect("begin");
+        let mut queue: VecDeque<TaskRef> = VecDeque::new();
+        let v0 = orch.tensormap_visits();
+        let t0 = Instant::now();
+        for a in tasks {
+            let s = orch.submit(TaskSpec::new((), a)).expect("submit");
+            if s.ready {
+                queue.push_back(s.task);
+            }
+        }
+        let elapsed = t0.elapsed();
+        visits = orch.tensormap_visits() - v0;
+        orch.close_run().expect("close");
+        let mut newly = Vec::new();
+        let mut executed = 0;
+        while let Some(t) = queue.pop_front() {
+            if sched.claim(t).is_some() {
+                sched.complete(t, Ok(()), &mut newly).expect("complete");
+                executed += 1;
+                queue.extend(newly.drain(..).map(|r| r.task));
+            }
+        }
+        assert_eq!(orch.wait_run(run, None).expect("wait"), Some(Ok(())));
+        assert_eq!(executed, tasks.len());
+        orch.release_run(run).expect("release");
+        if rep > 0 {
+            samples.push(elapsed.as_secs_f64() * 1e6 / tasks.len() as f64);
+        }
+    }
+    (median(samples), visits as f64 / tasks.len() as f64)
+}
+
+/// One row of the many-views table: a DAG over views of one buffer and the same DAG with
+/// one buffer per view.
+struct ViewCase {
+    label: String,
+    name: String,
+    one: Vec<Vec<Access>>,
+    sep: Vec<Vec<Access>>,
+}
+
+/// The many-views table; appends its JSON fields.
+fn views(json: &mut Vec<String>) {
+    let m = IdentityMinter::new();
+    let case = |label: String, name: String, kind: &str, n: usize| ViewCase {
+        label,
+        name,
+        one: view_dag(&m, kind, n, true),
+        sep: view_dag(&m, kind, n, false),
+    };
+    let mut cases = vec![];
+    for n in TILE_GRIDS {
+        cases.push(case(
+            format!("wavefront, {} tiles", n * n),
+            format!("tiles_{}", n * n),
+            "tiles",
+            n,
+        ));
+    }
+    cases.push(case(
+        format!("fan, {SLICES} slices"),
+        format!("slices_{SLICES}"),
+        "slices",
+        SLICES,
+    ));
+    println!("submit: µs per task, whole run built before it executes (median of {REPS})");
+    println!(
+        "{:<24} {:>8} {:>12} {:>14} {:>12} {:>14}",
+        "dag", "tasks", "one buffer", "entries seen", "per view", "entries seen"
+    );
+    for c in &cases {
+        let (us, seen) = submit_cost(&c.one);
+        let (us_sep, seen_sep) = submit_cost(&c.sep);
+        println!(
+            "{:<24} {:>8} {us:>12.3} {seen:>14.1} {us_sep:>12.3} {seen_sep:>14.1}",
+            c.label,
+            c.one.len()
+        );
+        let name = &c.name;
+        json.push(format!("\"{name}_submit_us\": {us:.4}"));
+        json.push(format!("\"{name}_sep_submit_us\": {us_sep:.4}"));
+        json.push(format!("\"{name}_entries_seen\": {seen:.2}"));
+    }
+}
+
 const OMP_SRC: &str = r#"
 #include <omp.h>
 #include <stdio.h>
@@ -416,7 +583,13 @@ fn main() {
         ));
         rows.push((dag.name(), dag.tasks(), two, one, peer));
     }
-    let taskgroup = bin.as_deref().and_then(|b| omp(b, "fan_taskgroup"));
+    let with_fan = only
+        .as_deref()
+        .is_none_or(|o| o.split(',').any(|n| n == "fan"));
+    let taskgroup = bin
+        .as_deref()
+        .filter(|_| with_fan)
+        .and_then(|b| omp(b, "fan_taskgroup"));
     json.push(format!(
         "\"omp_fan_taskgroup_us\": {}",
         taskgroup.map_or("null".into(), |v| format!("{v:.4}"))
@@ -435,6 +608,12 @@ fn main() {
         println!(
             "(OpenMP fan with a taskgroup barrier instead of an iterator fan-in: {tg:.3} µs/task)"
         );
+    }
+    if only
+        .as_deref()
+        .is_none_or(|o| o.split(',').any(|n| n == "views"))
+    {
+        views(&mut json);
     }
     println!("{{{}}}", json.join(", "));
 }

@@ -24,7 +24,7 @@ pub enum Overlap {
 
 /// Per-axis coordinates of a view on a regular row-major lattice.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Lattice {
+pub(crate) struct Lattice {
     elem: u8,
     ndims: u8,
     strides: [u64; MAX_DIMS],
@@ -71,8 +71,16 @@ impl Lattice {
         Some(lat)
     }
 
-    fn same_grid(&self, other: &Lattice) -> bool {
+    /// Whether both views lie on one lattice (same element size, rank and strides), so
+    /// that [`Footprint::overlap`] compares them per axis.
+    pub(crate) fn same_grid(&self, other: &Lattice) -> bool {
         self.elem == other.elem && self.ndims == other.ndims && self.strides == other.strides
+    }
+
+    /// The view's coordinates `[lo, hi)` on the innermost axis.
+    pub(crate) fn inner(&self) -> (u64, u64) {
+        let k = self.ndims as usize - 1;
+        (self.lo[k], self.hi[k])
     }
 }
 
@@ -155,6 +163,18 @@ impl Footprint {
         match self.0 {
             Repr::Whole => (0, u64::MAX),
             Repr::View { start, end, .. } => (start, end),
+        }
+    }
+
+    /// The lattice of a regular view of two or more axes.
+    ///
+    /// Two footprints on one grid ([`Lattice::same_grid`]) that do not provably miss each
+    /// other ([`Footprint::overlap`] is not `None`) share an element, so their
+    /// coordinates intersect on every axis: the TensorMap's span index relies on this.
+    pub(crate) fn lattice(&self) -> Option<&Arc<Lattice>> {
+        match &self.0 {
+            Repr::View { lattice, .. } => lattice.as_ref(),
+            Repr::Whole => None,
         }
     }
 

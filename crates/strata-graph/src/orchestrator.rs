@@ -723,6 +723,13 @@ impl<P: Send + 'static> Orchestrator<P> {
         self.map.live_entries(&|t: &TaskRef| core.is_live(t))
     }
 
+    /// TensorMap entries examined by dependency inference so far: by lookups and by the
+    /// writes that supersede covered entries (diagnostics; the candidate scan of an access
+    /// visits only entries whose byte ranges can overlap it).
+    pub fn tensormap_visits(&self) -> u64 {
+        self.map.visits()
+    }
+
     /// Live writers of `key` in the building run, oldest first (diagnostics and tests).
     pub fn writers_of(&self, key: &BufferKey) -> Vec<TaskRef> {
         let Some((run, _)) = self.building else {

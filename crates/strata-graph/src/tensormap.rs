@@ -16,12 +16,45 @@
 //! compacted once half their nodes are dead; reader lists are also compacted when they
 //! double. Lookups drop the dead nodes they meet. So lookups stay proportional to the live
 //! entries and wide fan-outs stay linear.
+//!
+//! # The span index
+//!
+//! A short list is walked. A list of at least [`INDEX_AT`] nodes that a walk found mostly
+//! apart from the access walking it (at most a quarter of the nodes' byte spans meet the
+//! access's) gets an index, so that an access examines only the entries it can overlap,
+//! however many disjoint slices or tiles of the buffer the list holds:
+//!
+//! - a treap of the list's live nodes keyed by `(span start, node)`, each subtree
+//!   augmented with the largest span end in it (an interval tree: the nodes whose spans
+//!   meet `[lo, hi)` are found in O(log n + k));
+//! - and, for the head's *grid* (the lattice of the first regular multi-axis entry
+//!   indexed: element size, rank, strides), each node's coordinate range on the innermost
+//!   axis, with each subtree's hull of them. Spans alone do not separate the tiles of a
+//!   row-major matrix (the spans of all tiles of one row band intersect: they interleave
+//!   row by row); two views on one grid that overlap intersect on every axis, so an access
+//!   on the grid also skips subtrees and nodes on the grid whose columns miss its own.
+//!   Nodes off the grid match every column range.
+//!
+//! The links live in a slab parallel to the nodes, so walks of short lists never touch
+//! them. The footprint test still decides among the candidates (the index only narrows
+//! the scan, it changes no edge), which are taken in insertion order. A node an indexed
+//! lookup finds stale (dead, of another run, of a consumed task), and an entry a write
+//! covers, leaves the index and stays in its list as a dead node until the head is
+//! compacted (once half its nodes are dead). An access whose candidates are at least half
+//! the list walks it instead. A compaction that leaves at most [`UNINDEX_AT`] nodes drops
+//! the index.
 
 use crate::access::{Access, BufferKey, FxHashMap};
-use crate::footprint::{Footprint, Overlap};
+use crate::footprint::{Footprint, Lattice, Overlap};
 use crate::slot::TaskRef;
+use std::sync::Arc;
 
 const NIL: u32 = u32::MAX;
+
+/// Length at which a list whose walks mostly miss gets a span index.
+const INDEX_AT: u32 = 32;
+/// Length at or below which compaction drops a list's span index.
+const UNINDEX_AT: u32 = 8;
 
 #[derive(Debug)]
 struct Node {
@@ -32,6 +65,64 @@ struct Node {
     gen: u32,
     next: u32,
     dead: bool,
+    /// In its list's span index.
+    indexed: bool,
+}
+
+/// A node's place in its list's span index (see the module documentation); one cache
+/// line.
+#[derive(Debug, Clone, Copy, Default)]
+#[repr(align(64))]
+struct Links {
+    /// Insertion order: an indexed lookup reports its hits in this order.
+    seq: u64,
+    /// The node's byte span `[lo, hi)`, and the largest `hi` in its subtree.
+    lo: u64,
+    hi: u64,
+    max_hi: u64,
+    left: u32,
+    right: u32,
+    /// Its innermost-axis coordinates on the head's grid ([`cols`]; everything off the
+    /// grid), and the hull of them over its subtree.
+    col_lo: u32,
+    col_hi: u32,
+    min_col: u32,
+    max_col: u32,
+}
+
+/// Innermost-axis coordinates `[lo, hi)` in the index's `u32` form: widened where they do
+/// not fit (`u32::MAX` as an end stands for any larger end), so two ranges that intersect
+/// still do.
+fn cols((lo, hi): (u64, u64)) -> (u32, u32) {
+    (
+        lo.min(u32::MAX as u64 - 1) as u32,
+        hi.min(u32::MAX as u64) as u32,
+    )
+}
+
+/// Every coordinate: what a node or an access off the grid matches.
+const ALL_COLS: (u32, u32) = (0, u32::MAX);
+
+/// What an indexed lookup looks for: a span and the innermost-axis coordinates on the
+/// head's grid (all of them when the access is off the grid).
+#[derive(Debug, Clone, Copy)]
+struct Probe {
+    lo: u64,
+    hi: u64,
+    col_lo: u32,
+    col_hi: u32,
+}
+
+impl Probe {
+    /// Whether a subtree with these hulls may hold a match.
+    fn may_hold(&self, l: &Links) -> bool {
+        l.max_hi > self.lo && l.min_col < self.col_hi && l.max_col > self.col_lo
+    }
+
+    /// Whether a node matches.
+    fn matches(&self, l: &Links) -> bool {
+        l.lo < self.hi && l.hi > self.lo && l.col_lo < self.col_hi && l.col_hi > self.col_lo
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -49,6 +140,21 @@ impl List {
     };
 }
 
+/// The span indexes of a head's lists, while at least one of them has one.
+#[derive(Debug)]
+struct Index {
+    /// Which lists have an index (writers, readers): each of their live nodes is in it.
+    on: [bool; 2],
+    /// The roots (`NIL`: empty).
+    root: [u32; 2],
+    /// The grid whose innermost coordinates the indexes carry.
+    grid: Option<Arc<Lattice>>,
+}
+
+/// Which list of a head.
+const WRITERS: bool = false;
+const READERS: bool = true;
+
 /// A runtime-allocated buffer: its run and its allocator. The record outlives the
 /// allocator (until the run is forgotten), so a use after the memory was reclaimed is
 /// reported instead of silently reading reclaimed memory.
@@ -64,7 +170,7 @@ struct Head {
     in_use: bool,
     writers: List,
     readers: List,
-    /// Nodes marked dead since the last compaction.
+    /// Dead nodes still in the lists.
     dead: u32,
     /// Reader-list length at which the next compaction runs.
     compact_readers_at: u32,
@@ -75,6 +181,26 @@ struct Head {
     idle: bool,
     /// Present in `TensorMap::idle` (at most once).
     listed: bool,
+    /// Its span indexes in `TensorMap::indexes` (`NIL`: none).
+    index: u32,
+}
+
+impl Head {
+    fn list(&self, readers: bool) -> List {
+        if readers {
+            self.readers
+        } else {
+            self.writers
+        }
+    }
+
+    fn list_mut(&mut self, readers: bool) -> &mut List {
+        if readers {
+            &mut self.readers
+        } else {
+            &mut self.writers
+        }
+    }
 }
 
 /// A journal entry: a node this task recorded, and the node's generation then.
@@ -84,18 +210,42 @@ fn journal(node: u32, gen: u32) -> JournalEntry {
     ((gen as u64) << 32) | node as u64
 }
 
+/// The treap priority of a node: a bijective mix of its index (murmur3's finalizer).
+fn prio(n: u32) -> u32 {
+    let mut x = n;
+    x = (x ^ (x >> 16)).wrapping_mul(0x85eb_ca6b);
+    x = (x ^ (x >> 13)).wrapping_mul(0xc2b2_ae35);
+    x ^ (x >> 16)
+}
+
 #[derive(Debug, Default)]
 pub(crate) struct TensorMap {
     map: FxHashMap<BufferKey, u32>,
     heads: Vec<Head>,
     free_heads: Vec<u32>,
     nodes: Vec<Node>,
+    /// Span-index links, parallel to `nodes` (grown when a node first enters an index).
+    links: Vec<Links>,
+    /// Span indexes of heads, and the free ones.
+    indexes: Vec<Index>,
+    free_indexes: Vec<u32>,
     free_nodes: Vec<u32>,
     /// Heads carrying an allocator record, per run (cleared when the run is forgotten).
     owned_heads: FxHashMap<u64, Vec<u32>>,
     /// Heads that became empty. A buffer used run after run keeps its head; heads left
     /// unused for two runs are freed by [`TensorMap::sweep`].
     idle: Vec<u32>,
+    /// The next sequence number of a node entering an index.
+    seq: u64,
+    /// Scratch of indexed lookups: `(seq, node)` candidates, the traversal stack, and
+    /// nodes in key order (rebuilds).
+    cands: Vec<(u64, u32)>,
+    stack: Vec<u32>,
+    order: Vec<u32>,
+    /// Entries examined by lookups and records (walked, or candidates of an index).
+    visits: u64,
+    /// Index nodes traversed by lookups.
+    probes: u64,
 }
 
 impl TensorMap {
@@ -126,6 +276,7 @@ impl TensorMap {
             last_run: run,
             idle: false,
             listed: false,
+            index: NIL,
         };
         let h = match self.free_heads.pop() {
             Some(h) => {
@@ -154,6 +305,7 @@ impl TensorMap {
                     gen,
                     next: NIL,
                     dead: false,
+                    indexed: false,
                 };
                 (n, gen)
             }
@@ -166,13 +318,14 @@ impl TensorMap {
                     gen: 0,
                     next: NIL,
                     dead: false,
+                    indexed: false,
                 });
                 ((self.nodes.len() - 1) as u32, 0)
             }
         }
     }
 
-    fn append(&mut self, list: List, n: u32) -> List {
+    fn link(&mut self, list: List, n: u32) -> List {
         let mut l = list;
         if l.last == NIL {
             l.first = n;
@@ -184,9 +337,450 @@ impl TensorMap {
         l
     }
 
+    /// Appends node `n` to list `readers` of `head` (and to its index, if any).
+    #[inline(always)]
+    fn append(&mut self, head: u32, readers: bool, n: u32) {
+        let h = &self.heads[head as usize];
+        let index = h.index;
+        if readers {
+            let l = self.link(h.readers, n);
+            self.heads[head as usize].readers = l;
+        } else {
+            let l = self.link(h.writers, n);
+            self.heads[head as usize].writers = l;
+        }
+        if index != NIL && self.indexes[index as usize].on[readers as usize] {
+            self.index_insert(head, readers, n);
+        }
+    }
+
+    #[inline(never)]
+    fn index_insert(&mut self, head: u32, readers: bool, n: u32) {
+        self.place(head, n);
+        let root = self.tree_insert(self.root(head, readers), n);
+        self.set_root(head, readers, root);
+    }
+
+    // ----- the span index -----------------------------------------------------------------
+
+    /// Whether list `readers` of `head` has a span index.
+    fn is_indexed(&self, head: u32, readers: bool) -> bool {
+        let i = self.heads[head as usize].index;
+        i != NIL && self.indexes[i as usize].on[readers as usize]
+    }
+
+    /// The root of the span index of list `readers` of `head` (which has an index).
+    fn root(&self, head: u32, readers: bool) -> u32 {
+        self.indexes[self.heads[head as usize].index as usize].root[readers as usize]
+    }
+
+    fn set_root(&mut self, head: u32, readers: bool, root: u32) {
+        let i = self.heads[head as usize].index;
+        self.indexes[i as usize].root[readers as usize] = root;
+    }
+
+    /// The innermost-axis coordinates of `fp` on the grid of `head`'s indexes.
+    fn cols_of(&self, head: u32, fp: &Footprint) -> (u32, u32) {
+        let i = self.heads[head as usize].index;
+        let grid = if i == NIL {
+            None
+        } else {
+            self.indexes[i as usize].grid.as_ref()
+        };
+        match (fp.lattice(), grid) {
+            (Some(l), Some(g)) if l.same_grid(g) => cols(l.inner()),
+            _ => ALL_COLS,
+        }
+    }
+
+    /// Fills the span and grid coordinates of node `n` before it enters an index of `head`,
+    /// and its sequence number: nodes are placed in list order (when a list gets its
+    /// index, and as they are appended), so sequence numbers follow insertion order.
+    fn place(&mut self, head: u32, n: u32) {
+        let fp = &self.nodes[n as usize].fp;
+        let (lo, hi) = fp.span();
+        let (col_lo, col_hi) = self.cols_of(head, fp);
+        if self.links.len() <= n as usize {
+            // Links are grown on first use: a map that never indexes has none.
+            self.links.resize(self.nodes.len(), Links::default());
+        }
+        let l = &mut self.links[n as usize];
+        l.seq = self.seq;
+        self.seq += 1;
+        l.lo = lo;
+        l.hi = hi;
+        l.col_lo = col_lo;
+        l.col_hi = col_hi;
+    }
+
+    fn key_less(&self, a: u32, b: u32) -> bool {
+        (self.links[a as usize].lo, a) < (self.links[b as usize].lo, b)
+    }
+
+    /// Recomputes the subtree hulls of `x` from its own values and its children's.
+    fn pull(&mut self, x: u32) {
+        let mut l = self.links[x as usize];
+        l.max_hi = l.hi;
+        l.min_col = l.col_lo;
+        l.max_col = l.col_hi;
+        for c in [l.left, l.right] {
+            if c != NIL {
+                let c = &self.links[c as usize];
+                l.max_hi = l.max_hi.max(c.max_hi);
+                l.min_col = l.min_col.min(c.min_col);
+                l.max_col = l.max_col.max(c.max_col);
+            }
+        }
+        self.links[x as usize] = l;
+    }
+
+    /// Inserts node `n` (placed) into the index rooted at `root`; returns the new root.
+    /// Top-down: widens the hulls of the nodes above its place, then splits the subtree
+    /// at its place into its children.
+    #[inline(never)]
+    fn tree_insert(&mut self, root: u32, n: u32) -> u32 {
+        let pn = prio(n);
+        let me = self.links[n as usize];
+        let (mut parent, mut left) = (NIL, false);
+        let mut cur = root;
+        while cur != NIL && prio(cur) > pn {
+            left = self.key_less(n, cur);
+            let c = &mut self.links[cur as usize];
+            c.max_hi = c.max_hi.max(me.hi);
+            c.min_col = c.min_col.min(me.col_lo);
+            c.max_col = c.max_col.max(me.col_hi);
+            parent = cur;
+            cur = if left { c.left } else { c.right };
+        }
+        let (l, r) = self.tree_split(cur, n);
+        let m = &mut self.links[n as usize];
+        m.left = l;
+        m.right = r;
+        self.pull(n);
+        self.nodes[n as usize].indexed = true;
+        if parent == NIL {
+            return n;
+        }
+        let p = &mut self.links[parent as usize];
+        if left {
+            p.left = n;
+        } else {
+            p.right = n;
+        }
+        root
+    }
+
+    /// Splits the index rooted at `t` into the keys below and above node `n`'s.
+    fn tree_split(&mut self, t: u32, n: u32) -> (u32, u32) {
+        if t == NIL {
+            return (NIL, NIL);
+        }
+        if self.key_less(t, n) {
+            let (a, b) = self.tree_split(self.links[t as usize].right, n);
+            self.links[t as usize].right = a;
+            self.pull(t);
+            (t, b)
+        } else {
+            let (a, b) = self.tree_split(self.links[t as usize].left, n);
+            self.links[t as usize].left = b;
+            self.pull(t);
+            (a, t)
+        }
+    }
+
+    /// Joins two indexes, every key of `a` below every key of `b`.
+    fn tree_merge(&mut self, a: u32, b: u32) -> u32 {
+        if a == NIL {
+            return b;
+        }
+        if b == NIL {
+            return a;
+        }
+        if prio(a) > prio(b) {
+            let r = self.tree_merge(self.links[a as usize].right, b);
+            self.links[a as usize].right = r;
+            self.pull(a);
+            a
+        } else {
+            let l = self.tree_merge(a, self.links[b as usize].left);
+            self.links[b as usize].left = l;
+            self.pull(b);
+            b
+        }
+    }
+
+    /// Removes node `n` (which is in it) from the index rooted at `root`; returns the new
+    /// root. The hulls above it are left as they are: still covering, merely loose until
+    /// the next rebuild.
+    #[inline(never)]
+    fn tree_remove(&mut self, root: u32, n: u32) -> u32 {
+        let (mut parent, mut left) = (NIL, false);
+        let mut cur = root;
+        while cur != n {
+            if cur == NIL {
+                debug_assert!(false, "node {n} not in its index");
+                return root;
+            }
+            left = self.key_less(n, cur);
+            parent = cur;
+            let c = &self.links[cur as usize];
+            cur = if left { c.left } else { c.right };
+        }
+        self.nodes[n as usize].indexed = false;
+        let l = self.links[n as usize];
+        let m = self.tree_merge(l.left, l.right);
+        if parent == NIL {
+            return m;
+        }
+        let p = &mut self.links[parent as usize];
+        if left {
+            p.left = m;
+        } else {
+            p.right = m;
+        }
+        root
+    }
+
+    /// Takes the index of list `readers` of `head` apart: returns its nodes that are not
+    /// dead in key order (all nodes leave the index).
+    #[cold]
+    #[inline(never)]
+    fn tree_take(&mut self, head: u32, readers: bool) -> Vec<u32> {
+        let mut order = std::mem::take(&mut self.order);
+        order.clear();
+        let mut stack = std::mem::take(&mut self.stack);
+        stack.clear();
+        let mut cur = self.root(head, readers);
+        self.set_root(head, readers, NIL);
+        while cur != NIL || !stack.is_empty() {
+            while cur != NIL {
+                stack.push(cur);
+                cur = self.links[cur as usize].left;
+            }
+            let x = stack.pop().unwrap_or(NIL);
+            let node = &mut self.nodes[x as usize];
+            node.indexed = false;
+            if !node.dead {
+                order.push(x);
+            }
+            cur = self.links[x as usize].right;
+        }
+        self.stack = stack;
+        order
+    }
+
+    /// Builds the index of list `readers` of `head` from its (placed) nodes in key order,
+    /// in linear time (a Cartesian tree on the priorities, then the hulls bottom-up).
+    #[cold]
+    #[inline(never)]
+    fn tree_build(&mut self, head: u32, readers: bool, order: Vec<u32>) {
+        let mut stack = std::mem::take(&mut self.stack);
+        stack.clear();
+        for &x in &order {
+            let mut last = NIL;
+            while let Some(&top) = stack.last() {
+                if prio(top) > prio(x) {
+                    break;
+                }
+                last = top;
+                stack.pop();
+            }
+            let l = &mut self.links[x as usize];
+            l.left = last;
+            l.right = NIL;
+            if let Some(&top) = stack.last() {
+                self.links[top as usize].right = x;
+            }
+            stack.push(x);
+            self.nodes[x as usize].indexed = true;
+        }
+        let root = stack.first().copied().unwrap_or(NIL);
+        // Hulls, children before parents: a pre-order (node, right, left) reversed.
+        stack.clear();
+        let mut post = std::mem::take(&mut self.cands);
+        post.clear();
+        if root != NIL {
+            stack.push(root);
+        }
+        while let Some(x) = stack.pop() {
+            post.push((0, x));
+            let l = &self.links[x as usize];
+            for c in [l.left, l.right] {
+                if c != NIL {
+                    stack.push(c);
+                }
+            }
+        }
+        for &(_, x) in post.iter().rev() {
+            self.pull(x);
+        }
+        self.cands = post;
+        self.stack = stack;
+        self.order = order;
+        self.set_root(head, readers, root);
+    }
+
+    /// Appends `(seq, node)` for every node of the index rooted at `root` that matches `q`.
+    fn tree_query(&mut self, root: u32, q: Probe, out: &mut Vec<(u64, u32)>) {
+        let mut stack = std::mem::take(&mut self.stack);
+        stack.clear();
+        if root != NIL && q.may_hold(&self.links[root as usize]) {
+            stack.push(root);
+        }
+        let mut probes = 0;
+        while let Some(x) = stack.pop() {
+            probes += 1;
+            let l = &self.links[x as usize];
+            // Keys right of a node start at or after its start.
+            for (c, wanted) in [(l.left, true), (l.right, l.lo < q.hi)] {
+                if wanted && c != NIL && q.may_hold(&self.links[c as usize]) {
+                    stack.push(c);
+                }
+            }
+            if q.matches(l) {
+                out.push((l.seq, x));
+            }
+        }
+        self.probes += probes;
+        self.stack = stack;
+    }
+
+    /// Gives list `readers` of `head` a span index of its live nodes (choosing the head's
+    /// grid if it has none).
+    #[cold]
+    #[inline(never)]
+    fn index(&mut self, head: u32, readers: bool) {
+        let first = self.heads[head as usize].list(readers).first;
+        if self.heads[head as usize].index == NIL {
+            let index = Index {
+                on: [false; 2],
+                root: [NIL; 2],
+                grid: None,
+            };
+            let i = match self.free_indexes.pop() {
+                Some(i) => {
+                    self.indexes[i as usize] = index;
+                    i
+                }
+                None => {
+                    self.indexes.push(index);
+                    (self.indexes.len() - 1) as u32
+                }
+            };
+            self.heads[head as usize].index = i;
+        }
+        let i = self.heads[head as usize].index as usize;
+        if self.indexes[i].grid.is_none() {
+            let mut n = first;
+            while n != NIL {
+                let node = &self.nodes[n as usize];
+                if let Some(g) = node.fp.lattice().filter(|_| !node.dead) {
+                    self.indexes[i].grid = Some(g.clone());
+                    break;
+                }
+                n = node.next;
+            }
+        }
+        self.indexes[i].on[readers as usize] = true;
+        let mut root = NIL;
+        let mut n = first;
+        while n != NIL {
+            if !self.nodes[n as usize].dead {
+                self.place(head, n);
+                root = self.tree_insert(root, n);
+            }
+            n = self.nodes[n as usize].next;
+        }
+        self.set_root(head, readers, root);
+    }
+
+    /// Drops the span index of list `readers` of `head` (and the head's indexes, grid
+    /// included, once neither list has one).
+    #[cold]
+    #[inline(never)]
+    fn unindex(&mut self, head: u32, readers: bool) {
+        let i = self.heads[head as usize].index;
+        let index = &mut self.indexes[i as usize];
+        index.on[readers as usize] = false;
+        index.root[readers as usize] = NIL;
+        if !index.on[!readers as usize] {
+            index.grid = None;
+            self.free_indexes.push(i);
+            self.heads[head as usize].index = NIL;
+        }
+        let mut n = self.heads[head as usize].list(readers).first;
+        while n != NIL {
+            let node = &mut self.nodes[n as usize];
+            node.indexed = false;
+            n = node.next;
+        }
+    }
+
+    /// The candidates of access `a` in indexed list `readers` of `head`: the nodes whose
+    /// spans (and, on the head's grid, innermost coordinates) meet the access's, in
+    /// insertion order if `ordered`. `None` when they are at least half the list: walking
+    /// it is then as cheap.
+    fn candidates(
+        &mut self,
+        head: u32,
+        readers: bool,
+        a: &Access,
+        ordered: bool,
+    ) -> Option<Vec<(u64, u32)>> {
+        let (lo, hi) = a.footprint.span();
+        if (lo, hi) == (0, u64::MAX) {
+            return None;
+        }
+        let len = self.heads[head as usize].list(readers).len;
+        let (col_lo, col_hi) = self.cols_of(head, &a.footprint);
+        let q = Probe {
+            lo,
+            hi,
+            col_lo,
+            col_hi,
+        };
+        let mut cands = std::mem::take(&mut self.cands);
+        cands.clear();
+        self.tree_query(self.root(head, readers), q, &mut cands);
+        if 2 * cands.len() >= len as usize {
+            self.cands = cands;
+            return None;
+        }
+        self.visits += cands.len() as u64;
+        if ordered && cands.len() > 1 {
+            cands.sort_unstable();
+        }
+        Some(cands)
+    }
+
+    /// Takes node `n` of list `readers` of `head` out of the index and marks it dead; it
+    /// stays in the list until compaction.
+    #[inline(never)]
+    fn bury(&mut self, head: u32, readers: bool, n: u32) {
+        if self.nodes[n as usize].indexed {
+            let root = self.tree_remove(self.root(head, readers), n);
+            self.set_root(head, readers, root);
+        }
+        let node = &mut self.nodes[n as usize];
+        if !node.dead {
+            node.dead = true;
+            self.heads[head as usize].dead += 1;
+        }
+    }
+
+    // ----- lists --------------------------------------------------------------------------
+
     /// Walks `list`, unlinking and freeing every node for which `drop_node` says so (and
-    /// counting how many of the dropped nodes were marked dead). Kept nodes are not written.
-    fn filter(&mut self, list: List, mut drop_node: impl FnMut(&Node) -> bool) -> (List, u32) {
+    /// taking it out of the index rooted at `root`, if it is in it); returns the list, the
+    /// index's root and how many of the dropped nodes were marked dead. Kept nodes are
+    /// not written.
+    #[inline(always)]
+    fn filter_list(
+        &mut self,
+        list: List,
+        mut root: u32,
+        mut drop_node: impl FnMut(&Node) -> bool,
+    ) -> (List, u32, u32) {
         let mut l = list;
         let mut prev = NIL;
         let mut n = l.first;
@@ -196,6 +790,9 @@ impl TensorMap {
             let next = node.next;
             if drop_node(node) {
                 dead_dropped += node.dead as u32;
+                if node.indexed {
+                    root = self.tree_remove(root, n);
+                }
                 if prev == NIL {
                     l.first = next;
                 } else {
@@ -216,23 +813,136 @@ impl TensorMap {
             }
             n = next;
         }
-        (l, dead_dropped)
+        (l, root, dead_dropped)
     }
 
-    /// Filters both lists of `head` with `drop_node`.
-    fn filter_head(&mut self, head: u32, both: bool, mut drop_node: impl FnMut(&Node) -> bool) {
+    /// Filters both lists (or only the writers) of `head`, which has no index, with
+    /// `drop_node`.
+    fn filter_head_plain(
+        &mut self,
+        head: u32,
+        both: bool,
+        mut drop_node: impl FnMut(&Node) -> bool,
+    ) {
         let h = &self.heads[head as usize];
         let (writers, readers) = (h.writers, h.readers);
-        let (writers, d1) = self.filter(writers, &mut drop_node);
-        let (readers, d2) = if both {
-            self.filter(readers, &mut drop_node)
+        let (writers, _, d1) = self.filter_list(writers, NIL, &mut drop_node);
+        let (readers, _, d2) = if both {
+            self.filter_list(readers, NIL, &mut drop_node)
         } else {
-            (readers, 0)
+            (readers, NIL, 0)
         };
         let h = &mut self.heads[head as usize];
         h.writers = writers;
         h.readers = readers;
         h.dead -= d1 + d2;
+    }
+
+    /// Whether `head` takes the plain path: no index, and lists too short to get one.
+    fn plain(&self, head: u32) -> bool {
+        let h = &self.heads[head as usize];
+        h.index == NIL && h.writers.len < INDEX_AT && h.readers.len < INDEX_AT
+    }
+
+    /// Walks list `readers` of `head`, unlinking and freeing every node for which
+    /// `drop_node` says so (and its index entry). Kept nodes are not written. Drops the
+    /// index of a list left short.
+    fn filter(&mut self, head: u32, readers: bool, drop_node: impl FnMut(&Node) -> bool) {
+        let indexed = self.is_indexed(head, readers);
+        let root = if indexed {
+            self.root(head, readers)
+        } else {
+            NIL
+        };
+        let l = self.heads[head as usize].list(readers);
+        let (l, root, dead) = self.filter_list(l, root, drop_node);
+        let h = &mut self.heads[head as usize];
+        *h.list_mut(readers) = l;
+        h.dead -= dead;
+        if indexed {
+            self.set_root(head, readers, root);
+            if l.len <= UNINDEX_AT {
+                self.unindex(head, readers);
+            }
+        }
+    }
+
+    /// Filters both lists of `head` with `drop_node`.
+    fn filter_head(&mut self, head: u32, mut drop_node: impl FnMut(&Node) -> bool) {
+        self.filter(head, WRITERS, &mut drop_node);
+        self.filter(head, READERS, &mut drop_node);
+    }
+
+    /// Walks list `readers` of `head` for access `a`, dropping what `drop_node` says. A
+    /// long unindexed list whose nodes' spans mostly miss the access's gets an index.
+    fn walk(
+        &mut self,
+        head: u32,
+        readers: bool,
+        a: &Access,
+        mut drop_node: impl FnMut(&Node) -> bool,
+    ) {
+        let l = self.heads[head as usize].list(readers);
+        if l.len < INDEX_AT {
+            // A short list (most are): no index to consider.
+            self.visits += l.len as u64;
+            self.filter(head, readers, drop_node);
+            return;
+        }
+        let measure = !self.is_indexed(head, readers);
+        let (lo, hi) = a.footprint.span();
+        let (mut walked, mut hits) = (0u32, 0u32);
+        self.filter(head, readers, |n| {
+            walked += 1;
+            if measure {
+                let (s, e) = n.fp.span();
+                hits += (s < hi && e > lo) as u32;
+            }
+            drop_node(n)
+        });
+        self.visits += walked as u64;
+        if measure && 4 * hits <= walked && self.heads[head as usize].list(readers).len >= INDEX_AT
+        {
+            self.index(head, readers);
+        }
+    }
+
+    /// Frees the dead nodes of `head`. An index loses half its nodes or more here, so it
+    /// is taken apart and rebuilt from the survivors rather than pruned node by node.
+    fn compact(&mut self, head: u32) {
+        if self.heads[head as usize].index == NIL {
+            self.filter_head_plain(head, true, |n| n.dead);
+        } else {
+            self.compact_indexed(head);
+        }
+        let h = &mut self.heads[head as usize];
+        h.compact_readers_at = 2 * h.readers.len + 16;
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn compact_indexed(&mut self, head: u32) {
+        for readers in [WRITERS, READERS] {
+            if self.is_indexed(head, readers) {
+                let order = self.tree_take(head, readers);
+                self.filter(head, readers, |n| n.dead);
+                if self.is_indexed(head, readers) {
+                    self.tree_build(head, readers, order);
+                } else {
+                    self.order = order;
+                }
+            } else {
+                self.filter(head, readers, |n| n.dead);
+            }
+        }
+    }
+
+    /// Compacts `head` if half its nodes are dead.
+    fn compact_if_half_dead(&mut self, head: u32) {
+        let h = &self.heads[head as usize];
+        if h.dead > 0 && 2 * h.dead >= h.writers.len + h.readers.len {
+            self.compact(head);
+        }
     }
 
     /// Calls `found` for every live entry of `run` the access must wait for: writers
@@ -249,7 +959,65 @@ impl TensorMap {
         if !a.tag.tracked() {
             return;
         }
-        self.filter_head(head, a.tag.writes(), |node| {
+        if self.plain(head) {
+            let h = &self.heads[head as usize];
+            self.visits += (h.writers.len + a.tag.writes() as u32 * h.readers.len) as u64;
+            self.filter_head_plain(head, a.tag.writes(), |node| {
+                if node.dead || node.run != run {
+                    return true;
+                }
+                if a.footprint.overlap(&node.fp) == Overlap::None {
+                    return false;
+                }
+                if live(&node.task) {
+                    found(node.task);
+                    false
+                } else {
+                    true
+                }
+            });
+            return;
+        }
+        self.collect_list(head, WRITERS, run, a, live, &mut found);
+        if a.tag.writes() {
+            self.collect_list(head, READERS, run, a, live, &mut found);
+        }
+    }
+
+    fn collect_list(
+        &mut self,
+        head: u32,
+        readers: bool,
+        run: u64,
+        a: &Access,
+        live: &impl Fn(&TaskRef) -> bool,
+        found: &mut impl FnMut(TaskRef),
+    ) {
+        if self.is_indexed(head, readers) {
+            if let Some(cands) = self.candidates(head, readers, a, true) {
+                let mut buried = false;
+                for &(_, n) in &cands {
+                    let node = &self.nodes[n as usize];
+                    if !node.dead && node.run == run {
+                        if a.footprint.overlap(&node.fp) == Overlap::None {
+                            continue;
+                        }
+                        if live(&node.task) {
+                            found(node.task);
+                            continue;
+                        }
+                    }
+                    self.bury(head, readers, n);
+                    buried = true;
+                }
+                self.cands = cands;
+                if buried {
+                    self.compact_if_half_dead(head);
+                }
+                return;
+            }
+        }
+        self.walk(head, readers, a, |node| {
             if node.dead || node.run != run {
                 return true;
             }
@@ -263,6 +1031,12 @@ impl TensorMap {
                 true
             }
         });
+    }
+
+    /// Entries examined by lookups and records so far: walked, or candidates of a span
+    /// index (diagnostics).
+    pub(crate) fn visits(&self) -> u64 {
+        self.visits
     }
 
     /// Records the access of `task` in `run`: a write supersedes the entries it covers
@@ -280,35 +1054,77 @@ impl TensorMap {
             return None;
         }
         if a.tag.writes() {
-            self.filter_head(head, true, |n| {
-                n.dead || n.run != run || a.footprint.overlap(&n.fp) == Overlap::Covered
-            });
+            let supersedes =
+                |n: &Node| n.dead || n.run != run || a.footprint.overlap(&n.fp) == Overlap::Covered;
+            let mut buried = false;
+            if self.plain(head) {
+                let h = &self.heads[head as usize];
+                self.visits += (h.writers.len + h.readers.len) as u64;
+                self.filter_head_plain(head, true, supersedes);
+            } else {
+                self.supersede(head, a, supersedes, &mut buried);
+            }
+            if buried {
+                self.compact_if_half_dead(head);
+            }
             let (n, gen) = self.alloc_node(a.footprint.clone(), task, run, head);
-            let writers = self.heads[head as usize].writers;
-            let writers = self.append(writers, n);
-            self.heads[head as usize].writers = writers;
+            self.append(head, WRITERS, n);
             Some(journal(n, gen))
         } else {
-            let readers = self.heads[head as usize].readers;
-            if readers.last != NIL {
-                let last = &self.nodes[readers.last as usize];
-                if last.task == task && last.fp == a.footprint {
-                    return None;
+            self.record_read(head, run, a, task, live)
+        }
+    }
+
+    /// Drops the entries of a head that may be indexed that a write supersedes.
+    fn supersede(
+        &mut self,
+        head: u32,
+        a: &Access,
+        supersedes: impl Fn(&Node) -> bool + Copy,
+        buried: &mut bool,
+    ) {
+        for readers in [WRITERS, READERS] {
+            if self.is_indexed(head, readers) {
+                if let Some(cands) = self.candidates(head, readers, a, false) {
+                    for &(_, n) in &cands {
+                        if supersedes(&self.nodes[n as usize]) {
+                            self.bury(head, readers, n);
+                            *buried = true;
+                        }
+                    }
+                    self.cands = cands;
+                    continue;
                 }
             }
-            let (n, gen) = self.alloc_node(a.footprint.clone(), task, run, head);
-            let readers = self.append(readers, n);
-            self.heads[head as usize].readers = readers;
-            if readers.len >= self.heads[head as usize].compact_readers_at {
-                let (readers, dead) =
-                    self.filter(readers, |n| n.dead || n.run != run || !live(&n.task));
-                let h = &mut self.heads[head as usize];
-                h.readers = readers;
-                h.dead -= dead;
-                h.compact_readers_at = 2 * readers.len + 16;
-            }
-            Some(journal(n, gen))
+            self.walk(head, readers, a, supersedes);
         }
+    }
+
+    /// Records a read of `task`: a reader entry (unless it repeats the task's last one).
+    fn record_read(
+        &mut self,
+        head: u32,
+        run: u64,
+        a: &Access,
+        task: TaskRef,
+        live: &impl Fn(&TaskRef) -> bool,
+    ) -> Option<JournalEntry> {
+        let readers = self.heads[head as usize].readers;
+        if readers.last != NIL {
+            let last = &self.nodes[readers.last as usize];
+            if !last.dead && last.task == task && last.fp == a.footprint {
+                return None;
+            }
+        }
+        let (n, gen) = self.alloc_node(a.footprint.clone(), task, run, head);
+        self.append(head, READERS, n);
+        let h = &self.heads[head as usize];
+        if h.readers.len >= h.compact_readers_at {
+            self.filter(head, READERS, |n| n.dead || n.run != run || !live(&n.task));
+            let h = &mut self.heads[head as usize];
+            h.compact_readers_at = 2 * h.readers.len + 16;
+        }
+        Some(journal(n, gen))
     }
 
     /// Retires a journal entry of a consumed task: marks its node dead if it still holds
@@ -329,9 +1145,7 @@ impl TensorMap {
         if 2 * h.dead < h.writers.len + h.readers.len {
             return;
         }
-        self.filter_head(head, true, |n| n.dead);
-        let h = &mut self.heads[head as usize];
-        h.compact_readers_at = 2 * h.readers.len + 16;
+        self.compact(head);
         self.note_if_idle(head);
     }
 
@@ -380,12 +1194,10 @@ impl TensorMap {
     /// whole-buffer writer entry so any later access of the buffer depends on it. Returns
     /// the journal entry of that writer.
     pub(crate) fn register_owned(&mut self, head: u32, run: u64, task: TaskRef) -> JournalEntry {
-        self.filter_head(head, true, |n| n.dead || n.run != run);
+        self.filter_head(head, |n| n.dead || n.run != run);
         let (n, gen) = self.alloc_node(Footprint::WHOLE, task, run, head);
-        let writers = self.heads[head as usize].writers;
-        let writers = self.append(writers, n);
+        self.append(head, WRITERS, n);
         let h = &mut self.heads[head as usize];
-        h.writers = writers;
         if h.owned.is_none() {
             self.owned_heads.entry(run).or_default().push(head);
         }
@@ -459,6 +1271,20 @@ impl TensorMap {
         }
     }
 
+    /// Live readers of `key` in `run`, in insertion order (tests).
+    #[cfg(test)]
+    pub(crate) fn readers(
+        &self,
+        run: u64,
+        key: &BufferKey,
+        live: &impl Fn(&TaskRef) -> bool,
+    ) -> Vec<TaskRef> {
+        match self.map.get(key) {
+            Some(&h) => self.list_tasks(self.heads[h as usize].readers, Some(run), live),
+            None => vec![],
+        }
+    }
+
     /// Heads listed as idle (tests).
     #[cfg(test)]
     pub(crate) fn idle_listed(&self) -> usize {
@@ -469,6 +1295,20 @@ impl TensorMap {
     #[cfg(test)]
     pub(crate) fn key_count(&self) -> usize {
         self.map.len()
+    }
+
+    /// Index nodes traversed by lookups so far (tests).
+    #[cfg(test)]
+    pub(crate) fn probes(&self) -> u64 {
+        self.probes
+    }
+
+    /// Whether the writer and the reader list of `key` have a span index (tests).
+    #[cfg(test)]
+    pub(crate) fn indexed(&self, key: &BufferKey) -> (bool, bool) {
+        self.map.get(key).map_or((false, false), |&h| {
+            (self.is_indexed(h, WRITERS), self.is_indexed(h, READERS))
+        })
     }
 
     /// Length of the reader list of `key` including dead entries (tests).
@@ -831,5 +1671,252 @@ mod tests {
         assert_eq!(m.owner(h, RUN2), None);
         m.forget_run(RUN1);
         assert_eq!(m.owner(h, RUN1), None);
+    }
+
+    /// The counters of lookups: entries examined, index nodes traversed.
+    fn counters(f: &Fixture) -> (u64, u64) {
+        let m = f.m.borrow();
+        (m.visits(), m.probes())
+    }
+
+    #[test]
+    fn indexed_lookups_examine_only_overlapping_entries() {
+        let f = Fixture::new();
+        // 4096 disjoint 16-byte slices of one buffer.
+        let k = f.key();
+        let slice = |i: u64, n: u64| Footprint::bytes(i * 16, (i + n) * 16).unwrap();
+        for i in 0..4096u32 {
+            f.write(RUN1, k, slice(i as u64, 1), i);
+        }
+        assert_eq!(f.m.borrow().indexed(&k), (true, false));
+        let (v0, p0) = counters(&f);
+        let lookups = (0..4096u32).step_by(97).count() as u64;
+        for i in (0..4096u32).step_by(97) {
+            assert_eq!(f.reads(RUN1, k, slice(i as u64, 1)), vec![i]);
+        }
+        let (v1, p1) = counters(&f);
+        assert_eq!(v1 - v0, lookups, "each lookup examines exactly its slice");
+        assert!(
+            p1 - p0 <= 48 * lookups,
+            "{} index nodes traversed for {lookups} lookups of 4096 entries",
+            p1 - p0
+        );
+        assert_eq!(f.reads(RUN1, k, slice(100, 3)), vec![100, 101, 102]);
+        assert_eq!(counters(&f).0 - v1, 3);
+
+        // 32 × 32 tiles of 4 × 4 bytes of a 128 × 128 matrix. The spans of the 32 tiles of
+        // a row band all intersect (they interleave row by row); the index's column hulls
+        // still leave one candidate per tile.
+        let k2 = f.key();
+        let m = TensorView::contiguous(DataType::U8, &[128, 128]).unwrap();
+        let tile = |i: u64, j: u64, h: u64, w: u64| {
+            Footprint::of_view(&m.window(&[i * 4, j * 4], &[h * 4, w * 4]).unwrap())
+        };
+        let id = |i: u64, j: u64| 10_000 + (i * 32 + j) as u32;
+        for i in 0..32 {
+            for j in 0..32 {
+                f.write(RUN1, k2, tile(i, j, 1, 1), id(i, j));
+            }
+        }
+        assert_eq!(f.m.borrow().indexed(&k2), (true, false));
+        let (v0, p0) = counters(&f);
+        let mut lookups = 0;
+        for (i, j) in [(0, 0), (5, 17), (16, 31), (31, 0), (31, 31), (20, 9)] {
+            assert_eq!(f.reads(RUN1, k2, tile(i, j, 1, 1)), vec![id(i, j)]);
+            lookups += 1;
+        }
+        let (v1, p1) = counters(&f);
+        assert_eq!(v1 - v0, lookups, "each lookup examines exactly its tile");
+        assert!(p1 - p0 <= 64 * lookups, "{} index nodes traversed", p1 - p0);
+        // A block of 2 × 2 tiles examines four.
+        assert_eq!(
+            f.reads(RUN1, k2, tile(7, 7, 2, 2)),
+            vec![id(7, 7), id(7, 8), id(8, 7), id(8, 8)]
+        );
+        assert_eq!(counters(&f).0 - v1, 4);
+        // A dense byte range (off the grid) meets the spans of the 32 tiles of its band,
+        // and depends on them all (conservatively: a range and a tile are not compared
+        // per axis).
+        let (v2, _) = counters(&f);
+        let row = Footprint::bytes(9 * 4 * 128, (9 * 4 + 1) * 128).unwrap();
+        let band: Vec<u32> = (0..32).map(|j| id(9, j)).collect();
+        assert_eq!(f.reads(RUN1, k2, row), band);
+        assert_eq!(counters(&f).0 - v2, 32);
+        // Readers of tiles; a write of a tile examines its writer and its reader only.
+        for j in 0..32 {
+            f.access(RUN1, k2, tile(3, j, 1, 1), ArgTag::Input, 20_000 + j as u32);
+        }
+        for j in 0..32 {
+            f.access(RUN1, k2, tile(4, j, 1, 1), ArgTag::Input, 20_100 + j as u32);
+        }
+        // The first write lookup walks the reader list, which then gets its index.
+        assert_eq!(f.writes(RUN1, k2, tile(0, 0, 1, 1)), vec![id(0, 0)]);
+        assert_eq!(f.m.borrow().indexed(&k2), (true, true));
+        let (v3, _) = counters(&f);
+        assert_eq!(f.writes(RUN1, k2, tile(4, 6, 1, 1)), vec![id(4, 6), 20_106]);
+        assert_eq!(counters(&f).0 - v3, 2);
+        // Consuming every task retires the entries; compaction drops the indexes.
+        for t in (0..4096)
+            .chain(10_000..11_024)
+            .chain(20_000..20_032)
+            .chain(20_100..20_132)
+        {
+            f.kill(t);
+        }
+        assert_eq!(f.live_entries(RUN1), 0);
+        assert_eq!(f.m.borrow().indexed(&k), (false, false));
+        assert_eq!(f.m.borrow().indexed(&k2), (false, false));
+        assert!(f.reads(RUN1, k2, Footprint::WHOLE).is_empty());
+    }
+
+    /// Brute force: every entry recorded, as the semantics define it.
+    #[derive(Default)]
+    struct Model {
+        writers: Vec<(u32, Footprint, u64)>,
+        readers: Vec<(u32, Footprint, u64)>,
+    }
+
+    impl Model {
+        fn deps(&self, dead: &HashSet<u32>, run: u64, fp: &Footprint, tag: ArgTag) -> Vec<u32> {
+            if !tag.tracked() {
+                return vec![];
+            }
+            let hits = |l: &[(u32, Footprint, u64)]| -> Vec<u32> {
+                l.iter()
+                    .filter(|(t, e, r)| {
+                        *r == run && !dead.contains(t) && fp.overlap(e) != Overlap::None
+                    })
+                    .map(|(t, _, _)| *t)
+                    .collect()
+            };
+            let mut v = hits(&self.writers);
+            if tag.writes() {
+                v.extend(hits(&self.readers));
+            }
+            v
+        }
+        fn record(&mut self, run: u64, fp: &Footprint, tag: ArgTag, task: u32) {
+            if !tag.tracked() {
+                return;
+            }
+            if tag.writes() {
+                let kept = |(_, e, r): &(u32, Footprint, u64)| {
+                    *r != run || fp.overlap(e) != Overlap::Covered
+                };
+                self.writers.retain(kept);
+                self.readers.retain(kept);
+                self.writers.push((task, fp.clone(), run));
+            } else {
+                self.readers.push((task, fp.clone(), run));
+            }
+        }
+        fn live(&self, l: bool, dead: &HashSet<u32>, run: u64) -> Vec<u32> {
+            let l = if l { &self.readers } else { &self.writers };
+            l.iter()
+                .filter(|(t, _, r)| *r == run && !dead.contains(t))
+                .map(|(t, _, _)| *t)
+                .collect()
+        }
+    }
+
+    /// Views of a 32 × 32 byte matrix: mostly aligned 4 × 4 tiles, also blocks of tiles,
+    /// rows, columns, unaligned windows, dense ranges, views on another grid (the buffer
+    /// as 64 × 16) and the whole buffer.
+    fn arb_fp(sel: u64, a: u64, b: u64, c: u64, d: u64) -> Footprint {
+        let m = TensorView::contiguous(DataType::U8, &[32, 32]).unwrap();
+        let v = match sel {
+            0..=9 => m.window(&[a % 8 * 4, b % 8 * 4], &[4, 4]).unwrap(),
+            10 | 11 => m
+                .window(&[a % 7 * 4, b % 7 * 4], &[4 + c % 2 * 4, 4 + d % 2 * 4])
+                .unwrap(),
+            12 => m.slice(0, a % 32, a % 32 + 1 + c % (32 - a % 32)).unwrap(),
+            13 => m.slice(1, b % 32, b % 32 + 1 + d % (32 - b % 32)).unwrap(),
+            14 => {
+                let (r, cc) = (a % 32, b % 32);
+                m.window(&[r, cc], &[1 + c % (32 - r), 1 + d % (32 - cc)])
+                    .unwrap()
+            }
+            15 => {
+                let s = (a * 32 + b) % 1024;
+                return Footprint::bytes(s, s + 1 + (c * 32 + d) % (1024 - s)).unwrap();
+            }
+            16 => m
+                .reshape(&[64, 16])
+                .unwrap()
+                .window(&[a % 56, b % 12], &[1 + c % 8, 1 + d % 4])
+                .unwrap(),
+            _ => return Footprint::WHOLE,
+        };
+        Footprint::of_view(&v)
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+        /// Random accesses, consumptions and run changes on one buffer: every lookup
+        /// finds exactly the entries the brute-force model finds, in the same order, with
+        /// lists long enough to be indexed.
+        #[test]
+        fn span_index_edges_match_brute_force(
+            ops in proptest::collection::vec(
+                (0u64..100, 0u64..18, 0u64..64, 0u64..64, 0u64..64, 0u64..64),
+                200..700,
+            )
+        ) {
+            let f = Fixture::new();
+            let k = f.key();
+            let mut model = Model::default();
+            let mut run = RUN1;
+            let mut live_tasks: Vec<u32> = vec![];
+            // Writers and readers of the 64 tiles, then a write lookup: both lists are
+            // long and indexed before the random steps.
+            for x in 0..128u32 {
+                let fp = arb_fp(0, (x % 64 / 8) as u64, (x % 8) as u64, 0, 0);
+                let tag = if x < 64 { ArgTag::OutputExisting } else { ArgTag::Input };
+                f.access(run, k, fp.clone(), tag, 100_000 + x);
+                model.record(run, &fp, tag, 100_000 + x);
+                live_tasks.push(100_000 + x);
+            }
+            let fp = arb_fp(0, 0, 0, 0, 0);
+            proptest::prop_assert_eq!(f.writes(run, k, fp), vec![100_000, 100_064]);
+            proptest::prop_assert_eq!(f.m.borrow().indexed(&k), (true, true));
+            for (step, &(op, sel, a, b, c, d)) in ops.iter().enumerate() {
+                let task = step as u32;
+                match op {
+                    // Consume a task: retire its journal, or (not yet recycled) only
+                    // mark it dead.
+                    0..=11 if !live_tasks.is_empty() => {
+                        let t = live_tasks.swap_remove((a * 64 + b) as usize % live_tasks.len());
+                        if op < 8 {
+                            f.kill(t);
+                        } else {
+                            f.dead.borrow_mut().insert(t);
+                        }
+                    }
+                    12 => run += 1,
+                    _ => {
+                        let fp = arb_fp(sel, a, b, c, d);
+                        let tag = [
+                            ArgTag::Input,
+                            ArgTag::Input,
+                            ArgTag::Output,
+                            ArgTag::InOut,
+                            ArgTag::OutputExisting,
+                            ArgTag::NoDep,
+                        ][(op % 6) as usize];
+                        let want = model.deps(&f.dead.borrow(), run, &fp, tag);
+                        proptest::prop_assert_eq!(f.deps(run, k, fp.clone(), tag), want, "step {}", step);
+                        f.access(run, k, fp.clone(), tag, task);
+                        model.record(run, &fp, tag, task);
+                        live_tasks.push(task);
+                    }
+                }
+                let dead = f.dead.borrow().clone();
+                let live = |t: &TaskRef| !dead.contains(&t.index);
+                let m = f.m.borrow();
+                let ids = |v: Vec<TaskRef>| v.into_iter().map(|t| t.index).collect::<Vec<_>>();
+                proptest::prop_assert_eq!(ids(m.writers(run, &k, &live)), model.live(false, &dead, run));
+                proptest::prop_assert_eq!(ids(m.readers(run, &k, &live)), model.live(true, &dead, run));
+            }
+        }
     }
 }

@@ -2,15 +2,43 @@
 //! buffers, executed by a scheduler that claims and completes READY tasks in random
 //! order (reads happen at claim, writes at completion, so tasks genuinely overlap), must
 //! leave exactly the bytes that running the tasks one by one in submit order leaves.
+//!
+//! The execution also checks the edges against a brute-force computation: at every step,
+//! the tasks released (ready) are exactly those whose every earlier conflicting task of
+//! the same run (an access pair on one buffer, one of them a write, whose footprints do
+//! not provably miss) has completed. A second property runs hundreds of tasks over the
+//! tiles of one buffer, so that the TensorMap's span index is exercised.
 
 use proptest::prelude::*;
 use std::collections::HashMap;
 use strata_graph::*;
 use strata_types::{ArgTag, DataType, IdentityMinter, TensorView};
 
-const BUFS: usize = 3;
-const ROWS: u64 = 6;
-const COLS: u64 = 8;
+/// The buffers of a test: `bufs` matrices of `rows` × `cols` bytes.
+#[derive(Debug, Clone, Copy)]
+struct Space {
+    bufs: usize,
+    rows: u64,
+    cols: u64,
+    /// Edge of the aligned tiles the tile generator favours (0: the mixed generator).
+    tile: u64,
+}
+
+/// Three small buffers, views of every kind.
+const SMALL: Space = Space {
+    bufs: 3,
+    rows: 6,
+    cols: 8,
+    tile: 0,
+};
+
+/// One 32 × 32 buffer (and a second, rarely used), mostly aligned 4 × 4 tiles.
+const TILES: Space = Space {
+    bufs: 2,
+    rows: 32,
+    cols: 32,
+    tile: 4,
+};
 
 #[derive(Debug, Clone)]
 struct Acc {
@@ -39,30 +67,39 @@ impl Rng {
     }
 }
 
-fn random_view(rng: &mut Rng) -> TensorView {
-    let m = TensorView::contiguous(DataType::U8, &[ROWS, COLS]).unwrap();
+fn random_view(rng: &mut Rng, sp: Space) -> TensorView {
+    let (rows, cols) = (sp.rows, sp.cols);
+    let m = TensorView::contiguous(DataType::U8, &[rows, cols]).unwrap();
+    if sp.tile > 0 && rng.below(8) != 0 {
+        // An aligned tile, or a block of 2 × 1, 1 × 2 or 2 × 2 tiles.
+        let t = sp.tile;
+        let (h, w) = (t * (1 + rng.below(2)), t * (1 + rng.below(2)));
+        let r = t * rng.below((rows - h) / t + 1);
+        let c = t * rng.below((cols - w) / t + 1);
+        return m.window(&[r, c], &[h, w]).unwrap();
+    }
     match rng.below(5) {
         0 => m,
         1 => {
-            let r = rng.below(ROWS);
-            m.slice(0, r, r + 1 + rng.below(ROWS - r)).unwrap()
+            let r = rng.below(rows);
+            m.slice(0, r, r + 1 + rng.below(rows - r)).unwrap()
         }
         2 => {
-            let (r, c) = (rng.below(ROWS), rng.below(COLS));
-            m.window(&[r, c], &[1 + rng.below(ROWS - r), 1 + rng.below(COLS - c)])
+            let (r, c) = (rng.below(rows), rng.below(cols));
+            m.window(&[r, c], &[1 + rng.below(rows - r), 1 + rng.below(cols - c)])
                 .unwrap()
         }
         3 => {
-            let c = rng.below(COLS);
-            m.slice(1, c, c + 1 + rng.below(COLS - c))
+            let c = rng.below(cols);
+            m.slice(1, c, c + 1 + rng.below(cols - c))
                 .unwrap()
                 .transpose(0, 1)
                 .unwrap()
         }
         _ => {
-            let flat = m.reshape(&[ROWS * COLS]).unwrap();
-            let s = rng.below(ROWS * COLS);
-            flat.slice(0, s, s + 1 + rng.below(ROWS * COLS - s))
+            let flat = m.reshape(&[rows * cols]).unwrap();
+            let s = rng.below(rows * cols);
+            flat.slice(0, s, s + 1 + rng.below(rows * cols - s))
                 .unwrap()
         }
     }
@@ -72,7 +109,7 @@ fn bytes(v: &TensorView) -> Vec<u64> {
     v.element_offsets().collect()
 }
 
-fn random_ops(seed: u64, n: usize) -> Vec<Op> {
+fn random_ops(seed: u64, n: usize, sp: Space) -> Vec<Op> {
     let mut rng = Rng(seed | 1);
     let mut ops = vec![];
     let mut depth = 0;
@@ -95,9 +132,14 @@ fn random_ops(seed: u64, n: usize) -> Vec<Op> {
                         ArgTag::InOut,
                         ArgTag::OutputExisting,
                     ][rng.below(4) as usize];
+                    // The tile space uses its second buffer rarely.
+                    let buf = match sp.tile {
+                        0 => rng.below(sp.bufs as u64) as usize,
+                        _ => (rng.below(10) == 0) as usize,
+                    };
                     let a = Acc {
-                        buf: rng.below(BUFS as u64) as usize,
-                        view: random_view(&mut rng),
+                        buf,
+                        view: random_view(&mut rng, sp),
                         tag,
                     };
                     let alias = accs.iter().any(|p| {
@@ -143,18 +185,18 @@ fn write_phase(i: usize, h: u64, accs: &[Acc], bufs: &mut [Vec<u8>]) {
     }
 }
 
-fn initial() -> Vec<Vec<u8>> {
-    (0..BUFS)
+fn initial(sp: Space) -> Vec<Vec<u8>> {
+    (0..sp.bufs)
         .map(|b| {
-            (0..ROWS * COLS)
+            (0..sp.rows * sp.cols)
                 .map(|x| (x as u8).wrapping_mul(7).wrapping_add(b as u8))
                 .collect()
         })
         .collect()
 }
 
-fn sequential(ops: &[Op]) -> Vec<Vec<u8>> {
-    let mut bufs = initial();
+fn sequential(ops: &[Op], sp: Space) -> Vec<Vec<u8>> {
+    let mut bufs = initial(sp);
     for (i, op) in ops.iter().enumerate() {
         if let Op::Task(accs) = op {
             let h = read_phase(i, accs, &bufs);
@@ -164,13 +206,81 @@ fn sequential(ops: &[Op]) -> Vec<Vec<u8>> {
     bufs
 }
 
-fn through_graph(ops: &[Op], split: usize, exec_seed: u64, cfg: GraphConfig) -> Vec<Vec<u8>> {
+/// Whether tasks `a` and `b` conflict: an access pair on one buffer, one of them a
+/// write, whose footprints do not provably miss (the brute-force dependency rule).
+fn conflict(a: &[Acc], b: &[Acc]) -> bool {
+    a.iter().any(|x| {
+        b.iter().any(|y| {
+            x.buf == y.buf
+                && (x.tag.writes() || y.tag.writes())
+                && Footprint::of_view(&x.view).overlap(&Footprint::of_view(&y.view))
+                    != Overlap::None
+        })
+    })
+}
+
+/// The brute-force edges: for each task op, the earlier task ops of its run it conflicts
+/// with (empty for scope ops).
+fn brute_force_edges(ops: &[Op], split: usize) -> Vec<Vec<usize>> {
+    let run_of = |i: usize| (i >= split) as usize;
+    (0..ops.len())
+        .map(|i| {
+            let Op::Task(a) = &ops[i] else {
+                return vec![];
+            };
+            (0..i)
+                .filter(|&j| run_of(j) == run_of(i))
+                .filter(|&j| matches!(&ops[j], Op::Task(b) if conflict(a, b)))
+                .collect()
+        })
+        .collect()
+}
+
+fn through_graph(
+    ops: &[Op],
+    split: usize,
+    exec_seed: u64,
+    cfg: GraphConfig,
+    sp: Space,
+) -> Vec<Vec<u8>> {
     let (mut orch, mut sched) = graph::<usize>(cfg).unwrap();
     let minter = IdentityMinter::new();
-    let keys: Vec<BufferKey> = (0..BUFS)
+    let keys: Vec<BufferKey> = (0..sp.bufs)
         .map(|_| BufferKey::new(minter.mint(), KeySpace::Host))
         .collect();
+    let edges = brute_force_edges(ops, split);
     let mut ready: Vec<ReadyTask> = vec![];
+    let mut op_of: HashMap<TaskRef, usize> = HashMap::new();
+    let mut released = vec![false; ops.len()];
+    let mut done = vec![false; ops.len()];
+    // Every task released so far must have had all its brute-force producers done, and
+    // every task not yet released must still wait for one.
+    let check = |ready: &[ReadyTask],
+                 op_of: &HashMap<TaskRef, usize>,
+                 released: &mut Vec<bool>,
+                 done: &[bool],
+                 submitted: usize| {
+        for r in ready {
+            let i = op_of[&r.task];
+            if !released[i] {
+                released[i] = true;
+                let missing: Vec<_> = edges[i].iter().filter(|&&j| !done[j]).collect();
+                assert!(
+                    missing.is_empty(),
+                    "task {i} released before its producers {missing:?} completed"
+                );
+            }
+        }
+        for i in 0..submitted {
+            if matches!(ops[i], Op::Task(_)) && !released[i] {
+                assert!(
+                    edges[i].iter().any(|&j| !done[j]),
+                    "task {i} not released although its producers {:?} all completed",
+                    edges[i]
+                );
+            }
+        }
+    };
     let mut runs = vec![];
     for (part, range) in [(0, 0..split), (1, split..ops.len())] {
         let _ = part;
@@ -190,6 +300,7 @@ fn through_graph(ops: &[Op], split: usize, exec_seed: u64, cfg: GraphConfig) -> 
                         .map(|x| Access::new(keys[x.buf], Footprint::of_view(&x.view), x.tag))
                         .collect();
                     let s = orch.submit(TaskSpec::new(i, &a)).unwrap();
+                    op_of.insert(s.task, i);
                     if s.ready {
                         ready.push(orch.ready_task(s.task));
                     }
@@ -198,7 +309,8 @@ fn through_graph(ops: &[Op], split: usize, exec_seed: u64, cfg: GraphConfig) -> 
         }
         orch.close_run().unwrap();
     }
-    let mut bufs = initial();
+    check(&ready, &op_of, &mut released, &done, ops.len());
+    let mut bufs = initial(sp);
     let mut rng = Rng(exec_seed | 1);
     let mut running: Vec<(TaskRef, usize, u64)> = vec![];
     let mut executed: HashMap<usize, usize> = HashMap::new();
@@ -228,7 +340,9 @@ fn through_graph(ops: &[Op], split: usize, exec_seed: u64, cfg: GraphConfig) -> 
             };
             write_phase(i, h, accs, &mut bufs);
             *executed.entry(i).or_default() += 1;
+            done[i] = true;
             sched.complete(t, Ok(()), &mut ready).unwrap();
+            check(&ready, &op_of, &mut released, &done, ops.len());
         }
     }
     for r in runs {
@@ -250,10 +364,25 @@ proptest! {
     fn random_order_execution_matches_submit_order(
         seed in any::<u64>(), n in 1usize..120, split_frac in 0.0f64..1.0, exec_seed in any::<u64>()
     ) {
-        let ops = random_ops(seed, n);
+        let ops = random_ops(seed, n, SMALL);
         let split = (n as f64 * split_frac) as usize;
-        let got = through_graph(&ops, split, exec_seed, GraphConfig::default());
-        prop_assert_eq!(got, sequential(&ops));
+        let got = through_graph(&ops, split, exec_seed, GraphConfig::default(), SMALL);
+        prop_assert_eq!(got, sequential(&ops, SMALL));
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+    /// Hundreds of tasks over the 64 tiles (and blocks, rows, columns, ranges) of one
+    /// buffer: long TensorMap lists that get a span index.
+    #[test]
+    fn many_tiles_of_one_buffer_match_submit_order_and_brute_force_edges(
+        seed in any::<u64>(), n in 100usize..500, split_frac in 0.0f64..1.0, exec_seed in any::<u64>()
+    ) {
+        let ops = random_ops(seed, n, TILES);
+        let split = (n as f64 * split_frac) as usize;
+        let got = through_graph(&ops, split, exec_seed, GraphConfig::default(), TILES);
+        prop_assert_eq!(got, sequential(&ops, TILES));
     }
 }
 
@@ -268,7 +397,7 @@ fn back_pressure_with_a_concurrent_scheduler_matches_submit_order() {
         let mut rng = Rng(seed * 0x9e37_79b9);
         for chunk in 0..40 {
             ops.push(Op::ScopeBegin);
-            for op in random_ops(seed * 1000 + chunk, 4) {
+            for op in random_ops(seed * 1000 + chunk, 4, SMALL) {
                 if let Op::Task(a) = op {
                     ops.push(Op::Task(a));
                 }
@@ -285,7 +414,7 @@ fn back_pressure_with_a_concurrent_scheduler_matches_submit_order() {
         };
         let (mut orch, mut sched) = graph::<usize>(cfg).unwrap();
         let minter = IdentityMinter::new();
-        let keys: Vec<BufferKey> = (0..BUFS)
+        let keys: Vec<BufferKey> = (0..SMALL.bufs)
             .map(|_| BufferKey::new(minter.mint(), KeySpace::Host))
             .collect();
         let ops = std::sync::Arc::new(ops);
@@ -293,7 +422,7 @@ fn back_pressure_with_a_concurrent_scheduler_matches_submit_order() {
         let sched_ops = ops.clone();
         let exec_seed = rng.next();
         let t = std::thread::spawn(move || {
-            let mut bufs = initial();
+            let mut bufs = initial(SMALL);
             let mut rng = Rng(exec_seed | 1);
             let mut ready: Vec<TaskRef> = vec![];
             let mut newly: Vec<ReadyTask> = vec![];
@@ -358,6 +487,6 @@ fn back_pressure_with_a_concurrent_scheduler_matches_submit_order() {
         tx.send(None).unwrap();
         let got = t.join().unwrap();
         assert_eq!(orch.wait_run(run, None).unwrap(), Some(Ok(())));
-        assert_eq!(got, sequential(&ops), "seed {seed}");
+        assert_eq!(got, sequential(&ops, SMALL), "seed {seed}");
     }
 }
