@@ -40,6 +40,12 @@ const BENCHES: &[Bench] = &[
         what: "empty-kernel tasks through one emulated chip (chain / fan / independent) and 1 MiB vector-add bandwidth vs single-core memcpy",
     },
     Bench {
+        name: "comm",
+        package: "strata-comm",
+        target: "comm_collectives",
+        what: "strata-comm alone: 2-rank allreduce latency (8 B, 256 B, 4 KiB) and bandwidth (1 MiB, 64 MiB) per algorithm, ranks as pinned threads, vs a raw ping-pong and memcpy",
+    },
+    Bench {
         name: "dispatch",
         package: "strata-dist",
         target: "dispatch",
@@ -110,6 +116,8 @@ fn ci() -> Result<(), String> {
                 "strata-mailbox",
                 "-p",
                 "strata-chip",
+                "-p",
+                "strata-comm",
                 "--lib",
                 "loom",
             ])

@@ -1,0 +1,595 @@
+//! [`CommAllocator`]: the parent side — comm domains and window buffers carved from the
+//! arena, their per-run lifetime and persistence.
+
+use crate::arena::layout::{DATA_ALIGN, DATA_OFFSET, MAX_RANKS, RANK_ALIGN, TABLE_SLOTS};
+use crate::arena::{CommArena, SlotInfo};
+use crate::comm::Geom;
+use crate::error::CommError;
+use crate::tensor::DistributedTensor;
+use std::sync::Arc;
+use strata_types::{DataType, Element};
+
+/// A comm domain: a set of world ranks with their own dense rank numbering (domain rank
+/// `d` is the `d`-th member). Made by [`CommAllocator::domain`] / [`CommAllocator::world`];
+/// valid for the run it was made in (or longer, if one of its buffers is persistent).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Domain {
+    slot: u32,
+    generation: u32,
+    nranks: u32,
+}
+
+impl Domain {
+    /// Ranks in the domain.
+    pub fn nranks(&self) -> u32 {
+        self.nranks
+    }
+
+    /// The allocator's domain slot (stored in each of its buffers' table slots).
+    pub fn id(&self) -> u32 {
+        self.slot
+    }
+}
+
+/// A window buffer: `bytes()` bytes on every rank of its domain, zero-filled when
+/// allocated. View it with [`CommAllocator::window`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct WindowBuffer {
+    slot: u32,
+    generation: u32,
+    domain: Domain,
+    bytes: u64,
+}
+
+impl WindowBuffer {
+    /// Bytes per rank (the requested size rounded up to 64).
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// The buffer's domain.
+    pub fn domain(&self) -> Domain {
+        self.domain
+    }
+
+    /// The buffer's domain-table slot.
+    pub fn table_slot(&self) -> u32 {
+        self.slot
+    }
+}
+
+/// Counters of what the allocator did (for tests and reports).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CommStats {
+    /// Domains created.
+    pub domains_created: u64,
+    /// Window buffers allocated.
+    pub buffers_allocated: u64,
+    /// Window buffers freed.
+    pub buffers_freed: u64,
+    /// Zero-fills of persistent buffers at `end_run`.
+    pub persistent_zero_fills: u64,
+    /// Bytes zero-filled (allocation and persistent resets).
+    pub bytes_zeroed: u64,
+}
+
+struct DomainRec {
+    generation: u32,
+    members: Vec<u32>,
+    live: bool,
+}
+
+struct BufRec {
+    generation: u32,
+    domain: Domain,
+    start: u64,
+    total: u64,
+    per_rank: u64,
+    /// `Some(zero_between_runs)` once made persistent.
+    persistent: Option<bool>,
+}
+
+/// The parent side (the L3 orchestration's thread): creates domains and window buffers in
+/// the arena, hands out [`DistributedTensor`] views, and frees everything not persistent at
+/// the end of each run.
+///
+/// Buffers are carved first-fit from the arena's data region (each one `nranks x bytes`,
+/// 4 KiB-aligned) and zero-filled before they are returned, so no peer can see stale data
+/// or an early notify erased. Each buffer has a domain-table slot (256 in all) with a
+/// generation: a view of a freed buffer is refused everywhere ([`CommError::StaleTensor`]).
+///
+/// ```
+/// use std::sync::Arc;
+/// use strata_comm::*;
+/// use strata_types::DataType;
+/// let arena = Arc::new(CommArena::anonymous(4 << 20, 4)?);
+/// let mut alloc = CommAllocator::new(arena);
+/// let pair = alloc.domain(&[1, 2])?;                       // world ranks 1 and 2
+/// let buf = alloc.alloc_window_buffer(&pair, 1000)?;       // 1024 bytes on each
+/// assert_eq!(buf.bytes(), 1024);
+/// let x = alloc.window(&buf, 0, &[2, 64], DataType::F32)?; // 512 bytes at offset 0
+/// let sig = alloc.window(&buf, 512, &[signal_cells(2, AllreduceAlgo::Mesh)], DataType::I32);
+/// assert!(sig.is_err());                                    // does not fit: 1024 - 512 bytes
+/// alloc.end_run();
+/// assert!(alloc.window(&buf, 0, &[4], DataType::F32).is_err()); // stale
+/// # let _ = x;
+/// # Ok::<(), CommError>(())
+/// ```
+pub struct CommAllocator {
+    arena: Arc<CommArena>,
+    domains: Vec<DomainRec>,
+    bufs: Vec<Option<BufRec>>,
+    /// Free ranges `(start, len)` of the data region, sorted, coalesced.
+    free: Vec<(u64, u64)>,
+    /// Bytes at or above this offset were never handed out (still zero).
+    dirty_end: u64,
+    next_generation: u32,
+    world: Option<Domain>,
+    in_use: u64,
+    stats: CommStats,
+}
+
+impl std::fmt::Debug for CommAllocator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CommAllocator")
+            .field("arena", &self.arena)
+            .field("bytes_in_use", &self.in_use)
+            .field("stats", &self.stats)
+            .finish()
+    }
+}
+
+fn round_up(x: u64, a: u64) -> Option<u64> {
+    x.checked_add(a - 1).map(|v| v / a * a)
+}
+
+impl CommAllocator {
+    /// An allocator over `arena`. One at a time per arena: a new one clears the domain
+    /// table (every earlier tensor is then stale) and takes over the high-water mark and
+    /// generation counter kept in the arena header, so it still zero-fills reused memory.
+    pub fn new(arena: Arc<CommArena>) -> Self {
+        for slot in 0..TABLE_SLOTS as u32 {
+            arena.clear_slot(slot);
+        }
+        let start = DATA_OFFSET as u64;
+        let cap = arena.data_capacity();
+        let (dirty_end, next_generation) = arena.alloc_marks();
+        CommAllocator {
+            free: vec![(start, cap)],
+            dirty_end: dirty_end.clamp(start, start + cap),
+            arena,
+            domains: Vec::new(),
+            bufs: (0..TABLE_SLOTS).map(|_| None).collect(),
+            next_generation: next_generation.max(1),
+            world: None,
+            in_use: 0,
+            stats: CommStats::default(),
+        }
+    }
+
+    /// The arena.
+    pub fn arena(&self) -> &Arc<CommArena> {
+        &self.arena
+    }
+
+    fn fresh_generation(&mut self) -> u32 {
+        let g = self.next_generation;
+        self.next_generation = self.next_generation.wrapping_add(1).max(1);
+        self.arena
+            .set_alloc_marks(self.dirty_end, self.next_generation);
+        g
+    }
+
+    /// A domain over world ranks `members` (order = domain rank).
+    ///
+    /// # Errors
+    /// [`CommError::BadMembers`] unless there are 1..=64 distinct members, each below the
+    /// world size.
+    pub fn domain(&mut self, members: &[u32]) -> Result<Domain, CommError> {
+        let bad = |reason: String| CommError::BadMembers {
+            members: members.to_vec(),
+            reason,
+        };
+        let world = self.arena.world_size();
+        if members.is_empty() || members.len() > MAX_RANKS {
+            return Err(bad(format!(
+                "a domain has 1..={MAX_RANKS} members, not {}",
+                members.len()
+            )));
+        }
+        if let Some(m) = members.iter().find(|&&m| m >= world) {
+            return Err(bad(format!(
+                "world rank {m} does not exist (the world has {world} ranks)"
+            )));
+        }
+        let mut seen = 0u64;
+        for &m in members {
+            if seen & (1 << m) != 0 {
+                return Err(bad(format!("world rank {m} is listed twice")));
+            }
+            seen |= 1 << m;
+        }
+        let generation = self.fresh_generation();
+        let rec = DomainRec {
+            generation,
+            members: members.to_vec(),
+            live: true,
+        };
+        let slot = match self.domains.iter().position(|d| !d.live) {
+            Some(i) => {
+                self.domains[i] = rec;
+                i
+            }
+            None => {
+                self.domains.push(rec);
+                self.domains.len() - 1
+            }
+        };
+        self.stats.domains_created += 1;
+        Ok(Domain {
+            slot: slot as u32,
+            generation,
+            nranks: members.len() as u32,
+        })
+    }
+
+    /// The domain of all world ranks (rank `r` = world rank `r`), made once per run.
+    ///
+    /// # Errors
+    /// None in practice (the world is always a valid member list).
+    pub fn world(&mut self) -> Result<Domain, CommError> {
+        if let Some(w) = self.world {
+            if self.live_domain(&w).is_ok() {
+                return Ok(w);
+            }
+        }
+        let all: Vec<u32> = (0..self.arena.world_size()).collect();
+        let w = self.domain(&all)?;
+        self.world = Some(w);
+        Ok(w)
+    }
+
+    fn live_domain(&self, d: &Domain) -> Result<&DomainRec, CommError> {
+        match self.domains.get(d.slot as usize) {
+            Some(r) if r.live && r.generation == d.generation => Ok(r),
+            _ => Err(CommError::StaleDomain {
+                slot: d.slot,
+                generation: d.generation,
+            }),
+        }
+    }
+
+    /// The members (world ranks in domain-rank order) of a live domain.
+    ///
+    /// # Errors
+    /// [`CommError::StaleDomain`] if the domain was freed.
+    pub fn members(&self, domain: &Domain) -> Result<&[u32], CommError> {
+        Ok(&self.live_domain(domain)?.members)
+    }
+
+    fn live_buf(&self, buf: &WindowBuffer) -> Result<&BufRec, CommError> {
+        match self.bufs.get(buf.slot as usize) {
+            Some(Some(r)) if r.generation == buf.generation => Ok(r),
+            Some(Some(r)) => Err(CommError::StaleTensor {
+                slot: buf.slot,
+                generation: buf.generation,
+                current: r.generation,
+            }),
+            _ => Err(CommError::StaleTensor {
+                slot: buf.slot,
+                generation: buf.generation,
+                current: 0,
+            }),
+        }
+    }
+
+    /// A window buffer of `bytes` per rank (rounded up to 64) on every rank of `domain`,
+    /// zero-filled before it is returned (a window must be zero before any peer can reach
+    /// it).
+    ///
+    /// # Errors
+    /// [`CommError::StaleDomain`], [`CommError::BadArgument`] for 0 bytes,
+    /// [`CommError::TableFull`] when 256 buffers are live, [`CommError::ArenaFull`].
+    pub fn alloc_window_buffer(
+        &mut self,
+        domain: &Domain,
+        bytes: u64,
+    ) -> Result<WindowBuffer, CommError> {
+        let members = self.live_domain(domain)?.members.clone();
+        if bytes == 0 {
+            return Err(CommError::BadArgument {
+                what: "alloc_window_buffer: 0 bytes requested; a window buffer has at least one byte per rank (sizes are in bytes, not elements)".into(),
+            });
+        }
+        let nranks = members.len() as u64;
+        let too_big = || CommError::ArenaFull {
+            requested: u64::MAX,
+            per_rank: bytes,
+            nranks: nranks as u32,
+            in_use: 0,
+            capacity: 0,
+            largest_free: 0,
+        };
+        let per_rank = round_up(bytes, RANK_ALIGN).ok_or_else(too_big)?;
+        let total = per_rank
+            .checked_mul(nranks)
+            .and_then(|t| round_up(t, DATA_ALIGN))
+            .ok_or_else(too_big)?;
+        let slot = self
+            .bufs
+            .iter()
+            .position(|b| b.is_none())
+            .ok_or(CommError::TableFull { slots: TABLE_SLOTS })?;
+        let Some(i) = self.free.iter().position(|&(_, len)| len >= total) else {
+            return Err(CommError::ArenaFull {
+                requested: total,
+                per_rank,
+                nranks: nranks as u32,
+                in_use: self.in_use,
+                capacity: self.arena.data_capacity(),
+                largest_free: self.free.iter().map(|f| f.1).max().unwrap_or(0),
+            });
+        };
+        let start = self.free[i].0;
+        if self.free[i].1 == total {
+            self.free.remove(i);
+        } else {
+            self.free[i].0 += total;
+            self.free[i].1 -= total;
+        }
+        // Zero what was used before; bytes above the high-water mark are still zero.
+        let dirty = self.dirty_end.min(start + total).saturating_sub(start);
+        if dirty > 0 {
+            // SAFETY: `[start, start + dirty)` lies in the data region of the arena
+            // (free ranges never leave it) and belongs to no live buffer, so no kernel may
+            // access it.
+            unsafe { std::ptr::write_bytes(self.arena.ptr(start), 0, dirty as usize) };
+            self.stats.bytes_zeroed += dirty;
+        }
+        self.dirty_end = self.dirty_end.max(start + total);
+        let generation = self.fresh_generation(); // also records dirty_end in the header
+        let mut m = [0u8; MAX_RANKS];
+        for (d, &w) in members.iter().enumerate() {
+            m[d] = w as u8;
+        }
+        self.arena.write_slot(
+            slot as u32,
+            generation,
+            &SlotInfo {
+                nranks: nranks as u32,
+                window_bytes: per_rank,
+                base: start,
+                domain: (domain.slot, domain.generation),
+                members: m,
+            },
+        );
+        self.bufs[slot] = Some(BufRec {
+            generation,
+            domain: *domain,
+            start,
+            total,
+            per_rank,
+            persistent: None,
+        });
+        self.in_use += total;
+        self.stats.buffers_allocated += 1;
+        Ok(WindowBuffer {
+            slot: slot as u32,
+            generation,
+            domain: *domain,
+            bytes: per_rank,
+        })
+    }
+
+    /// A typed, row-major contiguous view at byte `offset` of the buffer
+    /// (`offset + nbytes <= buf.bytes()`, `offset` a multiple of the element size).
+    ///
+    /// # Errors
+    /// [`CommError::StaleTensor`] for a freed buffer; [`CommError::BadTensor`] for an
+    /// invalid shape or offset, or a view that does not fit.
+    pub fn window(
+        &self,
+        buf: &WindowBuffer,
+        offset: u64,
+        shape: &[u64],
+        dtype: DataType,
+    ) -> Result<DistributedTensor, CommError> {
+        let rec = self.live_buf(buf)?;
+        let t = DistributedTensor::new(buf.slot, buf.generation, offset, shape, dtype)?;
+        let end = offset.checked_add(t.nbytes());
+        if end.is_none_or(|e| e > rec.per_rank) {
+            return Err(CommError::BadTensor {
+                reason: format!(
+                    "a {shape:?} {dtype} view ({} bytes) at byte offset {offset} does not fit the window buffer's {} bytes per rank",
+                    t.nbytes(),
+                    rec.per_rank
+                ),
+            });
+        }
+        Ok(t)
+    }
+
+    fn free_slot(&mut self, slot: usize) {
+        let Some(rec) = self.bufs[slot].take() else {
+            return;
+        };
+        self.arena.clear_slot(slot as u32);
+        self.in_use -= rec.total;
+        self.stats.buffers_freed += 1;
+        // Insert and coalesce.
+        let pos = self.free.partition_point(|&(s, _)| s < rec.start);
+        self.free.insert(pos, (rec.start, rec.total));
+        if pos + 1 < self.free.len() && self.free[pos].0 + self.free[pos].1 == self.free[pos + 1].0
+        {
+            self.free[pos].1 += self.free[pos + 1].1;
+            self.free.remove(pos + 1);
+        }
+        if pos > 0 && self.free[pos - 1].0 + self.free[pos - 1].1 == self.free[pos].0 {
+            self.free[pos - 1].1 += self.free[pos].1;
+            self.free.remove(pos);
+        }
+    }
+
+    /// Keeps the domains that still have live buffers; frees the others.
+    fn sweep_domains(&mut self) {
+        let mut keep = vec![false; self.domains.len()];
+        for r in self.bufs.iter().flatten() {
+            keep[r.domain.slot as usize] = true;
+        }
+        for (d, k) in self.domains.iter_mut().zip(keep) {
+            if !k {
+                d.live = false;
+            }
+        }
+        if let Some(w) = self.world {
+            if self.live_domain(&w).is_err() {
+                self.world = None;
+            }
+        }
+    }
+
+    /// Ends a run: frees every buffer not marked persistent (its table slot is cleared, so
+    /// stale views are refused), zero-fills persistent buffers made with
+    /// `zero_between_runs`, and frees every domain without a persistent buffer.
+    ///
+    /// Call it only when no kernel of the run can still touch a window.
+    pub fn end_run(&mut self) {
+        for slot in 0..self.bufs.len() {
+            match self.bufs[slot].as_ref().map(|r| r.persistent) {
+                Some(None) => self.free_slot(slot),
+                Some(Some(true)) => {
+                    let r = self.bufs[slot].as_ref().expect("live");
+                    let (start, len) = (r.start, r.total);
+                    // SAFETY: the buffer's own range in the data region; no kernel runs
+                    // between runs.
+                    unsafe { std::ptr::write_bytes(self.arena.ptr(start), 0, len as usize) };
+                    self.stats.persistent_zero_fills += 1;
+                    self.stats.bytes_zeroed += len;
+                }
+                _ => {}
+            }
+        }
+        self.sweep_domains();
+    }
+
+    /// Keeps `buf` (and its domain) across runs; with `zero_between_runs` it is zero-filled
+    /// at each [`CommAllocator::end_run`], otherwise it keeps its contents (including its
+    /// signal cells).
+    ///
+    /// # Errors
+    /// [`CommError::StaleTensor`] if the buffer was already freed.
+    pub fn make_persistent(
+        &mut self,
+        buf: &WindowBuffer,
+        zero_between_runs: bool,
+    ) -> Result<(), CommError> {
+        self.live_buf(buf)?;
+        if let Some(r) = self.bufs[buf.slot as usize].as_mut() {
+            r.persistent = Some(zero_between_runs);
+        }
+        Ok(())
+    }
+
+    /// Zero-fills `buf` on every rank now (e.g. a persistent buffer whose signal cells a
+    /// failed run left inconsistent). Only while no kernel uses it.
+    ///
+    /// # Errors
+    /// [`CommError::StaleTensor`] if the buffer was freed.
+    pub fn zero(&mut self, buf: &WindowBuffer) -> Result<(), CommError> {
+        let r = self.live_buf(buf)?;
+        let (start, len) = (r.start, r.total);
+        // SAFETY: the buffer's own range in the data region; the caller guarantees that no
+        // kernel uses it.
+        unsafe { std::ptr::write_bytes(self.arena.ptr(start), 0, len as usize) };
+        self.stats.bytes_zeroed += len;
+        Ok(())
+    }
+
+    /// Whether `buf` is live and persistent.
+    pub fn is_persistent(&self, buf: &WindowBuffer) -> bool {
+        self.live_buf(buf).is_ok_and(|r| r.persistent.is_some())
+    }
+
+    /// Frees every persistent buffer (at close), and those buffers' domains unless they
+    /// have other live buffers. Buffers and domains of the current run stay until
+    /// [`CommAllocator::end_run`].
+    pub fn release_persistent(&mut self) {
+        let mut touched = Vec::new();
+        for slot in 0..self.bufs.len() {
+            if let Some(r) = self.bufs[slot].as_ref() {
+                if r.persistent.is_some() {
+                    touched.push(r.domain.slot as usize);
+                    self.free_slot(slot);
+                }
+            }
+        }
+        for d in touched {
+            let used = self
+                .bufs
+                .iter()
+                .flatten()
+                .any(|r| r.domain.slot as usize == d);
+            if !used {
+                self.domains[d].live = false;
+            }
+        }
+        if let Some(w) = self.world {
+            if self.live_domain(&w).is_err() {
+                self.world = None;
+            }
+        }
+    }
+
+    /// Bytes of the arena held by live buffers (each `nranks x bytes`, 4 KiB-rounded).
+    pub fn bytes_in_use(&self) -> u64 {
+        self.in_use
+    }
+
+    /// Number of live window buffers.
+    pub fn live_buffers(&self) -> usize {
+        self.bufs.iter().flatten().count()
+    }
+
+    /// What the allocator did so far.
+    pub fn stats(&self) -> CommStats {
+        self.stats
+    }
+
+    fn host_geom(&self, t: &DistributedTensor, domain_rank: u32) -> Result<Geom, CommError> {
+        let g = Geom::open(&self.arena, t)?;
+        g.check_peer(domain_rank)?;
+        Ok(g)
+    }
+
+    /// Host staging: copies `data` into domain rank `domain_rank`'s copy of `t`, starting at
+    /// element `elem_offset`. Only while no kernel uses the window (between dispatches).
+    ///
+    /// # Errors
+    /// Stale or invalid tensor, a dtype other than `T`'s, a peer or range out of bounds.
+    pub fn host_write<T: Element>(
+        &self,
+        t: &DistributedTensor,
+        domain_rank: u32,
+        elem_offset: u64,
+        data: &[T],
+    ) -> Result<(), CommError> {
+        let g = self.host_geom(t, domain_rank)?;
+        g.copy_in(domain_rank, elem_offset, data, "host_write")
+    }
+
+    /// Host read-back: copies domain rank `domain_rank`'s copy of `t` from element
+    /// `elem_offset` into `out`. Only while no kernel writes the window.
+    ///
+    /// # Errors
+    /// As [`CommAllocator::host_write`].
+    pub fn host_read<T: Element>(
+        &self,
+        t: &DistributedTensor,
+        domain_rank: u32,
+        elem_offset: u64,
+        out: &mut [T],
+    ) -> Result<(), CommError> {
+        let g = self.host_geom(t, domain_rank)?;
+        g.copy_out(domain_rank, elem_offset, out, "host_read")
+    }
+}
