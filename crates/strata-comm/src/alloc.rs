@@ -58,6 +58,18 @@ impl WindowBuffer {
     }
 }
 
+/// Where a window buffer lies in the arena ([`CommAllocator::placement`]): domain rank
+/// `d`'s copy starts `arena_offset + d * rank_stride` bytes from the arena's base.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BufferPlacement {
+    /// Offset of domain rank 0's copy from the arena's base.
+    pub arena_offset: u64,
+    /// Bytes from one rank's copy to the next (the buffer's per-rank size).
+    pub rank_stride: u64,
+    /// Ranks in the buffer's domain.
+    pub nranks: u32,
+}
+
 /// Counters of what the allocator did (for tests and reports).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CommStats {
@@ -548,6 +560,22 @@ impl CommAllocator {
     /// Number of live window buffers.
     pub fn live_buffers(&self) -> usize {
         self.bufs.iter().flatten().count()
+    }
+
+    /// Where a live buffer lies in the arena: the byte offset (from the arena's base) of
+    /// domain rank 0's copy, and the bytes between consecutive ranks' copies. An engine
+    /// uses it to name a window's bytes as an ordinary shared-memory tensor (e.g. to order
+    /// tasks that touch it).
+    ///
+    /// # Errors
+    /// [`CommError::StaleTensor`] for a freed buffer.
+    pub fn placement(&self, buf: &WindowBuffer) -> Result<BufferPlacement, CommError> {
+        let rec = self.live_buf(buf)?;
+        Ok(BufferPlacement {
+            arena_offset: rec.start,
+            rank_stride: rec.per_rank,
+            nranks: rec.domain.nranks,
+        })
     }
 
     /// What the allocator did so far.

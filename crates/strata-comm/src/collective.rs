@@ -62,7 +62,21 @@ pub enum AllreduceAlgo {
 }
 
 impl AllreduceAlgo {
-    fn code(self) -> u64 {
+    /// Every algorithm, in code order.
+    pub const ALL: [AllreduceAlgo; 4] = [
+        AllreduceAlgo::Mesh,
+        AllreduceAlgo::TwoPhase,
+        AllreduceAlgo::Ring,
+        AllreduceAlgo::Auto,
+    ];
+
+    /// The algorithm for a wire code (as carried in a task scalar), if any.
+    pub fn from_code(code: u64) -> Option<AllreduceAlgo> {
+        AllreduceAlgo::ALL.into_iter().find(|a| a.code() == code)
+    }
+
+    /// The algorithm's wire code (1..=4).
+    pub fn code(self) -> u64 {
         match self {
             AllreduceAlgo::Mesh => 1,
             AllreduceAlgo::TwoPhase => 2,

@@ -84,7 +84,7 @@ mod loom_tests;
 pub use signal::{NotifyOp, WaitCmp};
 
 #[cfg(not(loom))]
-pub use alloc::{CommAllocator, CommStats, Domain, WindowBuffer};
+pub use alloc::{BufferPlacement, CommAllocator, CommStats, Domain, WindowBuffer};
 #[cfg(not(loom))]
 pub use arena::{layout, CommArena};
 #[cfg(not(loom))]

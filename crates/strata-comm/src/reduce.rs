@@ -21,7 +21,22 @@ pub enum ReduceOp {
 }
 
 impl ReduceOp {
-    pub(crate) fn code(self) -> u64 {
+    /// Every op, in code order.
+    pub const ALL: [ReduceOp; 4] = [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min, ReduceOp::Prod];
+
+    /// The op for a wire code (as carried in a task scalar), if any.
+    ///
+    /// ```
+    /// # use strata_comm::ReduceOp;
+    /// assert_eq!(ReduceOp::from_code(ReduceOp::Max.code()), Some(ReduceOp::Max));
+    /// assert_eq!(ReduceOp::from_code(0), None);
+    /// ```
+    pub fn from_code(code: u64) -> Option<ReduceOp> {
+        ReduceOp::ALL.into_iter().find(|o| o.code() == code)
+    }
+
+    /// The op's wire code (1..=4).
+    pub fn code(self) -> u64 {
         match self {
             ReduceOp::Sum => 1,
             ReduceOp::Max => 2,

@@ -56,6 +56,30 @@ pub struct DistConfig {
     pub close_grace: Duration,
     /// Runs in flight at once (1 or 2).
     pub pipeline_depth: usize,
+    /// Bytes of the comm arena the chips' window buffers are carved from (level 3 with
+    /// chips; shared memory created at `init`, committed lazily). A window buffer of `b`
+    /// bytes over `n` ranks takes about `n × b`.
+    pub comm_arena_bytes: u64,
+    /// How long a kernel's signal wait (and so a collective) waits for a peer before it
+    /// fails naming the rank and the cell: a dead or absent peer ends a run, never hangs
+    /// it. Keep it below the chips' kernel timeout.
+    pub comm_wait_timeout: Duration,
+    /// Whether window buffers live for one run (default) or are kept across runs.
+    pub windows: WindowLifetime,
+}
+
+/// How long window buffers live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum WindowLifetime {
+    /// Allocated in a run, freed after it (the next window-using run reuses the memory).
+    #[default]
+    PerRun,
+    /// Kept across runs: the `k`-th window buffer a run allocates is the `k`-th of the
+    /// first run again (same domain and size), optionally zero-filled before each run.
+    Persistent {
+        /// Zero-fill the kept buffers at the start of each later run.
+        zero_between_runs: bool,
+    },
 }
 
 impl DistConfig {
@@ -71,6 +95,9 @@ impl DistConfig {
             startup_timeout: Duration::from_secs(120),
             close_grace: Duration::from_secs(10),
             pipeline_depth: 2,
+            comm_arena_bytes: 256 << 20,
+            comm_wait_timeout: Duration::from_secs(5),
+            windows: WindowLifetime::PerRun,
         }
     }
 
@@ -81,6 +108,12 @@ impl DistConfig {
             level: Level::L4,
             ..DistConfig::l3(Vec::new(), num_sub_workers)
         }
+    }
+
+    /// Sets how long window buffers live.
+    pub fn with_windows(mut self, windows: WindowLifetime) -> Self {
+        self.windows = windows;
+        self
     }
 
     /// Sets the execution mode.
@@ -120,6 +153,26 @@ impl DistConfig {
             return Err(DistError::InvalidConfig(
                 "startup_timeout must be positive".into(),
             ));
+        }
+        let min_arena = strata_comm::layout::MIN_ARENA_BYTES as u64;
+        if self.comm_arena_bytes < min_arena || self.comm_arena_bytes % 4096 != 0 {
+            return Err(DistError::InvalidConfig(format!(
+                "comm_arena_bytes = {} (must be a multiple of 4096 and at least {min_arena}: the header and domain table need {} bytes)",
+                self.comm_arena_bytes,
+                strata_comm::layout::DATA_OFFSET
+            )));
+        }
+        if self.comm_wait_timeout.is_zero() {
+            return Err(DistError::InvalidConfig(
+                "comm_wait_timeout must be positive".into(),
+            ));
+        }
+        if self.chips.len() > strata_comm::layout::MAX_RANKS {
+            return Err(DistError::InvalidConfig(format!(
+                "{} chips: a level-3 worker has at most {} (the comm arena's rank limit)",
+                self.chips.len(),
+                strata_comm::layout::MAX_RANKS
+            )));
         }
         Ok(())
     }

@@ -84,6 +84,9 @@ pub enum DistError {
     /// message says which. Please report it.
     #[error("internal error: {0}")]
     Internal(String),
+    /// An error of the comm layer (window buffers, domains, collectives).
+    #[error(transparent)]
+    Comm(strata_comm::CommError),
     /// An error of the graph core.
     #[error(transparent)]
     Graph(GraphError),

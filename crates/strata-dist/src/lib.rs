@@ -22,6 +22,7 @@
 //!
 //! See `docs/dist.md` for the process tree, the lane state machine and the failure model.
 
+mod comm;
 mod config;
 mod error;
 mod orch;
@@ -31,8 +32,10 @@ mod sched;
 mod task;
 mod worker;
 
-pub use config::{DistConfig, Level};
+pub use comm::WindowTensor;
+pub use config::{DistConfig, Level, WindowLifetime};
 pub use error::{DistError, OrchError};
 pub use orch::{ChildTensor, Orch, RunTensor};
 pub use registry::{HostOrchFn, HostOrchHandle, NextLevelCallable, SubHandle};
+pub use strata_comm::{AllreduceAlgo, CommStats, Domain, ReduceOp, WindowBuffer};
 pub use worker::{DistWorker, RunHandle};

@@ -230,6 +230,27 @@ impl<'w> Orch<'w> {
         Ok(())
     }
 
+    /// The blob of a next-level task: window tensors (the comm arena's memory) order the
+    /// task but are not sent as kernel tensors — kernels reach windows in place, by the
+    /// scalars that name them.
+    fn next_level_blob(&self, args: &TaskArgs) -> Result<Vec<u8>, DistError> {
+        let Some(comm) = &self.ctx.comm else {
+            return Self::blob(args);
+        };
+        let in_arena = |t: &TensorArg| matches!(t.buffer.location, BufferLocation::HostShared { region, .. } if region == comm.region);
+        if !args.tensors().iter().any(in_arena) {
+            return Self::blob(args);
+        }
+        let mut kept = TaskArgs::with_limits(args.limits());
+        for t in args.tensors().iter().filter(|t| !in_arena(t)) {
+            kept.push_tensor(*t)?;
+        }
+        for &s in args.scalars() {
+            kept.push_scalar_bits(s)?;
+        }
+        Self::blob(&kept)
+    }
+
     fn blob(args: &TaskArgs) -> Result<Vec<u8>, DistError> {
         let mut blob = vec![0u8; strata_types::wire::args_wire_len(args)];
         encode_args(args, &mut blob)?;
@@ -320,7 +341,7 @@ impl<'w> Orch<'w> {
             config: self.config_for(config)?,
             members: vec![Member {
                 target: Target::Worker(worker),
-                blob: Self::blob(args)?,
+                blob: self.next_level_blob(args)?,
             }],
         };
         self.submit_task(task, worker as u64, &[acc])
@@ -363,7 +384,7 @@ impl<'w> Orch<'w> {
             accesses.push(acc);
             members.push(Member {
                 target: Target::Worker(w),
-                blob: Self::blob(a)?,
+                blob: self.next_level_blob(a)?,
             });
         }
         let route = if members.len() == 1 {

@@ -17,14 +17,22 @@ pub(crate) struct ChipChild {
     index: usize,
     config: ChipConfig,
     registry: strata_chip::Registry,
+    /// This chip's rank in the comm arena, installed as its kernels' comm context.
+    rank: Option<strata_comm::RankContext>,
 }
 
 impl ChipChild {
-    pub(crate) fn new(index: usize, config: ChipConfig, registry: strata_chip::Registry) -> Self {
+    pub(crate) fn new(
+        index: usize,
+        config: ChipConfig,
+        registry: strata_chip::Registry,
+        rank: Option<strata_comm::RankContext>,
+    ) -> Self {
         ChipChild {
             index,
             config,
             registry,
+            rank,
         }
     }
 }
@@ -39,6 +47,9 @@ impl ChildProgram for ChipChild {
         config.chip_id = self.index as u32;
         let mut chip =
             ChipWorker::with_registry(config, self.registry).map_err(|e| e.to_string())?;
+        if let Some(rank) = self.rank {
+            chip.set_comm_context(Some(Arc::new(rank)));
+        }
         chip.init().map_err(|e| e.to_string())?;
         Ok(Box::new(ChipHandler {
             chip,

@@ -45,6 +45,8 @@ pub(crate) struct Ctx {
     pub(crate) visible_regions: u64,
     pub(crate) heap_regions: [u64; RING_COUNT],
     pub(crate) shared: Arc<SharedMemory>,
+    /// The chips' comm arena (level 3 with chips).
+    pub(crate) comm: Option<crate::comm::CommCtx>,
     pub(crate) minter: Arc<IdentityMinter>,
     pub(crate) programs: Arc<Programs>,
     pub(crate) child_tensors: Mutex<HashMap<BufferIdentity, (usize, u64)>>,
@@ -86,6 +88,8 @@ struct Runtime {
     /// The heap rings' regions, returned (pages discarded, region pooled for the next
     /// worker) once the children are gone.
     _heap_leases: Vec<strata_host::RegionLease>,
+    /// The comm arena's region, returned after the children are gone.
+    _comm_lease: Option<strata_host::RegionLease>,
 }
 
 /// An L3 (or L4) worker: host orchestrations that dispatch chip orchestrations to chip
@@ -326,7 +330,7 @@ impl DistWorker {
     }
 
     fn start(&mut self) -> Result<Runtime, DistError> {
-        let cfg = &self.config;
+        let cfg = &self.config.clone();
         let mut heap_regions = [0u64; RING_COUNT];
         let mut heap_leases = Vec::with_capacity(RING_COUNT);
         for (i, r) in heap_regions.iter_mut().enumerate() {
@@ -336,6 +340,33 @@ impl DistWorker {
             *r = lease.id();
             heap_leases.push(lease);
         }
+        // The chips' comm arena: shared memory every chip child maps (created before the
+        // fork); window buffers are carved from it at run time.
+        let mut comm = None;
+        let mut comm_lease = None;
+        let mut arena = None;
+        if cfg.level == Level::L3 && !cfg.chips.is_empty() {
+            let len = cfg.comm_arena_bytes as usize;
+            let lease = self.shared.lease_region(len, "comm arena")?;
+            let base = self.shared.ptr(lease.id(), 0, len as u64)?;
+            // SAFETY: `base..base + len` is the whole leased region: a page-aligned
+            // MAP_SHARED mapping, zero (fresh, or discarded when its last lease returned),
+            // that stays mapped while the lease lives — the lease lives in the runtime,
+            // which outlives the children (dropped after they are reaped).
+            let (ctx, a) = unsafe {
+                crate::comm::CommCtx::init(
+                    base,
+                    len,
+                    lease.id(),
+                    cfg.chips.len() as u32,
+                    cfg.windows,
+                    &mut self.programs.chip,
+                )
+            }?;
+            comm = Some(ctx);
+            arena = Some(a);
+            comm_lease = Some(lease);
+        }
         let visible_regions = self.shared.regions() as u64;
 
         let mut programs: Vec<Box<dyn ChildProgram>> = Vec::new();
@@ -343,10 +374,14 @@ impl DistWorker {
         match cfg.level {
             Level::L3 => {
                 for (i, c) in cfg.chips.iter().enumerate() {
+                    let rank = arena.as_ref().map(|a| {
+                        strata_comm::RankContext::new(a.clone(), i as u32, cfg.comm_wait_timeout)
+                    });
                     programs.push(Box::new(ChipChild::new(
                         i,
                         c.clone(),
                         self.programs.chip.clone(),
+                        rank,
                     )));
                     next.push(ChildKind::Chip);
                 }
@@ -403,6 +438,7 @@ impl DistWorker {
             visible_regions,
             heap_regions,
             shared: self.shared.clone(),
+            comm,
             minter: self.minter.clone(),
             programs: Arc::new(self.programs.clone()),
             child_tensors: Mutex::new(HashMap::new()),
@@ -416,6 +452,7 @@ impl DistWorker {
             config: Arc::new(EncodedConfig::new(&CallConfig::default())?),
             children_pids,
             _heap_leases: heap_leases,
+            _comm_lease: comm_lease,
         })
     }
 
@@ -438,6 +475,12 @@ impl DistWorker {
             .as_ref()
             .map(|r| r.children_pids.clone())
             .unwrap_or_default()
+    }
+
+    /// What the comm arena's allocator did so far (window buffers allocated, freed,
+    /// zero-filled); `None` without chips or before `init`.
+    pub fn comm_stats(&self) -> Option<strata_comm::CommStats> {
+        self.rt.as_ref()?.ctx.comm.as_ref().map(|c| c.stats())
     }
 
     /// Why the worker is unusable (a child died), if it is.
@@ -644,6 +687,9 @@ impl DistWorker {
             return Ok(());
         };
         let report = exit.children.shutdown(self.config.close_grace)?;
+        if let Some(comm) = &rt.ctx.comm {
+            comm.release_all();
+        }
         // A child that died before close was reported then (its run failed, the worker
         // became unusable); anything else abnormal is news.
         let news: Vec<String> = report

@@ -1,0 +1,751 @@
+//! Distributed memory for the chips of a level-3 worker (strata-comm, `docs/comm.md`): the
+//! comm arena every chip child maps, window buffers allocated by host orchestrations,
+//! window tensors as task arguments, and the host-level collectives (builtin chip
+//! orchestrations submitted as groups).
+//!
+//! Windows reach kernels by name: a [`WindowTensor`] pushes the four scalars of its
+//! [`DistributedTensor`] into a task's arguments, and the kernel opens it with
+//! `strata_comm::Comm::from_kernel(ctx)?.window(&DistributedTensor::from_scalars(..)?)`.
+//! As a *tensor* argument ([`WindowTensor::arg`]) a window only orders tasks (it is the
+//! comm arena's shared memory, tracked like any other); next-level tasks do not receive it
+//! as a kernel tensor — the kernel reaches the window in place, which is what lets peers
+//! write into it while the kernel runs.
+
+use crate::config::WindowLifetime;
+use crate::error::DistError;
+use crate::orch::Orch;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use strata_chip::{ChipError, CoreArgs, KernelCtx, KernelError, OrchHandle};
+use strata_comm::{
+    AllreduceAlgo, BufferPlacement, Comm, CommAllocator, CommArena, CommError, CommStats,
+    DistributedTensor, Domain, ReduceOp, WindowBuffer,
+};
+use strata_graph::RunId;
+use strata_types::{
+    ArgTag, BufferDesc, BufferIdentity, BufferLocation, CallableDescriptor, CallableKind, DataType,
+    Element, TaskArgs, TensorArg, TensorView,
+};
+
+impl From<CommError> for DistError {
+    fn from(e: CommError) -> Self {
+        DistError::Comm(e)
+    }
+}
+
+/// The builtin chip orchestrations behind the host-level collectives and staging.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Builtins {
+    allreduce: OrchHandle,
+    broadcast: OrchHandle,
+    allgather: OrchHandle,
+    reduce_scatter: OrchHandle,
+    all_to_all: OrchHandle,
+    barrier: OrchHandle,
+    stage_in: OrchHandle,
+    stage_out: OrchHandle,
+}
+
+/// The comm side of a running level-3 worker with chips.
+pub(crate) struct CommCtx {
+    /// The arena's region in the process's shared memory.
+    pub(crate) region: u64,
+    builtins: Builtins,
+    lifetime: WindowLifetime,
+    state: Mutex<CommState>,
+}
+
+struct CommState {
+    alloc: CommAllocator,
+    /// The run whose window buffers are allocated (they are freed when a later run
+    /// allocates, once this one has finished).
+    owner: Option<RunId>,
+    /// Window buffers the owner allocated so far (the key of persistent buffers).
+    ordinal: usize,
+    /// Persistent buffers by allocation ordinal: (domain members, bytes, buffer).
+    kept: Vec<(Vec<u32>, u64, WindowBuffer)>,
+    identities: HashMap<WindowBuffer, BufferIdentity>,
+}
+
+impl CommCtx {
+    /// Initialises the arena (before the chips fork) and registers the builtins.
+    ///
+    /// # Safety
+    /// `base..base + len` is a live, page-aligned `MAP_SHARED` mapping of zeroed memory
+    /// that outlives the returned context and every chip child.
+    pub(crate) unsafe fn init(
+        base: *mut u8,
+        len: usize,
+        region: u64,
+        world: u32,
+        lifetime: WindowLifetime,
+        registry: &mut strata_chip::Registry,
+    ) -> Result<(CommCtx, Arc<CommArena>), DistError> {
+        // SAFETY: the caller's contract.
+        let arena = Arc::new(unsafe { CommArena::init(base, len, world) }?);
+        let builtins = register_builtins(registry)?;
+        Ok((
+            CommCtx {
+                region,
+                builtins,
+                lifetime,
+                state: Mutex::new(CommState {
+                    alloc: CommAllocator::new(arena.clone()),
+                    owner: None,
+                    ordinal: 0,
+                    kept: Vec::new(),
+                    identities: HashMap::new(),
+                }),
+            },
+            arena,
+        ))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, CommState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// What the allocator did so far.
+    pub(crate) fn stats(&self) -> CommStats {
+        self.lock().alloc.stats()
+    }
+
+    /// Frees every window buffer, persistent ones included (at close).
+    pub(crate) fn release_all(&self) {
+        let mut st = self.lock();
+        st.alloc.end_run();
+        st.alloc.release_persistent();
+        st.kept.clear();
+        st.identities.clear();
+        st.owner = None;
+    }
+}
+
+/// A window tensor as a host orchestration holds it: the [`DistributedTensor`] kernels open
+/// on every rank, and what the engine needs to order tasks that touch it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WindowTensor {
+    tensor: DistributedTensor,
+    domain: Domain,
+    identity: BufferIdentity,
+    region: u64,
+    placement: BufferPlacement,
+}
+
+impl WindowTensor {
+    /// The tensor kernels open (`Comm::window`); the same on every rank.
+    pub fn tensor(&self) -> DistributedTensor {
+        self.tensor
+    }
+
+    /// Ranks of its domain.
+    pub fn nranks(&self) -> u32 {
+        self.placement.nranks
+    }
+
+    /// Its element type.
+    pub fn dtype(&self) -> DataType {
+        self.tensor.dtype()
+    }
+
+    /// Its shape (on each rank).
+    pub fn shape(&self) -> &[u64] {
+        self.tensor.shape()
+    }
+
+    fn buffer(&self) -> BufferDesc {
+        BufferDesc {
+            identity: self.identity,
+            nbytes: self.placement.rank_stride * u64::from(self.placement.nranks),
+            location: BufferLocation::HostShared {
+                region: self.region,
+                offset: self.placement.arena_offset,
+            },
+        }
+    }
+
+    /// The tensor on every rank as a task argument: a task that names it is ordered
+    /// against every other task touching those bytes (`tag` says how it touches them). A
+    /// next-level task does not receive it as a kernel tensor (push the tensor's scalars
+    /// with [`WindowTensor::push_to`] so the kernel can open the window); a sub-worker
+    /// sees it as a `[nranks, numel]` view.
+    pub fn arg(&self, tag: ArgTag) -> TensorArg {
+        let esize = self.tensor.dtype().size_bytes() as u64;
+        let view = TensorView::new(
+            self.tensor.dtype(),
+            &[u64::from(self.placement.nranks), self.tensor.numel()],
+            &[self.placement.rank_stride / esize, 1],
+            self.tensor.byte_offset(),
+        )
+        .unwrap_or_else(|_| unreachable!("a live window's geometry is valid"));
+        TensorArg {
+            buffer: self.buffer(),
+            view,
+            tag,
+        }
+    }
+
+    /// Domain rank `rank`'s copy as a task argument (see [`WindowTensor::arg`]).
+    ///
+    /// # Errors
+    /// A rank outside the domain.
+    pub fn arg_rank(&self, rank: u32, tag: ArgTag) -> Result<TensorArg, DistError> {
+        if rank >= self.placement.nranks {
+            return Err(DistError::InvalidArgs(format!(
+                "rank {rank} is outside the window's domain of {} ranks",
+                self.placement.nranks
+            )));
+        }
+        let view = TensorView::new(
+            self.tensor.dtype(),
+            &[self.tensor.numel()],
+            &[1],
+            u64::from(rank) * self.placement.rank_stride + self.tensor.byte_offset(),
+        )?;
+        Ok(TensorArg {
+            buffer: self.buffer(),
+            view,
+            tag,
+        })
+    }
+
+    /// Appends the tensor's scalars ([`DistributedTensor::SCALARS`] of them) to `args`.
+    ///
+    /// # Errors
+    /// Too many scalars.
+    pub fn push_to(&self, args: &mut TaskArgs) -> Result<(), DistError> {
+        Ok(self.tensor.push_to(args)?)
+    }
+}
+
+// ----- the orchestration's API ------------------------------------------------------------
+
+impl<'w> Orch<'w> {
+    fn comm(&self) -> Result<&'w CommCtx, DistError> {
+        let ctx: &'w crate::worker::Ctx = self.ctx;
+        ctx.comm.as_ref().ok_or_else(|| {
+            DistError::InvalidArgs(
+                "this worker has no comm arena: window buffers are for the chips of a level-3 worker (configure chips)".into(),
+            )
+        })
+    }
+
+    /// The comm state for this run: a run's first window operation waits until the run
+    /// that owns the allocated windows has finished, then frees them (keeping persistent
+    /// ones).
+    fn comm_state(&mut self) -> Result<MutexGuard<'w, CommState>, DistError> {
+        let run = self.run;
+        let comm: &'w CommCtx = self.comm()?;
+        let owner = comm.lock().owner;
+        if owner == Some(run) {
+            return Ok(comm.lock());
+        }
+        if owner.is_some() {
+            // Runs finish in order: once this run is the oldest, every earlier one is done.
+            self.flush();
+            while self.graph.dispatchable_run() != Some(run) {
+                if let Some(why) = self.ctx.link.unusable() {
+                    return Err(DistError::Unusable(why));
+                }
+                self.graph
+                    .wait_progress(std::time::Duration::from_millis(5));
+            }
+        }
+        let mut st = comm.lock();
+        if st.owner.is_some() {
+            st.alloc.end_run();
+            let kept: Vec<WindowBuffer> = st.kept.iter().map(|k| k.2).collect();
+            st.identities.retain(|b, _| kept.contains(b));
+        }
+        st.owner = Some(run);
+        st.ordinal = 0;
+        Ok(st)
+    }
+
+    /// Number of chips (world ranks 0..n: world rank = next-level worker id).
+    pub fn world_size(&self) -> usize {
+        if self.ctx.comm.is_some() {
+            self.ctx.next.len()
+        } else {
+            0
+        }
+    }
+
+    /// A comm domain over chips `workers` (their order is the domain's rank numbering).
+    ///
+    /// # Errors
+    /// No comm arena; workers repeated or out of range.
+    pub fn comm_domain(&mut self, workers: &[usize]) -> Result<Domain, DistError> {
+        let members: Vec<u32> = workers.iter().map(|&w| w as u32).collect();
+        let mut st = self.comm_state()?;
+        Ok(st.alloc.domain(&members)?)
+    }
+
+    /// A window buffer of `bytes` per chip over every chip (the world domain).
+    ///
+    /// # Errors
+    /// As [`Orch::alloc_window_buffer_in`].
+    pub fn alloc_window_buffer(&mut self, bytes: u64) -> Result<WindowBuffer, DistError> {
+        let world = {
+            let mut st = self.comm_state()?;
+            st.alloc.world()?
+        };
+        self.alloc_window_buffer_in(&world, bytes)
+    }
+
+    /// A window buffer of `bytes` per rank (in bytes, not elements) on every rank of
+    /// `domain`, zero-filled. It lives for this run (freed once a later run allocates
+    /// windows) unless the worker keeps windows ([`WindowLifetime::Persistent`]): then the
+    /// `k`-th buffer of every run is the `k`-th buffer of the first.
+    ///
+    /// # Errors
+    /// No comm arena; the arena is full (`DistConfig::comm_arena_bytes`); a persistent
+    /// run that allocates a different sequence of buffers.
+    pub fn alloc_window_buffer_in(
+        &mut self,
+        domain: &Domain,
+        bytes: u64,
+    ) -> Result<WindowBuffer, DistError> {
+        let lifetime = self.comm()?.lifetime;
+        let minter = self.ctx.minter.clone();
+        let mut st = self.comm_state()?;
+        let ordinal = st.ordinal;
+        let members = st.alloc.members(domain)?.to_vec();
+        let buf = match lifetime {
+            WindowLifetime::PerRun => st.alloc.alloc_window_buffer(domain, bytes)?,
+            WindowLifetime::Persistent { zero_between_runs } => {
+                match st.kept.get(ordinal).cloned() {
+                    Some((m, b, kept)) => {
+                        if m != members || b != bytes {
+                            return Err(DistError::InvalidArgs(format!(
+                                "persistent windows: window buffer {ordinal} of this run is {bytes} bytes over ranks {members:?}, but the first run allocated {b} bytes over ranks {m:?}; a worker that keeps its windows must allocate the same buffers in the same order every run"
+                            )));
+                        }
+                        let _ = zero_between_runs; // zero-filled by the allocator's end_run
+                        kept
+                    }
+                    None => {
+                        let buf = st.alloc.alloc_window_buffer(domain, bytes)?;
+                        st.alloc.make_persistent(&buf, zero_between_runs)?;
+                        st.kept.push((members, bytes, buf));
+                        buf
+                    }
+                }
+            }
+        };
+        st.ordinal += 1;
+        st.identities.entry(buf).or_insert_with(|| minter.mint());
+        Ok(buf)
+    }
+
+    /// A typed, row-major view at byte `offset` of a window buffer, the same on every rank.
+    ///
+    /// # Errors
+    /// A freed buffer, a view that does not fit.
+    pub fn window(
+        &mut self,
+        buf: &WindowBuffer,
+        offset: u64,
+        shape: &[u64],
+        dtype: DataType,
+    ) -> Result<WindowTensor, DistError> {
+        let region = self.comm()?.region;
+        let st = self.comm_state()?;
+        let tensor = st.alloc.window(buf, offset, shape, dtype)?;
+        let placement = st.alloc.placement(buf)?;
+        let identity = *st.identities.get(buf).ok_or_else(|| {
+            DistError::InvalidArgs("the window buffer is not one of this run's".into())
+        })?;
+        Ok(WindowTensor {
+            tensor,
+            domain: buf.domain(),
+            identity,
+            region,
+            placement,
+        })
+    }
+
+    /// Writes `data` into domain rank `rank`'s copy of `w` now (synchronously): stage
+    /// every rank before submitting the tasks that use the window (submission is
+    /// asynchronous; a write after a submit races with it).
+    ///
+    /// # Errors
+    /// A freed window, a rank outside the domain, a type or length mismatch.
+    pub fn window_write<T: Element>(
+        &mut self,
+        w: &WindowTensor,
+        rank: u32,
+        data: &[T],
+    ) -> Result<(), DistError> {
+        let st = self.comm_state()?;
+        Ok(st.alloc.host_write(&w.tensor, rank, 0, data)?)
+    }
+
+    /// Submits a builtin collective as a group over the window's domain.
+    fn collective(
+        &mut self,
+        which: fn(&Builtins) -> OrchHandle,
+        windows: &[(&WindowTensor, ArgTag)],
+        extra: &[u64],
+    ) -> Result<(), DistError> {
+        let builtins = self.comm()?.builtins;
+        let first = windows[0].0;
+        let members: Vec<usize> = {
+            let st = self.comm_state()?;
+            st.alloc
+                .members(&first.domain)?
+                .iter()
+                .map(|&w| w as usize)
+                .collect()
+        };
+        let mut args = TaskArgs::new();
+        for (w, tag) in windows {
+            if w.domain != first.domain {
+                return Err(DistError::InvalidArgs(
+                    "the windows of a collective must belong to one domain".into(),
+                ));
+            }
+            args.push_tensor(w.arg(*tag))?;
+        }
+        for (w, _) in windows {
+            w.push_to(&mut args)?;
+        }
+        for &s in extra {
+            args.push_scalar_bits(s)?;
+        }
+        let per_rank = vec![args; members.len()];
+        self.submit_next_level_group(which(&builtins), &per_rank, &members)
+    }
+
+    /// Allreduce of `data` in place on every rank of its domain, synchronised through
+    /// `signal` (I32, at least `strata_comm::signal_cells(nranks, algo)` cells; reusable
+    /// run after run): a group task of the builtin collective kernel, ordered after
+    /// earlier tasks that touch either window.
+    ///
+    /// # Errors
+    /// No comm arena; windows of different domains; the group's submit errors.
+    pub fn allreduce(
+        &mut self,
+        data: &WindowTensor,
+        signal: &WindowTensor,
+        op: ReduceOp,
+        algo: AllreduceAlgo,
+    ) -> Result<(), DistError> {
+        self.collective(
+            |b| b.allreduce,
+            &[(data, ArgTag::InOut), (signal, ArgTag::InOut)],
+            &[op.code(), algo.code()],
+        )
+    }
+
+    /// Broadcast of `root`'s copy of `data` to every rank of its domain.
+    ///
+    /// # Errors
+    /// As [`Orch::allreduce`].
+    pub fn broadcast(
+        &mut self,
+        data: &WindowTensor,
+        signal: &WindowTensor,
+        root: u32,
+    ) -> Result<(), DistError> {
+        self.collective(
+            |b| b.broadcast,
+            &[(data, ArgTag::InOut), (signal, ArgTag::InOut)],
+            &[u64::from(root)],
+        )
+    }
+
+    /// Allgather: `target[src, :]` = `stage` of rank `src`, on every rank.
+    ///
+    /// # Errors
+    /// As [`Orch::allreduce`].
+    pub fn allgather(
+        &mut self,
+        stage: &WindowTensor,
+        target: &WindowTensor,
+        signal: &WindowTensor,
+    ) -> Result<(), DistError> {
+        self.collective(
+            |b| b.allgather,
+            &[
+                (stage, ArgTag::Input),
+                (target, ArgTag::InOut),
+                (signal, ArgTag::InOut),
+            ],
+            &[],
+        )
+    }
+
+    /// Reduce-scatter: rank `r` ends with the reduction of chunk `r` in `data[r, :]`.
+    ///
+    /// # Errors
+    /// As [`Orch::allreduce`].
+    pub fn reduce_scatter(
+        &mut self,
+        data: &WindowTensor,
+        signal: &WindowTensor,
+        op: ReduceOp,
+    ) -> Result<(), DistError> {
+        self.collective(
+            |b| b.reduce_scatter,
+            &[(data, ArgTag::InOut), (signal, ArgTag::InOut)],
+            &[op.code()],
+        )
+    }
+
+    /// All-to-all: `target[src, :]` = the chunk rank `src` prepared for this rank.
+    ///
+    /// # Errors
+    /// As [`Orch::allreduce`].
+    pub fn all_to_all(
+        &mut self,
+        stage: &WindowTensor,
+        target: &WindowTensor,
+        signal: &WindowTensor,
+    ) -> Result<(), DistError> {
+        self.collective(
+            |b| b.all_to_all,
+            &[
+                (stage, ArgTag::Input),
+                (target, ArgTag::InOut),
+                (signal, ArgTag::InOut),
+            ],
+            &[],
+        )
+    }
+
+    /// A barrier of every rank of `signal`'s domain (self-clearing; reusable).
+    ///
+    /// # Errors
+    /// As [`Orch::allreduce`].
+    pub fn barrier(&mut self, signal: &WindowTensor) -> Result<(), DistError> {
+        self.collective(|b| b.barrier, &[(signal, ArgTag::InOut)], &[])
+    }
+
+    /// A task on chip `rank`'s worker that copies `src` (a shared tensor with as many
+    /// elements and the same type) into domain rank `rank`'s copy of `dst`.
+    ///
+    /// # Errors
+    /// A rank outside the domain; the submit's errors.
+    pub fn copy_to_window(
+        &mut self,
+        src: TensorArg,
+        dst: &WindowTensor,
+        rank: u32,
+    ) -> Result<(), DistError> {
+        self.stage(
+            src.with_tag(ArgTag::Input),
+            dst,
+            rank,
+            ArgTag::OutputExisting,
+            true,
+        )
+    }
+
+    /// A task on chip `rank`'s worker that copies domain rank `rank`'s copy of `src` into
+    /// `dst` (a shared tensor with as many elements and the same type).
+    ///
+    /// # Errors
+    /// As [`Orch::copy_to_window`].
+    pub fn copy_from_window(
+        &mut self,
+        src: &WindowTensor,
+        rank: u32,
+        dst: TensorArg,
+    ) -> Result<(), DistError> {
+        self.stage(
+            dst.with_tag(ArgTag::OutputExisting),
+            src,
+            rank,
+            ArgTag::Input,
+            false,
+        )
+    }
+
+    fn stage(
+        &mut self,
+        host: TensorArg,
+        w: &WindowTensor,
+        rank: u32,
+        window_tag: ArgTag,
+        into_window: bool,
+    ) -> Result<(), DistError> {
+        if host.view.dtype() != w.dtype() || host.view.numel() != w.tensor.numel() {
+            return Err(DistError::InvalidArgs(format!(
+                "staging between a {} tensor of {} elements and a {} window of {} elements; they must match",
+                host.view.dtype(),
+                host.view.numel(),
+                w.dtype(),
+                w.tensor.numel()
+            )));
+        }
+        let builtins = self.comm()?.builtins;
+        let worker = {
+            let st = self.comm_state()?;
+            let members = st.alloc.members(&w.domain)?;
+            *members.get(rank as usize).ok_or_else(|| {
+                DistError::InvalidArgs(format!(
+                    "rank {rank} is outside the window's domain of {} ranks",
+                    members.len()
+                ))
+            })? as usize
+        };
+        let mut args = TaskArgs::new();
+        args.push_tensor(host)?;
+        args.push_tensor(w.arg_rank(rank, window_tag)?)?;
+        w.push_to(&mut args)?;
+        let which = if into_window {
+            builtins.stage_in
+        } else {
+            builtins.stage_out
+        };
+        self.submit_next_level(which, &args, worker)
+    }
+}
+
+// ----- builtin chip orchestrations and kernels --------------------------------------------
+
+fn tensor_at(ctx: &KernelCtx<'_>, i: usize) -> Result<DistributedTensor, KernelError> {
+    let s = ctx.scalars();
+    let start = i * DistributedTensor::SCALARS;
+    let cells = s.get(start..).unwrap_or(&[]);
+    Ok(DistributedTensor::from_scalars(cells)?)
+}
+
+fn extra(ctx: &KernelCtx<'_>, windows: usize, i: usize) -> Result<u64, KernelError> {
+    ctx.scalar::<u64>(windows * DistributedTensor::SCALARS + i)
+}
+
+/// A chip orchestration that runs `kernel` once with the task's scalars.
+fn forward(
+    registry: &mut strata_chip::Registry,
+    name: &str,
+    tensor_tag: Option<ArgTag>,
+    kernel: impl Fn(&mut KernelCtx<'_>) -> Result<(), KernelError> + Send + Sync + 'static,
+) -> Result<OrchHandle, DistError> {
+    let k = registry.register_kernel(
+        CallableDescriptor::new(CallableKind::Kernel, format!("strata.comm.{name}")),
+        kernel,
+    )?;
+    Ok(registry.register_orchestration(
+        CallableDescriptor::new(
+            CallableKind::ChipOrchestration,
+            format!("strata.comm.{name}"),
+        ),
+        move |o, a| {
+            let mut core = CoreArgs::new();
+            if let Some(tag) = tensor_tag {
+                core.tensor(&a.tensor(0)?, tag);
+            }
+            for i in 0..a.scalar_count() {
+                core.scalar_bits(a.scalar::<u64>(i)?);
+            }
+            o.submit_aiv(k, &core)?;
+            Ok::<(), ChipError>(())
+        },
+    )?)
+}
+
+fn op_of(code: u64) -> Result<ReduceOp, KernelError> {
+    ReduceOp::from_code(code)
+        .ok_or_else(|| KernelError::new(format!("unknown reduce op code {code}")))
+}
+
+/// Copies between a kernel tensor and a window copy of the same type and length.
+fn stage_typed<T: Element>(
+    ctx: &mut KernelCtx<'_>,
+    w: &strata_comm::Window<'_>,
+    into_window: bool,
+) -> Result<(), KernelError> {
+    if into_window {
+        let data = ctx.input::<T>(0)?.to_vec();
+        w.write(w.rank(), 0, &data)?;
+    } else {
+        let mut out = ctx.output::<T>(0)?;
+        // SAFETY: `Element` types are plain old data: all-zero bytes are a valid value.
+        let zero: T = unsafe { std::mem::zeroed() };
+        let mut tmp = vec![zero; out.numel()];
+        w.read(w.rank(), 0, &mut tmp)?;
+        for (i, v) in tmp.into_iter().enumerate() {
+            out.set_flat(i as u64, v);
+        }
+    }
+    Ok(())
+}
+
+fn stage_kernel(ctx: &mut KernelCtx<'_>, into_window: bool) -> Result<(), KernelError> {
+    let t = tensor_at(ctx, 0)?;
+    let comm = Comm::from_kernel(ctx)?;
+    let w = comm.window(&t)?;
+    macro_rules! by_dtype {
+        ($($t:ty => $d:ident),*) => {
+            match t.dtype() {
+                $(DataType::$d => stage_typed::<$t>(ctx, &w, into_window),)*
+                other => Err(KernelError::new(format!("staging {other} windows is not supported"))),
+            }
+        };
+    }
+    by_dtype!(u8 => U8, i8 => I8, i16 => I16, i32 => I32, i64 => I64, u32 => U32,
+              u64 => U64, strata_types::f16 => F16, strata_types::bf16 => BF16, f32 => F32, f64 => F64)
+}
+
+fn register_builtins(registry: &mut strata_chip::Registry) -> Result<Builtins, DistError> {
+    Ok(Builtins {
+        allreduce: forward(registry, "allreduce", None, |ctx| {
+            let (d, s) = (tensor_at(ctx, 0)?, tensor_at(ctx, 1)?);
+            let op = op_of(extra(ctx, 2, 0)?)?;
+            let code = extra(ctx, 2, 1)?;
+            let algo = AllreduceAlgo::from_code(code).ok_or_else(|| {
+                KernelError::new(format!("unknown allreduce algorithm code {code}"))
+            })?;
+            let comm = Comm::from_kernel(ctx)?;
+            comm.window(&d)?.allreduce(&comm.window(&s)?, op, algo)?;
+            Ok(())
+        })?,
+        broadcast: forward(registry, "broadcast", None, |ctx| {
+            let (d, s) = (tensor_at(ctx, 0)?, tensor_at(ctx, 1)?);
+            let root = extra(ctx, 2, 0)? as u32;
+            let comm = Comm::from_kernel(ctx)?;
+            comm.window(&d)?.broadcast(&comm.window(&s)?, root)?;
+            Ok(())
+        })?,
+        allgather: forward(registry, "allgather", None, |ctx| {
+            let (st, tg, sg) = (tensor_at(ctx, 0)?, tensor_at(ctx, 1)?, tensor_at(ctx, 2)?);
+            let comm = Comm::from_kernel(ctx)?;
+            strata_comm::Window::allgather(
+                &comm.window(&st)?,
+                &comm.window(&tg)?,
+                &comm.window(&sg)?,
+            )?;
+            Ok(())
+        })?,
+        reduce_scatter: forward(registry, "reduce_scatter", None, |ctx| {
+            let (d, s) = (tensor_at(ctx, 0)?, tensor_at(ctx, 1)?);
+            let op = op_of(extra(ctx, 2, 0)?)?;
+            let comm = Comm::from_kernel(ctx)?;
+            comm.window(&d)?.reduce_scatter(&comm.window(&s)?, op)?;
+            Ok(())
+        })?,
+        all_to_all: forward(registry, "all_to_all", None, |ctx| {
+            let (st, tg, sg) = (tensor_at(ctx, 0)?, tensor_at(ctx, 1)?, tensor_at(ctx, 2)?);
+            let comm = Comm::from_kernel(ctx)?;
+            strata_comm::Window::all_to_all(
+                &comm.window(&st)?,
+                &comm.window(&tg)?,
+                &comm.window(&sg)?,
+            )?;
+            Ok(())
+        })?,
+        barrier: forward(registry, "barrier", None, |ctx| {
+            let s = tensor_at(ctx, 0)?;
+            Comm::from_kernel(ctx)?.window(&s)?.barrier()?;
+            Ok(())
+        })?,
+        stage_in: forward(registry, "stage_in", Some(ArgTag::Input), |ctx| {
+            stage_kernel(ctx, true)
+        })?,
+        stage_out: forward(registry, "stage_out", Some(ArgTag::OutputExisting), |ctx| {
+            stage_kernel(ctx, false)
+        })?,
+    })
+}
