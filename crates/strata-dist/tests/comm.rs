@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 use strata_chip::{ChipConfig, CoreArgs, KernelCtx, KernelError, OrchHandle};
-use strata_comm::{Comm, DistributedTensor, NotifyOp, WaitCmp};
+use strata_comm::{Comm, DistributedTensor, NotifyOp, StoreOp, WaitCmp};
 use strata_dist::*;
 use strata_host::SharedTensor;
 use strata_testkit::*;
@@ -293,27 +293,42 @@ fn barrier_tally_and_self_notify_reset() -> Outcome {
     Ok(())
 }
 
-/// S8: push (put) gives y[r] = x[(r−1) mod P], pull (get) y[r] = x[(r+1) mod P], at P = 2,
-/// 3, 4 — domains over the first P chips of one four-chip worker.
+/// S8: push (put, or remote store of a tile) gives y[r] = x[(r−1) mod P], pull (get, or
+/// remote load of a tile) y[r] = x[(r+1) mod P], at P = 2, 3, 4 — domains over the first
+/// P chips of one four-chip worker. The tile variants move a [2, N/2] tile.
 fn put_and_get_shift_data_around_the_ring() -> Outcome {
     const N: u64 = 48;
     let mut w = DistWorker::new(l3(4)).ctx("new")?;
     let k = register(&mut w, "shift", |ctx| {
         let (d_t, s_t) = (window_at(ctx, 0)?, window_at(ctx, 1)?);
-        let push = ctx.scalar::<u64>(8)? == 1;
+        let mode = ctx.scalar::<u64>(8)?;
         let comm = Comm::from_kernel(ctx)?;
         let (d, s) = (comm.window(&d_t)?, comm.window(&s_t)?);
         let (r, n) = (d.rank(), d.nranks());
         let x = ctx.input::<f32>(0)?.to_vec();
         let mut y = vec![0f32; x.len()];
-        if push {
-            d.write((r + 1) % n, 0, &x)?;
-            s.barrier()?;
-            d.read(r, 0, &mut y)?;
-        } else {
-            d.write(r, 0, &x)?;
-            s.barrier()?;
-            d.read((r + 1) % n, 0, &mut y)?;
+        let tile = [2, x.len() as u64 / 2];
+        match mode {
+            0 => {
+                d.write((r + 1) % n, 0, &x)?;
+                s.barrier()?;
+                d.read(r, 0, &mut y)?;
+            }
+            1 => {
+                d.write(r, 0, &x)?;
+                s.barrier()?;
+                d.read((r + 1) % n, 0, &mut y)?;
+            }
+            2 => {
+                d.store_tile((r + 1) % n, &[0, 0], &tile, &x, StoreOp::Overwrite)?;
+                s.barrier()?;
+                d.load_tile(r, &[0, 0], &tile, &mut y)?;
+            }
+            _ => {
+                d.store_tile(r, &[0, 0], &tile, &x, StoreOp::Overwrite)?;
+                s.barrier()?;
+                d.load_tile((r + 1) % n, &[0, 0], &tile, &mut y)?;
+            }
         }
         ctx.output::<f32>(1)?
             .as_mut_slice()
@@ -326,10 +341,10 @@ fn put_and_get_shift_data_around_the_ring() -> Outcome {
         let xs: Vec<f32> = (0..p * N).map(|i| i as f32 * 0.5 + 1.0).collect();
         let x = w.shared_tensor_from(&[p, N], &xs).ctx("x")?;
         let y = w.shared_tensor(&[p, N], DataType::F32).ctx("y")?;
-        for push in [true, false] {
+        for mode in 0..4u64 {
             let o = group_orch(
                 &mut w,
-                &format!("shift{p}{push}"),
+                &format!("shift{p}_{mode}"),
                 k,
                 (0..p as usize).collect(),
                 (&x, &y),
@@ -339,28 +354,29 @@ fn put_and_get_shift_data_around_the_ring() -> Outcome {
                     let cells = strata_comm::collective_signal_cells(p as u32);
                     let buf = o.alloc_window_buffer_in(&d, 4 * N + 4 * cells)?;
                     Ok(vec![
-                        o.window(&buf, 0, &[N], DataType::F32)?,
+                        o.window(&buf, 0, &[2, N / 2], DataType::F32)?,
                         o.window(&buf, 4 * N, &[cells], DataType::I32)?,
                     ])
                 }),
-                vec![u64::from(push)],
+                vec![mode],
             );
-            cases.push((p, push, o, x.clone(), y.clone()));
+            cases.push((p, mode, o, x.clone(), y.clone()));
         }
     }
     w.init().ctx("init")?;
-    for (p, push, o, x, y) in &cases {
+    for (p, mode, o, x, y) in &cases {
+        let push = mode % 2 == 0;
         w.run(o, &TaskArgs::new()).ctx("run")?;
         let xr = rows::<f32>(x, *p as usize)?;
         for (r, got) in rows::<f32>(y, *p as usize)?.iter().enumerate() {
-            let src = if *push {
+            let src = if push {
                 (r + *p as usize - 1) % *p as usize
             } else {
                 (r + 1) % *p as usize
             };
             check!(
                 got == &xr[src],
-                "P={p} push={push} rank {r}: got row of {:?}",
+                "P={p} mode {mode} rank {r}: got row of {:?}",
                 got.first()
             );
         }
