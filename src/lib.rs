@@ -11,6 +11,7 @@
 mod worker;
 
 pub use strata_chip as chip;
+pub use strata_comm as comm;
 pub use strata_dist as dist;
 pub use strata_graph as graph;
 pub use strata_host as host;

@@ -51,6 +51,12 @@ const BENCHES: &[Bench] = &[
         target: "dispatch",
         what: "L3 engine: one-task run round trip to a forked child vs a raw cache-line ping-pong; µs per task for chain / fan / wavefront sub-task DAGs (Process and Threads); init + close",
     },
+    Bench {
+        name: "allreduce",
+        package: "strata-dist",
+        target: "allreduce",
+        what: "2-rank allreduce through L3 (2 forked chips, a loop inside one dispatch): latency 8 B / 256 B / 4 KiB, bandwidth 1 MiB / 64 MiB, vs Open MPI MPI_Allreduce (vader) and single-core memcpy",
+    },
 ];
 
 fn workspace_root() -> PathBuf {
