@@ -81,7 +81,11 @@ impl<P> Core<P> {
 
     /// Takes every slot handed over so far (orchestrator side).
     pub(crate) fn take_retired(&self, into: &mut Vec<u32>) {
-        if self.retired_pending.swap(false, Ordering::AcqRel) {
+        // Read before swapping: most calls find nothing, and a plain load leaves the line
+        // shared with the scheduler that sets the flag.
+        if self.retired_pending.load(Ordering::Relaxed)
+            && self.retired_pending.swap(false, Ordering::AcqRel)
+        {
             into.append(&mut self.retired.lock());
         }
     }

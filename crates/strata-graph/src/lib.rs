@@ -53,6 +53,7 @@ mod core;
 mod error;
 mod event;
 mod footprint;
+mod free_list;
 mod orchestrator;
 mod ring;
 mod run;

@@ -5,6 +5,7 @@
 use crate::access::{Access, BufferKey};
 use crate::core::{Core, ReadyTask};
 use crate::error::{DeadlockCause, Failure, FailureKind, GraphError};
+use crate::free_list::FreeList;
 use crate::ring::{align_up, ring_for_depth, HeapSlab, Ring, RingConfig, Shortage, RING_COUNT};
 use crate::run::{run_word, RunId, RunPhase, MAX_PIPELINE_DEPTH};
 use crate::scheduler::Scheduler;
@@ -110,7 +111,7 @@ pub fn graph<P: Send + 'static>(
         map: TensorMap::default(),
         scopes: ScopeStack::default(),
         side: Vec::new(),
-        free: Vec::new(),
+        free: FreeList::default(),
         next_id: 1,
         stamp: 0,
         building: None,
@@ -256,7 +257,7 @@ pub struct Orchestrator<P> {
     map: TensorMap,
     scopes: ScopeStack,
     side: Vec<Side>,
-    free: Vec<u32>,
+    free: FreeList,
     next_id: u64,
     stamp: u64,
     building: Option<(RunId, usize)>,
@@ -305,6 +306,7 @@ impl<P: Send + 'static> Orchestrator<P> {
             self.map.forget_run(old);
         }
         self.map.sweep(run.0);
+        self.free.tidy();
         self.building = Some((run, lease));
         self.scopes.begin()?;
         Ok(run)
@@ -456,7 +458,10 @@ impl<P: Send + 'static> Orchestrator<P> {
         self.check_fail_fast(word)?;
         Self::validate(&spec)?;
         // Recycle before dependency lookup: recycling may free TensorMap heads, so it
-        // must never run between a submit's lookups and its records.
+        // must never run between a submit's lookups and its records. Recycling whenever
+        // the scheduler handed slots over marks their entries dead before the lookup
+        // meets them, which spares it a read of each consumed producer's slot (a line the
+        // scheduler's core last wrote).
         if self.free.is_empty() {
             self.recycle();
         }

@@ -44,8 +44,9 @@
 //! the list walks it instead. A compaction that leaves at most [`UNINDEX_AT`] nodes drops
 //! the index.
 
-use crate::access::{Access, BufferKey, FxHashMap};
+use crate::access::{Access, BufferKey, FxHashMap, KeyMap, LocalKey};
 use crate::footprint::{Footprint, Lattice, Overlap};
+use crate::free_list::FreeList;
 use crate::slot::TaskRef;
 use std::sync::Arc;
 
@@ -53,6 +54,8 @@ const NIL: u32 = u32::MAX;
 
 /// Length at which a list whose walks mostly miss gets a span index.
 const INDEX_AT: u32 = 32;
+/// Listed idle heads per run between two sweeps when the list does not grow.
+const SWEEP_HEADS_PER_RUN: u64 = 64;
 /// Length at or below which compaction drops a list's span index.
 const UNINDEX_AT: u32 = 8;
 
@@ -220,7 +223,7 @@ fn prio(n: u32) -> u32 {
 
 #[derive(Debug, Default)]
 pub(crate) struct TensorMap {
-    map: FxHashMap<BufferKey, u32>,
+    map: KeyMap<u32>,
     heads: Vec<Head>,
     free_heads: Vec<u32>,
     nodes: Vec<Node>,
@@ -229,12 +232,15 @@ pub(crate) struct TensorMap {
     /// Span indexes of heads, and the free ones.
     indexes: Vec<Index>,
     free_indexes: Vec<u32>,
-    free_nodes: Vec<u32>,
+    free_nodes: FreeList,
     /// Heads carrying an allocator record, per run (cleared when the run is forgotten).
     owned_heads: FxHashMap<u64, Vec<u32>>,
     /// Heads that became empty. A buffer used run after run keeps its head; heads left
-    /// unused for two runs are freed by [`TensorMap::sweep`].
+    /// unused for two runs are freed by a later [`TensorMap::sweep`].
     idle: Vec<u32>,
+    /// `idle.len()` after the last sweep, and runs begun since.
+    idle_after_sweep: usize,
+    runs_since_sweep: u64,
     /// The next sequence number of a node entering an index.
     seq: u64,
     /// Scratch of indexed lookups: `(seq, node)` candidates, the traversal stack, and
@@ -251,7 +257,7 @@ pub(crate) struct TensorMap {
 impl TensorMap {
     /// The head of `key` as looked up by `run`, created if `create`.
     pub(crate) fn head(&mut self, key: BufferKey, run: u64, create: bool) -> Option<u32> {
-        if let Some(&h) = self.map.get(&key) {
+        if let Some(&h) = self.map.get(&LocalKey(key)) {
             let head = &mut self.heads[h as usize];
             // Write only on change: most lookups leave the line clean.
             if head.last_run != run {
@@ -288,7 +294,7 @@ impl TensorMap {
                 (self.heads.len() - 1) as u32
             }
         };
-        self.map.insert(key, h);
+        self.map.insert(LocalKey(key), h);
         Some(h)
     }
 
@@ -1166,10 +1172,23 @@ impl TensorMap {
 
     /// Frees heads that are empty and were not looked up by the current or the previous
     /// run; call it when a run begins.
+    ///
+    /// A pass visits every listed head, and a workload that uses the same many buffers run
+    /// after run keeps them all listed, so passes are spaced out: one runs when the list
+    /// has doubled since the last pass (new buffers keep coming) or after one run per
+    /// [`SWEEP_HEADS_PER_RUN`] listed heads (so an unused head is freed eventually); either
+    /// way a run pays for a bounded number of visits.
     pub(crate) fn sweep(&mut self, current_run: u64) {
-        if self.idle.len() < 1024 {
+        self.free_nodes.tidy();
+        self.runs_since_sweep += 1;
+        let n = self.idle.len();
+        if n < 1024
+            || (n < 2 * self.idle_after_sweep
+                && self.runs_since_sweep * SWEEP_HEADS_PER_RUN < n as u64)
+        {
             return;
         }
+        self.runs_since_sweep = 0;
         let mut idle = std::mem::take(&mut self.idle);
         idle.retain(|&head| {
             let h = &mut self.heads[head as usize];
@@ -1183,10 +1202,11 @@ impl TensorMap {
             h.idle = false;
             h.listed = false;
             h.in_use = false;
-            self.map.remove(&h.key);
+            self.map.remove(&LocalKey(h.key));
             self.free_heads.push(head);
             false
         });
+        self.idle_after_sweep = idle.len();
         self.idle = idle;
     }
 
@@ -1265,7 +1285,7 @@ impl TensorMap {
         key: &BufferKey,
         live: &impl Fn(&TaskRef) -> bool,
     ) -> Vec<TaskRef> {
-        match self.map.get(key) {
+        match self.map.get(&LocalKey(*key)) {
             Some(&h) => self.list_tasks(self.heads[h as usize].writers, Some(run), live),
             None => vec![],
         }
@@ -1279,7 +1299,7 @@ impl TensorMap {
         key: &BufferKey,
         live: &impl Fn(&TaskRef) -> bool,
     ) -> Vec<TaskRef> {
-        match self.map.get(key) {
+        match self.map.get(&LocalKey(*key)) {
             Some(&h) => self.list_tasks(self.heads[h as usize].readers, Some(run), live),
             None => vec![],
         }
@@ -1306,7 +1326,7 @@ impl TensorMap {
     /// Whether the writer and the reader list of `key` have a span index (tests).
     #[cfg(test)]
     pub(crate) fn indexed(&self, key: &BufferKey) -> (bool, bool) {
-        self.map.get(key).map_or((false, false), |&h| {
+        self.map.get(&LocalKey(*key)).map_or((false, false), |&h| {
             (self.is_indexed(h, WRITERS), self.is_indexed(h, READERS))
         })
     }
@@ -1315,7 +1335,7 @@ impl TensorMap {
     #[cfg(test)]
     pub(crate) fn reader_list_len(&self, key: &BufferKey) -> usize {
         self.map
-            .get(key)
+            .get(&LocalKey(*key))
             .map_or(0, |&h| self.heads[h as usize].readers.len as usize)
     }
 }
@@ -1504,7 +1524,14 @@ mod tests {
             2001,
             "used by the previous run: kept"
         );
-        f.m.borrow_mut().sweep(RUN1 + 2);
+        // The list did not grow since that pass, so the next one comes after one run per
+        // SWEEP_HEADS_PER_RUN listed heads.
+        let wait = 2001u64.div_ceil(SWEEP_HEADS_PER_RUN);
+        for run in RUN1 + 2..RUN1 + 1 + wait {
+            f.m.borrow_mut().sweep(run);
+            assert_eq!(f.m.borrow().key_count(), 2001, "run {run}: no pass yet");
+        }
+        f.m.borrow_mut().sweep(RUN1 + 1 + wait);
         assert_eq!(f.m.borrow().key_count(), 0, "unused for two runs: freed");
         assert_eq!(f.m.borrow().idle_listed(), 0);
     }
