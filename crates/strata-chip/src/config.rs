@@ -147,7 +147,59 @@ pub struct ChipConfig {
     /// spans when asked). Also enabled by the environment variable `STRATA_STRACE=1`, read
     /// when the chip is initialised.
     pub print_strace: bool,
+    /// Which thread runs a chip orchestration: the chip's own orchestrator thread, or the
+    /// thread that calls `run`. See [`OrchestratorPlacement`]; the default (`Auto`) is the
+    /// orchestrator thread, except in a chip process of the level-3 engine.
+    pub orchestrator: OrchestratorPlacement,
 }
+
+/// Which thread runs a chip orchestration (`ChipConfig::orchestrator`).
+///
+/// ```
+/// use strata_chip::{ChipConfig, OrchestratorPlacement};
+/// let c = ChipConfig::default();
+/// assert_eq!(c.orchestrator, OrchestratorPlacement::Auto);
+/// assert_eq!(c.orchestrator.resolve(false), OrchestratorPlacement::Thread);
+/// assert_eq!(c.orchestrator.resolve(true), OrchestratorPlacement::Caller);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OrchestratorPlacement {
+    /// `Thread` for a chip in the caller's process; `Caller` for a chip that a parent
+    /// hosts in a process of its own and watches (the level-3 engine's chip children in
+    /// `Process` mode resolve it so).
+    #[default]
+    Auto,
+    /// The chip's own orchestrator thread (the AICPU orchestrator of the reference): `run`
+    /// posts the request and waits for the reply. An orchestration that stops making
+    /// progress fails its run with SCHEDULER_TIMEOUT and leaves the chip unusable, but
+    /// `run` returns.
+    Thread,
+    /// The thread that calls `run`: no hand-off between threads, which saves about a
+    /// context switch per run where cores are few (a one-task run round trip through the
+    /// level-3 engine drops from ~4.8 µs to ~2 µs on the development machine). A stuck
+    /// orchestration cannot be abandoned by the thread that runs it, so a watchdog thread
+    /// ends the **process** — a line on stderr, then
+    /// `_exit(`[`EXIT_ORCHESTRATION_STALLED`]`)` — once a run made no progress for its
+    /// budget (twice the longest of the kernel, tensor-wait and ring-wait timeouts, plus
+    /// a second). Use it only in a process whose parent watches it.
+    Caller,
+}
+
+impl OrchestratorPlacement {
+    /// The placement `Auto` stands for: `Caller` in a process hosted and watched by a
+    /// parent (`hosted`), `Thread` otherwise. `Thread` and `Caller` stay as they are.
+    pub fn resolve(self, hosted: bool) -> OrchestratorPlacement {
+        match self {
+            OrchestratorPlacement::Auto if hosted => OrchestratorPlacement::Caller,
+            OrchestratorPlacement::Auto => OrchestratorPlacement::Thread,
+            explicit => explicit,
+        }
+    }
+}
+
+/// The exit status of a process whose chip orchestration stalled under
+/// [`OrchestratorPlacement::Caller`] (`EX_SOFTWARE`).
+pub const EXIT_ORCHESTRATION_STALLED: i32 = 70;
 
 impl Default for ChipConfig {
     fn default() -> Self {
@@ -162,6 +214,7 @@ impl Default for ChipConfig {
             idle_spin: Duration::from_micros(50),
             chip_id: 0,
             print_strace: false,
+            orchestrator: OrchestratorPlacement::Auto,
         }
     }
 }

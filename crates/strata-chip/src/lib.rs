@@ -39,6 +39,7 @@ mod memory;
 mod orch;
 mod registry;
 mod sched;
+mod stall;
 mod strace;
 mod swimlane;
 mod sync;
@@ -51,8 +52,9 @@ pub mod workloads;
 mod loom_tests;
 
 pub use config::{
-    ChipConfig, CoreType, RingSizing, DEFAULT_RING_HEAP_BYTES, MAX_AIC_CORES, MAX_AIV_CORES,
-    REFERENCE_DEP_POOL, REFERENCE_RING_HEAP_BYTES, REFERENCE_TASK_WINDOW,
+    ChipConfig, CoreType, OrchestratorPlacement, RingSizing, DEFAULT_RING_HEAP_BYTES,
+    EXIT_ORCHESTRATION_STALLED, MAX_AIC_CORES, MAX_AIV_CORES, REFERENCE_DEP_POOL,
+    REFERENCE_RING_HEAP_BYTES, REFERENCE_TASK_WINDOW,
 };
 pub use device::{SharedTensor, TensorMut, TensorRef};
 pub use error::{codes, ChipError};

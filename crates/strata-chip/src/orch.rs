@@ -929,7 +929,7 @@ impl ChipOrch {
 
     // ----- the orchestrator thread -------------------------------------------------------
 
-    fn run_request(&mut self, req: &OrchRequest) -> OrchReply {
+    pub(crate) fn run_request(&mut self, req: &OrchRequest) -> OrchReply {
         let t_thread_start = crate::strace::mono_ns();
         let mut reply = OrchReply {
             fatal: None,
@@ -1054,6 +1054,11 @@ impl ChipOrch {
                 OrchMsg::Exit => break,
             }
         }
+        self.shutdown();
+    }
+
+    /// Ends the orchestrator's side of the graph (the chip is closing).
+    pub(crate) fn shutdown(self) {
         self.graph.shutdown();
     }
 }

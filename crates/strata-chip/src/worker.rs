@@ -1,7 +1,7 @@
 //! [`ChipWorker`]: the L2 chip — lifecycle, device memory, callable registration, runs.
 
 use crate::aicore::{core_main, CoreEnv};
-use crate::config::{ChipConfig, CoreType, RingSizing};
+use crate::config::{ChipConfig, CoreType, OrchestratorPlacement, RingSizing};
 use crate::device::{as_bytes, as_bytes_mut};
 use crate::error::{codes, ChipError};
 use crate::kernel::{KernelCtx, KernelError};
@@ -10,6 +10,7 @@ use crate::memory::{DeviceMemory, DevicePtr, DeviceTensor};
 use crate::orch::{wait_reply, ChipArgs, ChipOrch, OrchLink, OrchMsg, OrchReply, OrchRequest};
 use crate::registry::{KernelHandle, OrchHandle, Registry};
 use crate::sched::{RunCtl, Sched, SchedMsg, SchedReport, SchedShared, Topology};
+use crate::stall::Watchdog;
 use crate::strace::{mono_ns, next_invocation, strace_text, thread_id, RunTiming, Span};
 use crate::swimlane::Swimlane;
 use crate::task::RunEnv;
@@ -267,6 +268,9 @@ struct Live {
     links: Vec<Arc<CoreLink>>,
     orch_link: Arc<OrchLink>,
     orch_thread: Option<JoinHandle<()>>,
+    /// Under [`OrchestratorPlacement::Caller`]: the orchestrator `run` drives on its own
+    /// thread, and the watchdog that ends the process if an orchestration stalls.
+    inline: Option<(Box<ChipOrch>, Watchdog)>,
     sched_thread: Option<JoinHandle<()>>,
     core_threads: Vec<Option<JoinHandle<()>>>,
     heartbeat: Arc<AtomicU64>,
@@ -554,12 +558,22 @@ impl ChipWorker {
             heartbeat.clone(),
         );
         let orch_link = Arc::new(OrchLink::default());
-        let link = orch_link.clone();
-        let idle_spin = cfg.idle_spin;
-        let orch_thread = std::thread::Builder::new()
-            .name(format!("chip{}-orch", cfg.chip_id))
-            .spawn(move || orch.main(link, idle_spin))
-            .map_err(|e| spawn_err("the orchestrator".into(), e))?;
+        let (orch_thread, inline) = match cfg.orchestrator.resolve(false) {
+            OrchestratorPlacement::Thread | OrchestratorPlacement::Auto => {
+                let link = orch_link.clone();
+                let idle_spin = cfg.idle_spin;
+                let t = std::thread::Builder::new()
+                    .name(format!("chip{}-orch", cfg.chip_id))
+                    .spawn(move || orch.main(link, idle_spin))
+                    .map_err(|e| spawn_err("the orchestrator".into(), e))?;
+                (Some(t), None)
+            }
+            OrchestratorPlacement::Caller => {
+                let dog = Watchdog::spawn(cfg.chip_id, heartbeat.clone(), shared.clone())
+                    .map_err(|e| spawn_err("the stall watchdog".into(), e))?;
+                (None, Some((Box::new(orch), dog)))
+            }
+        };
         let print_strace =
             cfg.print_strace || std::env::var("STRATA_STRACE").is_ok_and(|v| v == "1");
         self.live = Some(Live {
@@ -567,7 +581,8 @@ impl ChipWorker {
             shared,
             links,
             orch_link,
-            orch_thread: Some(orch_thread),
+            orch_thread,
+            inline,
             sched_thread: Some(sched_thread),
             core_threads,
             heartbeat,
@@ -1117,29 +1132,38 @@ impl ChipWorker {
                 env: live.env.clone(),
             },
         };
-        let orch_thread = live.orch_thread.as_ref();
-        let orch_alive = || orch_thread.is_some_and(|h| !h.is_finished());
-        if !orch_alive() {
-            self.unusable = Some("the orchestrator thread is gone".into());
-            return Err(ChipError::Unusable(
-                "the orchestrator thread is gone".into(),
-            ));
-        }
-        live.orch_link.request.post(OrchMsg::Run(req));
         let budget = 2 * timeout
             .max(self.config.tensor_wait_timeout)
             .max(self.config.ring_wait_timeout)
             + Duration::from_secs(1);
-        let reply = wait_reply(
-            &live.orch_link,
-            &live.heartbeat,
-            &live.shared,
-            self.config.idle_spin,
-            budget,
-            orch_alive,
-        );
+        let reply = if let Some((orch, dog)) = live.inline.as_mut() {
+            // The scheduler wakes whoever orchestrates (ring and tensor waits park).
+            live.shared.orch_bell.register_current();
+            dog.watch.begin(run_seq, budget);
+            let reply = orch.run_request(&req);
+            dog.watch.end();
+            Some(reply)
+        } else {
+            let orch_thread = live.orch_thread.as_ref();
+            let orch_alive = || orch_thread.is_some_and(|h| !h.is_finished());
+            if !orch_alive() {
+                self.unusable = Some("the orchestrator thread is gone".into());
+                return Err(ChipError::Unusable(
+                    "the orchestrator thread is gone".into(),
+                ));
+            }
+            live.orch_link.request.post(OrchMsg::Run(req));
+            wait_reply(
+                &live.orch_link,
+                &live.heartbeat,
+                &live.shared,
+                self.config.idle_spin,
+                budget,
+                orch_alive,
+            )
+        };
         let Some(reply) = reply else {
-            if live.orch_thread.as_ref().is_none_or(|h| h.is_finished()) {
+            if live.inline.is_none() && live.orch_thread.as_ref().is_none_or(|h| h.is_finished()) {
                 let msg = "the orchestrator thread is gone".to_owned();
                 self.unusable = Some(msg.clone());
                 return Err(ChipError::Unusable(msg));
@@ -1295,6 +1319,10 @@ impl ChipWorker {
         let Some(mut live) = self.live.take() else {
             return Ok(());
         };
+        if let Some((orch, mut dog)) = live.inline.take() {
+            dog.stop();
+            orch.shutdown();
+        }
         live.orch_link.request.post(OrchMsg::Exit);
         if let Some(h) = live.orch_thread.take() {
             if self.unusable.is_some() && !h.is_finished() {

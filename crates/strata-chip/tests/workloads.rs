@@ -115,3 +115,36 @@ fn negative_suite_reports_reference_codes_and_chip_stays_usable() {
     let dep = &cases[3].got;
     assert!(dep.contains("dep_pool = 4"), "{dep}");
 }
+
+/// Every workload and the negative suite again, with each orchestration run on the thread
+/// that calls `run` (`OrchestratorPlacement::Caller`) instead of the orchestrator thread:
+/// the same goldens and the same codes.
+#[test]
+fn every_workload_with_the_orchestration_on_the_callers_thread() {
+    use strata_chip::OrchestratorPlacement::Caller;
+    let caller = |c: ChipConfig| ChipConfig {
+        orchestrator: Caller,
+        device_memory_bytes: 1 << 30,
+        ..c
+    };
+    let r = e1_vector_add(caller(small())).unwrap();
+    assert_eq!((r.runs, r.tasks), (1, 1));
+    assert_eq!(e1b_ring_configs_run(caller(small())).unwrap().runs, 4);
+    e1c_malloc(caller(small())).unwrap();
+    assert_eq!(e2_vector_example(caller(small())).unwrap().tasks, 5);
+    assert_eq!(
+        e4_mixed_example(caller(ChipConfig::clusters(2)))
+            .unwrap()
+            .tasks,
+        20
+    );
+    e5_spmd_basic(caller(small())).unwrap();
+    assert_eq!(e6_dummy_task(caller(small())).unwrap().runs, 4);
+    e7_scalar_data(caller(small())).unwrap();
+    let r = batched_matmul(caller(ChipConfig::clusters(2)), 3, 128, 32).unwrap();
+    assert_eq!(r.tasks, 3 * 4 * 4 * 4 * 2);
+    spmd_blocks(caller(small()), 37).unwrap();
+    let cases = negative_suite(caller(small())).unwrap();
+    let codes: Vec<i32> = cases.iter().map(|c| c.want).collect();
+    assert_eq!(codes, vec![1, 2, 3, 4, 5, 7, 8, 9, 100, 110]);
+}

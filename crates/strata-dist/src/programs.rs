@@ -37,14 +37,23 @@ impl ChipChild {
     }
 }
 
+/// How a chip child's label starts.
+pub(crate) const CHIP_LABEL: &str = "chip_process";
+
 impl ChildProgram for ChipChild {
     fn label(&self) -> String {
-        format!("chip_process dev={}", self.index)
+        format!("{CHIP_LABEL} dev={}", self.index)
     }
 
     fn start(self: Box<Self>, env: &ChildEnv) -> Result<Box<dyn Handler + Send>, String> {
         let mut config = self.config;
         config.chip_id = self.index as u32;
+        // A forked chip process is watched by this engine (it reports the process's end),
+        // so its orchestrations can run on the serving thread: one hand-off less per run.
+        // In Threads mode the chip shares the user's process, which a stall must not end.
+        config.orchestrator = config
+            .orchestrator
+            .resolve(env.mode == strata_host::ExecMode::Process);
         let mut chip =
             ChipWorker::with_registry(config, self.registry).map_err(|e| e.to_string())?;
         if let Some(rank) = self.rank {

@@ -443,6 +443,15 @@ impl SchedLoop {
                     self.poll_lanes();
                 }
                 let why = match e {
+                    HostError::ChildDied {
+                        ref label,
+                        ref exit,
+                        ..
+                    } if label.starts_with(crate::programs::CHIP_LABEL)
+                        && exit.code() == Some(strata_chip::EXIT_ORCHESTRATION_STALLED) =>
+                    {
+                        format!("{e}: its chip orchestration made no progress for the run's budget (SCHEDULER_TIMEOUT, orchestrator-starvation), so the chip process ended itself")
+                    }
                     HostError::ChildDied { .. } => format!("{e}"),
                     other => format!("liveness check failed: {other}"),
                 };

@@ -15,7 +15,7 @@ use strata_chip::{ChipConfig, CoreArgs, KernelError, OrchHandle};
 use strata_dist::*;
 use strata_host::SharedTensor;
 use strata_testkit::*;
-use strata_types::{ArgTag, DataType, TaskArgs, TensorArg};
+use strata_types::{ArgTag, CallConfig, DataType, TaskArgs, TensorArg};
 
 fn l3(chips: usize, subs: usize) -> DistConfig {
     DistConfig::l3(vec![ChipConfig::default(); chips], subs)
@@ -516,6 +516,56 @@ fn a_chip_child_killed_mid_kernel_fails_the_run_and_close_reaps_everything() -> 
     Ok(())
 }
 
+fn a_stalled_chip_orchestration_ends_its_process_and_fails_the_run_naming_it() -> Outcome {
+    // Forked chip children run their orchestrations on the serving thread
+    // (OrchestratorPlacement::Auto resolves to Caller); a stall ends the child.
+    let chip = ChipConfig {
+        tensor_wait_timeout: Duration::from_millis(50),
+        ring_wait_timeout: Duration::from_millis(50),
+        ..ChipConfig::default()
+    };
+    let mut w = DistWorker::new(DistConfig::l3(vec![chip; 2], 0)).ctx("new")?;
+    let spin = w
+        .register_chip_orchestration("spin", |_, _| loop {
+            std::thread::sleep(Duration::from_millis(5));
+        })
+        .ctx("chip orch")?;
+    let fine = w
+        .register_chip_orchestration("fine", |_, _| Ok(()))
+        .ctx("chip orch")?;
+    let orch = w.register_orchestration("stall", move |o, a| {
+        let target = a.scalar::<u64>(0).ok_or("scalar")? as usize;
+        o.submit_next_level(fine, &TaskArgs::new(), 1 - target)?;
+        o.submit_next_level(spin, &TaskArgs::new(), target)?;
+        Ok(())
+    });
+    w.init().ctx("init")?;
+    let cfg = CallConfig {
+        timeout_ms: 50,
+        ..CallConfig::default()
+    };
+    let t0 = Instant::now();
+    let err = w
+        .run_with(&orch, &args(&[], &[0]), &cfg)
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    println!(
+        "    stalled chip orchestration reported after {:.2?}",
+        t0.elapsed()
+    );
+    check!(
+        err.starts_with("worker 0: chip_process dev=0 (pid")
+            && err.contains("exit")
+            && err.contains("70")
+            && err.contains("made no progress"),
+        "the error names chip 0, its exit and why: {err:?}"
+    );
+    check!(w.unusable_reason().is_some(), "the worker is unusable");
+    w.close().ctx("close")?;
+    Ok(())
+}
+
 fn a_crashing_sub_child_is_reported() -> Outcome {
     let mut w = DistWorker::new(l3(0, 1)).ctx("new")?;
     let crash = w.register_sub("crash", |_| std::process::abort());
@@ -804,6 +854,10 @@ fn main() {
         (
             "a_chip_child_killed_mid_kernel_fails_the_run_and_close_reaps_everything",
             a_chip_child_killed_mid_kernel_fails_the_run_and_close_reaps_everything,
+        ),
+        (
+            "a_stalled_chip_orchestration_ends_its_process_and_fails_the_run_naming_it",
+            a_stalled_chip_orchestration_ends_its_process_and_fails_the_run_naming_it,
         ),
         (
             "a_crashing_sub_child_is_reported",
