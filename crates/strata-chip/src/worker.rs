@@ -288,7 +288,9 @@ struct Live {
 }
 
 /// One emulated chip (L2): device memory, registered kernels and chip orchestrations, an
-/// AICPU orchestrator thread, an AICPU scheduler thread and one thread per AICore.
+/// AICPU orchestrator thread (or the caller's thread, see
+/// [`OrchestratorPlacement`](crate::OrchestratorPlacement)), an AICPU scheduler thread and
+/// one thread per AICore.
 ///
 /// Lifecycle: [`ChipWorker::new`] → register callables → [`ChipWorker::init`] → any number
 /// of [`ChipWorker::run`]s → [`ChipWorker::close`] (also on drop).
@@ -1035,7 +1037,9 @@ impl ChipWorker {
     ///
     /// Host tensors are staged into device memory (`IN`/`INOUT` copied in; `OUT`/`INOUT`
     /// copied back only if the run succeeded); device tensors are passed in place. The
-    /// orchestration runs on the orchestrator thread; its tasks run on the cores.
+    /// orchestration runs on the orchestrator thread (or, with
+    /// [`OrchestratorPlacement::Caller`](crate::OrchestratorPlacement::Caller), on the
+    /// calling thread); its tasks run on the cores.
     ///
     /// # Errors
     /// - [`ChipError::InvalidConfig`] for a bad `config` (with [`CallConfig::validate`]'s
