@@ -496,6 +496,10 @@ impl Sched {
         if f.remaining == 0 {
             let f = self.inflight[i].take().expect("checked above");
             self.complete_task(t, f.failure.map_or(Ok(()), Err));
+        } else {
+            // A finished block is progress too: a task of many blocks may run far longer
+            // than the stall budget of whoever waits for the run.
+            self.shared.progress.fetch_add(1, Ordering::Relaxed);
         }
     }
 

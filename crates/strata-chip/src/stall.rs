@@ -6,7 +6,7 @@
 //! returns). When the caller runs the orchestration itself nobody is left to give up, so
 //! this thread watches instead: while a run is in flight it samples the orchestration's
 //! heartbeat and the scheduler's progress every [`TICK`], and once neither moved for the
-//! run's budget it ends the process, the only way to stop a thread that does not return.
+//! run's budget (counted in ticks it saw) it ends the process, the only way to stop a thread that does not return.
 //! The parent that watches the process reports its end.
 
 use crate::config::EXIT_ORCHESTRATION_STALLED;
@@ -14,7 +14,7 @@ use crate::sched::SchedShared;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// How often the watchdog looks (a budget is at least a second).
 const TICK: Duration = Duration::from_millis(100);
@@ -30,16 +30,22 @@ pub(crate) struct StallWatch {
 }
 
 impl StallWatch {
-    /// A run starts on the caller's thread.
-    pub(crate) fn begin(&self, run: u64, budget: Duration) {
+    /// A run starts on the caller's thread; the watch ends when the guard drops (also if
+    /// the run unwinds).
+    pub(crate) fn begin(&self, run: u64, budget: Duration) -> Armed<'_> {
         self.budget_ms
             .store(budget.as_millis() as u64, Ordering::Relaxed);
         self.run.store(run, Ordering::Release);
+        Armed(self)
     }
+}
 
-    /// The run returned.
-    pub(crate) fn end(&self) {
-        self.run.store(0, Ordering::Release);
+/// A run being watched; dropping it ends the watch.
+pub(crate) struct Armed<'a>(&'a StallWatch);
+
+impl Drop for Armed<'_> {
+    fn drop(&mut self) {
+        self.0.run.store(0, Ordering::Release);
     }
 }
 
@@ -83,13 +89,16 @@ impl Drop for Watchdog {
 }
 
 fn watch_main(chip_id: u32, watch: &StallWatch, heartbeat: &AtomicU64, shared: &SchedShared) {
-    // (run, heartbeat, scheduler progress) when last seen moving, and since when.
-    let mut last: Option<((u64, u64, u64), Instant)> = None;
+    // (run, heartbeat, scheduler progress) as last seen, and for how many ticks in a row
+    // it stayed so. Ticks, not wall time: a watchdog that was not scheduled (a stopped or
+    // starved process) saw nothing, so that time does not count against the run.
+    let mut last = (0, 0, 0);
+    let mut still = 0u64;
     while !watch.stop.load(Ordering::Acquire) {
         std::thread::park_timeout(TICK);
         let run = watch.run.load(Ordering::Acquire);
         if run == 0 {
-            last = None;
+            still = 0;
             continue;
         }
         let now = (
@@ -97,14 +106,15 @@ fn watch_main(chip_id: u32, watch: &StallWatch, heartbeat: &AtomicU64, shared: &
             heartbeat.load(Ordering::Relaxed),
             shared.progress.load(Ordering::Relaxed) + shared.completed.load(Ordering::Relaxed),
         );
-        match last {
-            Some((seen, since)) if seen == now => {
-                let budget = Duration::from_millis(watch.budget_ms.load(Ordering::Relaxed));
-                if since.elapsed() >= budget && watch.run.load(Ordering::Acquire) == run {
-                    stalled(chip_id, budget);
-                }
-            }
-            _ => last = Some((now, Instant::now())),
+        if now != last {
+            last = now;
+            still = 0;
+            continue;
+        }
+        still += 1;
+        let budget = Duration::from_millis(watch.budget_ms.load(Ordering::Relaxed));
+        if TICK * still as u32 >= budget && watch.run.load(Ordering::Acquire) == run {
+            stalled(chip_id, budget);
         }
     }
 }

@@ -519,7 +519,7 @@ impl ChipWorker {
         let spawn_err = |what: String, e: std::io::Error| {
             ChipError::Unusable(format!("could not start {what}: {e}"))
         };
-        let mut core_threads = Vec::with_capacity(n);
+        let mut core_threads: Vec<Option<JoinHandle<()>>> = Vec::with_capacity(n);
         for (i, link) in links.iter().enumerate() {
             let ty = topo.types[i];
             let env = CoreEnv {
@@ -531,11 +531,16 @@ impl ChipWorker {
                 idle_spin: cfg.idle_spin,
             };
             let name = format!("chip{}-{}{}", cfg.chip_id, ty.name().to_lowercase(), i);
-            let h = std::thread::Builder::new()
+            match std::thread::Builder::new()
                 .name(name.clone())
                 .spawn(move || core_main(env))
-                .map_err(|e| spawn_err(name, e))?;
-            core_threads.push(Some(h));
+            {
+                Ok(h) => core_threads.push(Some(h)),
+                Err(e) => {
+                    stop_started(&links, core_threads, None);
+                    return Err(spawn_err(name, e));
+                }
+            }
         }
         let sched = Sched::new(
             g_sched,
@@ -545,10 +550,16 @@ impl ChipWorker {
             cfg.idle_spin,
             cfg.kernel_timeout,
         );
-        let sched_thread = std::thread::Builder::new()
+        let sched_thread = match std::thread::Builder::new()
             .name(format!("chip{}-sched", cfg.chip_id))
             .spawn(move || sched.main())
-            .map_err(|e| spawn_err("the scheduler".into(), e))?;
+        {
+            Ok(h) => h,
+            Err(e) => {
+                stop_started(&links, core_threads, None);
+                return Err(spawn_err("the scheduler".into(), e));
+            }
+        };
         let heartbeat = Arc::new(AtomicU64::new(0));
         let orch = ChipOrch::new(
             g_orch,
@@ -560,20 +571,27 @@ impl ChipWorker {
             heartbeat.clone(),
         );
         let orch_link = Arc::new(OrchLink::default());
-        let (orch_thread, inline) = match cfg.orchestrator.resolve(false) {
+        let started = match cfg.orchestrator.resolve(false) {
             OrchestratorPlacement::Thread | OrchestratorPlacement::Auto => {
                 let link = orch_link.clone();
                 let idle_spin = cfg.idle_spin;
-                let t = std::thread::Builder::new()
+                std::thread::Builder::new()
                     .name(format!("chip{}-orch", cfg.chip_id))
                     .spawn(move || orch.main(link, idle_spin))
-                    .map_err(|e| spawn_err("the orchestrator".into(), e))?;
-                (Some(t), None)
+                    .map(|t| (Some(t), None))
+                    .map_err(|e| spawn_err("the orchestrator".into(), e))
             }
             OrchestratorPlacement::Caller => {
-                let dog = Watchdog::spawn(cfg.chip_id, heartbeat.clone(), shared.clone())
-                    .map_err(|e| spawn_err("the stall watchdog".into(), e))?;
-                (None, Some((Box::new(orch), dog)))
+                Watchdog::spawn(cfg.chip_id, heartbeat.clone(), shared.clone())
+                    .map(|dog| (None, Some((Box::new(orch), dog))))
+                    .map_err(|e| spawn_err("the stall watchdog".into(), e))
+            }
+        };
+        let (orch_thread, inline) = match started {
+            Ok(o) => o,
+            Err(e) => {
+                stop_started(&links, core_threads, Some((&shared, sched_thread)));
+                return Err(e);
             }
         };
         let print_strace =
@@ -1143,10 +1161,8 @@ impl ChipWorker {
         let reply = if let Some((orch, dog)) = live.inline.as_mut() {
             // The scheduler wakes whoever orchestrates (ring and tensor waits park).
             live.shared.orch_bell.register_current();
-            dog.watch.begin(run_seq, budget);
-            let reply = orch.run_request(&req);
-            dog.watch.end();
-            Some(reply)
+            let _watched = dog.watch.begin(run_seq, budget);
+            Some(orch.run_request(&req))
         } else {
             let orch_thread = live.orch_thread.as_ref();
             let orch_alive = || orch_thread.is_some_and(|h| !h.is_finished());
@@ -1360,6 +1376,26 @@ impl ChipWorker {
         }
         drop(live.links);
         Ok(())
+    }
+}
+
+/// Stops and joins the threads `init` started before one of them failed to start: the
+/// scheduler (which tells the cores to exit), then every core.
+fn stop_started(
+    links: &[Arc<CoreLink>],
+    cores: Vec<Option<JoinHandle<()>>>,
+    sched: Option<(&SchedShared, JoinHandle<()>)>,
+) {
+    if let Some((shared, h)) = sched {
+        shared.send(SchedMsg::Exit);
+        let _ = h.join();
+    }
+    for l in links {
+        let _ = l.dispatch.push(crate::link::CoreMsg::Exit);
+        l.bell.unpark();
+    }
+    for h in cores.into_iter().flatten() {
+        let _ = h.join();
     }
 }
 

@@ -929,3 +929,38 @@ fn a_chip_parks_after_back_to_back_runs() {
     );
     chip.close().unwrap();
 }
+
+/// A task of many blocks may run longer than the stall budget of the run (twice the
+/// longest timeout plus a second) while every block stays within the kernel timeout:
+/// finished blocks count as progress, so the run succeeds instead of being declared stuck.
+#[test]
+fn a_many_block_task_longer_than_the_stall_budget_is_not_a_stall() {
+    let small = ChipConfig {
+        kernel_timeout: Duration::from_millis(100),
+        tensor_wait_timeout: Duration::from_millis(100),
+        ring_wait_timeout: Duration::from_millis(100),
+        ..cfg()
+    };
+    let mut chip = ChipWorker::new(small).unwrap();
+    let blocks = Arc::new(AtomicUsize::new(0));
+    let b = blocks.clone();
+    let k = chip
+        .register_kernel_fn("slow_block", move |_| {
+            std::thread::sleep(Duration::from_millis(40));
+            b.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        })
+        .unwrap();
+    let orch = chip
+        .register_orchestration_fn("many_blocks", move |o, _| {
+            // 96 blocks × 40 ms on 2 AIV cores ≈ 1.9 s > the 1.2 s budget.
+            o.submit_aiv(k, CoreArgs::new().block_num(96))?;
+            Ok(())
+        })
+        .unwrap();
+    chip.init().unwrap();
+    chip.run(&orch, &mut RunArgs::new(), &CallConfig::default())
+        .unwrap();
+    assert_eq!(blocks.load(Ordering::SeqCst), 96);
+    chip.close().unwrap();
+}

@@ -50,10 +50,12 @@ impl ChildProgram for ChipChild {
         config.chip_id = self.index as u32;
         // A forked chip process is watched by this engine (it reports the process's end),
         // so its orchestrations can run on the serving thread: one hand-off less per run.
-        // In Threads mode the chip shares the user's process, which a stall must not end.
-        config.orchestrator = config
-            .orchestrator
-            .resolve(env.mode == strata_host::ExecMode::Process);
+        // In Threads mode the chip shares the user's process, which a stall must not end:
+        // it keeps its orchestrator thread whatever the configuration says.
+        config.orchestrator = match env.mode {
+            strata_host::ExecMode::Process => config.orchestrator.resolve(true),
+            strata_host::ExecMode::Threads => strata_chip::OrchestratorPlacement::Thread,
+        };
         let mut chip =
             ChipWorker::with_registry(config, self.registry).map_err(|e| e.to_string())?;
         if let Some(rank) = self.rank {

@@ -121,16 +121,20 @@ impl Hasher for FxHasher {
 pub(crate) type FxBuild = BuildHasherDefault<FxHasher>;
 pub(crate) type FxHashMap<K, V> = std::collections::HashMap<K, V, FxBuild>;
 
-/// A [`BufferKey`] hashed for locality: buffers minted one after another by one owner
-/// land in neighbouring buckets of a [`KeyMap`], so a run that walks many buffers in
-/// minting order (tiles of a wavefront, intermediates) walks the table instead of
-/// missing the cache on every lookup. The low 57 bits are the buffer id offset by a mix
-/// of the other fields (the bucket), the top 7 bits a mix of the buffer id (the tag
-/// hashbrown compares sixteen buckets at a time with).
+/// A [`BufferKey`] hashed for locality: each aligned block of [`LOCAL_RUN`] buffers
+/// minted one after another by one owner lands in neighbouring buckets of a [`KeyMap`],
+/// so a run that walks many buffers in minting order (tiles of a wavefront,
+/// intermediates) misses the cache once per block instead of on every lookup. The blocks
+/// themselves are scattered (a mix of the block number and the other fields), so the
+/// keys of many owners, generations or key spaces do not pile up into long runs of
+/// occupied buckets; the top 7 bits (the tag hashbrown compares sixteen buckets at a time
+/// with) mix the whole key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct LocalKey(pub(crate) BufferKey);
 
 const BUCKET_BITS: u64 = (1 << 57) - 1;
+/// Consecutive buffer ids that share a block of consecutive buckets.
+pub(crate) const LOCAL_RUN: u64 = 8;
 
 fn mix(v: u64) -> u64 {
     let mut x = v.wrapping_mul(FX_SEED);
@@ -146,8 +150,10 @@ impl std::hash::Hash for LocalKey {
             KeySpace::Device(w) => u64::from(w) + 1,
         };
         let base = mix(id.owner().0 ^ (u64::from(id.generation()) << 40) ^ (space << 20));
-        let bucket = id.buffer_id().wrapping_add(base) & BUCKET_BITS;
-        state.write_u64(bucket | (mix(id.buffer_id()) & !BUCKET_BITS));
+        let b = id.buffer_id();
+        let block = mix(base ^ (b / LOCAL_RUN)).wrapping_mul(LOCAL_RUN);
+        let bucket = (block | (b % LOCAL_RUN)) & BUCKET_BITS;
+        state.write_u64(bucket | (mix(base ^ b) & !BUCKET_BITS));
     }
 }
 
@@ -192,12 +198,14 @@ mod tests {
     }
 
     #[test]
-    fn consecutive_buffers_of_one_owner_take_consecutive_buckets() {
-        let h: Vec<u64> = (100..110)
-            .map(|id| hash(key(7, id, 1, KeySpace::Host)) & BUCKET_BITS)
-            .collect();
-        for w in h.windows(2) {
-            assert_eq!(w[1], (w[0] + 1) & BUCKET_BITS);
+    fn consecutive_buffers_of_one_owner_share_blocks_of_consecutive_buckets() {
+        for start in [96u64, 800] {
+            let h: Vec<u64> = (start..start + LOCAL_RUN)
+                .map(|id| hash(key(7, id, 1, KeySpace::Host)) & BUCKET_BITS)
+                .collect();
+            for w in h.windows(2) {
+                assert_eq!(w[1], w[0] + 1, "{h:?}");
+            }
         }
     }
 
@@ -216,5 +224,72 @@ mod tests {
             .map(|id| hash(key(7, id, 1, KeySpace::Host)) >> 57)
             .collect();
         assert!(tags.len() > 32, "tags of 64 neighbours: {}", tags.len());
+        // The same id in other spaces does not share its tag.
+        let same_id: std::collections::HashSet<u64> = (0..9)
+            .map(|s| {
+                let space = if s == 0 {
+                    KeySpace::Host
+                } else {
+                    KeySpace::Device(s - 1)
+                };
+                hash(key(7, 100, 1, space)) >> 57
+            })
+            .collect();
+        assert!(
+            same_id.len() >= 6,
+            "tags of one id in 9 spaces: {}",
+            same_id.len()
+        );
+    }
+
+    /// Many key spaces with the same ids (the host and 8 chips, ids from 0), at the highest
+    /// load a table reaches (7/8): a lookup compares about one key. Runs of consecutive
+    /// buckets per space would overlap and merge into long clusters, whose probe sequences
+    /// meet many false tag matches (each one a key comparison); same-id keys sharing a tag
+    /// would add more.
+    #[test]
+    fn many_key_spaces_keep_lookups_short() {
+        use std::cell::Cell;
+        use std::hash::Hash;
+        thread_local!(static EQS: Cell<u64> = const { Cell::new(0) });
+        #[derive(Clone, Copy)]
+        struct Counted(LocalKey);
+        impl PartialEq for Counted {
+            fn eq(&self, o: &Self) -> bool {
+                EQS.with(|c| c.set(c.get() + 1));
+                self.0 == o.0
+            }
+        }
+        impl Eq for Counted {}
+        impl Hash for Counted {
+            fn hash<H: Hasher>(&self, h: &mut H) {
+                self.0.hash(h)
+            }
+        }
+        // 14 328 keys: just under 7/8 of 16 384 buckets.
+        let keys: Vec<Counted> = (0..9u32)
+            .flat_map(|s| {
+                let space = if s == 0 {
+                    KeySpace::Host
+                } else {
+                    KeySpace::Device(s - 1)
+                };
+                (0..1592u64).map(move |id| Counted(LocalKey(key(7, id, 1, space))))
+            })
+            .collect();
+        let mut m: std::collections::HashMap<Counted, (), BuildHasherDefault<PreHashed>> =
+            std::collections::HashMap::with_capacity_and_hasher(keys.len(), Default::default());
+        for k in &keys {
+            m.insert(*k, ());
+        }
+        EQS.with(|c| c.set(0));
+        for k in &keys {
+            assert!(m.contains_key(k));
+        }
+        let per_lookup = EQS.with(Cell::get) as f64 / keys.len() as f64;
+        assert!(
+            per_lookup < 1.3,
+            "{per_lookup:.2} key comparisons per lookup (1 is ideal)"
+        );
     }
 }

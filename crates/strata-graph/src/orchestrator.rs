@@ -458,10 +458,7 @@ impl<P: Send + 'static> Orchestrator<P> {
         self.check_fail_fast(word)?;
         Self::validate(&spec)?;
         // Recycle before dependency lookup: recycling may free TensorMap heads, so it
-        // must never run between a submit's lookups and its records. Recycling whenever
-        // the scheduler handed slots over marks their entries dead before the lookup
-        // meets them, which spares it a read of each consumed producer's slot (a line the
-        // scheduler's core last wrote).
+        // must never run between a submit's lookups and its records.
         if self.free.is_empty() {
             self.recycle();
         }

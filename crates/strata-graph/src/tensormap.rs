@@ -180,8 +180,6 @@ struct Head {
     owned: Option<Owned>,
     /// The last run that looked this key up.
     last_run: u64,
-    /// Empty since its last lookup.
-    idle: bool,
     /// Present in `TensorMap::idle` (at most once).
     listed: bool,
     /// Its span indexes in `TensorMap::indexes` (`NIL`: none).
@@ -235,8 +233,9 @@ pub(crate) struct TensorMap {
     free_nodes: FreeList,
     /// Heads carrying an allocator record, per run (cleared when the run is forgotten).
     owned_heads: FxHashMap<u64, Vec<u32>>,
-    /// Heads that became empty. A buffer used run after run keeps its head; heads left
-    /// unused for two runs are freed by a later [`TensorMap::sweep`].
+    /// Heads that may be empty (they became empty, or were created). A buffer used run
+    /// after run keeps its head; empty heads left unused for two runs are freed by a later
+    /// [`TensorMap::sweep`].
     idle: Vec<u32>,
     /// `idle.len()` after the last sweep, and runs begun since.
     idle_after_sweep: usize,
@@ -263,9 +262,6 @@ impl TensorMap {
             if head.last_run != run {
                 head.last_run = run;
             }
-            if head.idle {
-                head.idle = false;
-            }
             return Some(h);
         }
         if !create {
@@ -280,8 +276,9 @@ impl TensorMap {
             compact_readers_at: 16,
             owned: None,
             last_run: run,
-            idle: false,
-            listed: false,
+            // Listed from the start: a lookup that records nothing (a wait for a buffer,
+            // a read-back) leaves the head empty, and only a sweep frees it.
+            listed: true,
             index: NIL,
         };
         let h = match self.free_heads.pop() {
@@ -295,6 +292,7 @@ impl TensorMap {
             }
         };
         self.map.insert(LocalKey(key), h);
+        self.idle.push(h);
         Some(h)
     }
 
@@ -1161,12 +1159,9 @@ impl TensorMap {
 
     fn note_if_idle(&mut self, head: u32) {
         let h = &mut self.heads[head as usize];
-        if Self::is_empty(h) {
-            h.idle = true;
-            if !h.listed {
-                h.listed = true;
-                self.idle.push(head);
-            }
+        if Self::is_empty(h) && !h.listed {
+            h.listed = true;
+            self.idle.push(head);
         }
     }
 
@@ -1192,14 +1187,14 @@ impl TensorMap {
         let mut idle = std::mem::take(&mut self.idle);
         idle.retain(|&head| {
             let h = &mut self.heads[head as usize];
-            if !h.idle || !Self::is_empty(h) {
+            if !Self::is_empty(h) {
+                // Listed again when it next becomes empty.
                 h.listed = false;
                 return false;
             }
             if h.last_run + 1 >= current_run {
                 return true;
             }
-            h.idle = false;
             h.listed = false;
             h.in_use = false;
             self.map.remove(&LocalKey(h.key));
@@ -1545,6 +1540,34 @@ mod tests {
             f.kill(run as u32);
         }
         assert_eq!(f.m.borrow().idle_listed(), 1);
+    }
+
+    #[test]
+    fn heads_whose_last_use_records_nothing_are_freed_too() {
+        let f = Fixture::new();
+        // Buffers written and emptied in one run, then only looked up in the next (a wait
+        // for their data, a read-back): the lookup records nothing.
+        let used: Vec<_> = (0..1500).map(|_| f.key()).collect();
+        for (i, k) in used.iter().enumerate() {
+            f.write(RUN1, *k, Footprint::WHOLE, i as u32);
+            f.kill(i as u32);
+        }
+        f.m.borrow_mut().sweep(RUN1 + 1);
+        for k in &used {
+            f.m.borrow_mut().head(*k, RUN1 + 1, false);
+        }
+        // Buffers only ever looked up: their heads are created empty.
+        for _ in 0..1500 {
+            let k = f.key();
+            f.m.borrow_mut().head(k, RUN1 + 1, true);
+        }
+        assert_eq!(f.m.borrow().key_count(), 3000);
+        let bound = 2 + 3000u64.div_ceil(SWEEP_HEADS_PER_RUN);
+        for run in RUN1 + 2..RUN1 + 2 + bound {
+            f.m.borrow_mut().sweep(run);
+        }
+        assert_eq!(f.m.borrow().key_count(), 0, "every unused empty head freed");
+        assert_eq!(f.m.borrow().idle_listed(), 0);
     }
 
     #[test]
