@@ -37,7 +37,7 @@ const BENCHES: &[Bench] = &[
         name: "chip",
         package: "strata-chip",
         target: "chip_throughput",
-        what: "empty-kernel tasks through one emulated chip (chain / fan / independent) and 1 MiB vector-add bandwidth vs single-core memcpy",
+        what: "empty-kernel tasks through one emulated chip (chain / fan / independent), 1 MiB vector-add bandwidth vs single-core memcpy, and the cost of a run of one kernel",
     },
     Bench {
         name: "comm",

@@ -2,7 +2,9 @@
 //! configuration: one cluster, 1 AIC + 2 AIV cores) for a chain, fan-out/fan-in rounds and
 //! independent tasks, and the bandwidth of a 1 MiB-per-task vector add next to this
 //! machine's single-core memcpy bandwidth measured in the same run (STREAM convention:
-//! bytes read + bytes written per second). The last line is a JSON object.
+//! bytes read + bytes written per second); and the fixed cost of a run that submits one
+//! empty kernel, back to back, with the orchestration on the chip's orchestrator thread
+//! and on the caller's thread (`OrchestratorPlacement`). The last line is a JSON object.
 
 use std::time::{Duration, Instant};
 use strata_chip::*;
@@ -16,6 +18,8 @@ const VADD_ELEMS: u64 = 1 << 18; // 1 MiB of f32 per operand
 const VADD_SETS: usize = 8;
 const VADD_TASKS: u64 = 512;
 const REPS: usize = 5;
+/// Runs of one kernel per timed batch.
+const ONE_KERNEL_RUNS: usize = 10_000;
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
@@ -26,7 +30,42 @@ fn min(v: &[f64]) -> f64 {
     v.iter().copied().fold(f64::INFINITY, f64::min)
 }
 
+/// µs per run (median of `REPS` batches after a warm-up) of an orchestration that submits
+/// one empty AIV kernel, on a fresh chip with the given placement.
+fn one_kernel_runs(placement: OrchestratorPlacement) -> Vec<f64> {
+    let mut chip = ChipWorker::new(ChipConfig {
+        orchestrator: placement,
+        ..ChipConfig::default()
+    })
+    .expect("chip");
+    let empty = chip
+        .register_kernel_fn("empty", |_| Ok(()))
+        .expect("kernel");
+    let one = chip
+        .register_orchestration_fn("one", move |o, _| {
+            o.submit_aiv(empty, &CoreArgs::new())?;
+            Ok(())
+        })
+        .expect("orch");
+    chip.init().expect("init");
+    let cfg = CallConfig::default();
+    let mut us = vec![];
+    for rep in 0..=REPS {
+        let t = Instant::now();
+        for _ in 0..ONE_KERNEL_RUNS {
+            chip.run(&one, &mut RunArgs::new(), &cfg).expect("run");
+        }
+        if rep > 0 {
+            us.push(t.elapsed().as_secs_f64() * 1e6 / ONE_KERNEL_RUNS as f64);
+        }
+    }
+    chip.close().expect("close");
+    us
+}
+
 fn main() {
+    let one_thread = one_kernel_runs(OrchestratorPlacement::Thread);
+    let one_caller = one_kernel_runs(OrchestratorPlacement::Caller);
     let mut chip = ChipWorker::new(ChipConfig::default()).expect("chip");
     let empty = chip
         .register_kernel_fn("empty", |_| Ok(()))
@@ -228,12 +267,26 @@ fn main() {
         "process CPU while idle for 500 ms", idle_ms
     );
     println!(
-        "{{\"empty_chain_us\":{:.4},\"empty_fan_us\":{:.4},\"empty_indep_us\":{:.4},\"vadd_gbps\":{:.3},\"memcpy_gbps\":{:.3},\"idle_cpu_ms\":{:.1}}}",
+        "{:<34} {:>8.3}us {:>8.3}us",
+        "run of 1 kernel, orchestrator thread",
+        median(one_thread.clone()),
+        min(&one_thread)
+    );
+    println!(
+        "{:<34} {:>8.3}us {:>8.3}us",
+        "run of 1 kernel, caller's thread",
+        median(one_caller.clone()),
+        min(&one_caller)
+    );
+    println!(
+        "{{\"empty_chain_us\":{:.4},\"empty_fan_us\":{:.4},\"empty_indep_us\":{:.4},\"vadd_gbps\":{:.3},\"memcpy_gbps\":{:.3},\"idle_cpu_ms\":{:.1},\"one_kernel_run_us\":{:.3},\"one_kernel_run_caller_us\":{:.3}}}",
         median(chain_us),
         median(fan_us),
         median(indep_us),
         median(vadd_gbps),
         median(memcpy_gbps),
-        idle_ms
+        idle_ms,
+        median(one_thread),
+        median(one_caller)
     );
 }

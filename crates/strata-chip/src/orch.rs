@@ -6,7 +6,7 @@ use crate::device::Arena;
 use crate::error::{codes, ChipError};
 use crate::link::{CpuHint, Slot};
 use crate::registry::{OrchestrationFn, Registry};
-use crate::sched::{RunCtl, SchedMsg, SchedShared, Topology};
+use crate::sched::{RunCtl, SchedCell, SchedMsg, SchedShared, Topology};
 use crate::task::{KTensor, Meta, Shape, TaskDesc};
 use crate::tensor::{ArgTensor, ChipTensor, CoreArgs, MixedKernels, TaskOutputs, TensorCreateInfo};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -142,6 +142,8 @@ pub struct ChipOrch {
     registry: Arc<Registry>,
     arena: Arc<Arena>,
     shared: Arc<SchedShared>,
+    /// The scheduler, which the orchestrator drives itself while it waits for a run.
+    sched: Arc<SchedCell>,
     topo: Topology,
     chip_id: u32,
     minter: IdentityMinter,
@@ -192,8 +194,10 @@ impl ChipOrch {
         chip_id: u32,
         tensor_wait: Duration,
         heartbeat: Arc<AtomicU64>,
+        sched: Arc<SchedCell>,
     ) -> Self {
         ChipOrch {
+            sched,
             graph,
             registry: Arc::new(Registry::new()),
             arena,
@@ -1024,10 +1028,23 @@ impl ChipOrch {
         reply.fatal = self.fatal.clone();
         reply.tasks = self.tasks;
         reply.sched_used = self.pending_begin.take().is_none();
-        reply.graph = match self.graph.wait_run(run, None) {
-            Ok(Some(r)) => r,
-            Ok(None) => Err(Failure::new(FailureKind::Fatal, "run did not finish")),
-            Err(e) => Err(Failure::new(FailureKind::Fatal, e.to_string())),
+        // Drive the scheduler while the run's last tasks finish (a short run completes
+        // between this thread and the cores alone), then block if it takes longer.
+        let graph = &self.graph;
+        let driven = if reply.sched_used {
+            self.sched
+                .drive(|| graph.wait_run(run, Some(Duration::ZERO)).transpose())
+        } else {
+            None
+        };
+        let outcome = match driven {
+            Some(o) => Some(o),
+            None => self.graph.wait_run(run, None).transpose(),
+        };
+        reply.graph = match outcome {
+            Some(Ok(r)) => r,
+            None => Err(Failure::new(FailureKind::Fatal, "run did not finish")),
+            Some(Err(e)) => Err(Failure::new(FailureKind::Fatal, e.to_string())),
         };
         let _ = self.graph.release_run(run);
         reply.t_done = crate::strace::mono_ns();

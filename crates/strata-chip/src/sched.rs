@@ -6,13 +6,13 @@
 use crate::aicore::Dispatch;
 use crate::config::CoreType;
 use crate::error::{codes, ChipError};
-use crate::link::{CoreLink, CoreMsg, Doorbell, Idle, Slot};
+use crate::link::{CoreLink, CoreMsg, Doorbell, Idle};
 use crate::swimlane::SwimRecord;
 use crate::sync::Ordering as SyncOrdering;
 use crate::task::{Meta, RunEnv, Shape, TaskDesc};
 use crossbeam_queue::ArrayQueue;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use strata_graph::{Failure, FailureKind, ReadyTask, Scheduler, TaskRef};
@@ -24,9 +24,6 @@ pub(crate) enum SchedMsg {
     /// A run starts. The orchestrator sends it just before the run's first task, so a run
     /// that gives the scheduler no task costs it nothing (no message, no wake-up).
     Begin(RunCtl),
-    /// The run finished: post the scheduler's part of the report, tagged with this run
-    /// number, to [`SchedShared::report`].
-    End(u64),
     /// Shut down (after sending EXIT to every core).
     Exit,
 }
@@ -73,8 +70,8 @@ pub(crate) struct SchedShared {
     pub(crate) orch_bell: Doorbell,
     /// Per core: taken out of service by a timeout.
     pub(crate) lost: Vec<AtomicBool>,
-    /// The scheduler's report of a run, answering [`SchedMsg::End`] (taken by the host).
-    pub(crate) report: Slot<SchedReport>,
+    /// Threads driving the scheduler loop themselves (the scheduler thread parks meanwhile).
+    pub(crate) drivers: AtomicUsize,
 }
 
 impl SchedShared {
@@ -89,7 +86,7 @@ impl SchedShared {
             orch_wake_at: AtomicU64::new(u64::MAX),
             orch_bell: Doorbell::default(),
             lost: (0..cores).map(|_| AtomicBool::new(false)).collect(),
-            report: Slot::default(),
+            drivers: AtomicUsize::new(0),
         }
     }
 
@@ -230,6 +227,145 @@ const RECYCLE_MAX: usize = 16384;
 /// How often (in busy loop iterations) the scheduler checks for stuck cores.
 const TIMEOUT_CHECK_EVERY: u32 = 4096;
 
+/// What one pass of the scheduler loop found.
+pub(crate) enum Step {
+    /// It did something: go on at once.
+    Busy,
+    /// Nothing to do: wait for completions or messages (`spin_only`: a task is about to be
+    /// armed, do not park), waking after `timeout` to check for stuck cores.
+    Idle {
+        timeout: Option<Duration>,
+        spin_only: bool,
+    },
+    /// The scheduler handled `Exit`.
+    Exit,
+}
+
+/// A driver that stepped this long without progress hands the loop back to the scheduler
+/// thread (a kernel is running: the CPU is better left to it).
+const DRIVE_SPIN: Duration = Duration::from_micros(50);
+/// How long the scheduler thread parks at a time while a caller drives.
+const DRIVEN_SLICE: Duration = Duration::from_millis(1);
+
+/// The scheduler, stepped by the scheduler thread — or, while a caller waits for its run,
+/// by that caller ("caller-runs", as the level-3 engine does): the waiting thread completes
+/// and dispatches the run's tasks itself and the scheduler thread parks, so a short run
+/// hands over between two threads (caller and core) instead of three or four, which
+/// matters on machines with no more cores than spinning threads.
+pub(crate) struct SchedCell {
+    sched: std::sync::Mutex<Sched>,
+    shared: Arc<SchedShared>,
+    thread: std::sync::OnceLock<std::thread::Thread>,
+}
+
+impl SchedCell {
+    pub(crate) fn new(sched: Sched) -> Arc<SchedCell> {
+        Arc::new(SchedCell {
+            shared: sched.shared.clone(),
+            sched: std::sync::Mutex::new(sched),
+            thread: std::sync::OnceLock::new(),
+        })
+    }
+
+    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, Sched> {
+        self.sched.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The scheduler thread's loop.
+    pub(crate) fn thread_main(&self) {
+        let _ = self.thread.set(std::thread::current());
+        let shared = &self.shared;
+        shared.bell.register_current();
+        // The scheduler spins (about 20 µs) but does not yield-spin: with kernels running it
+        // would take a CPU from them, and their pending slots hide its wake-up latency.
+        let mut idle = Idle::new(Duration::ZERO);
+        let mut iter: u32 = 0;
+        let mut watch: Vec<Arc<CoreLink>> = Vec::new();
+        loop {
+            if shared.drivers.load(Ordering::Acquire) > 0 {
+                std::thread::park_timeout(DRIVEN_SLICE);
+                idle.reset();
+                continue;
+            }
+            let mut s = self.lock();
+            match s.step(&mut iter) {
+                Step::Exit => return,
+                Step::Busy => idle.reset(),
+                Step::Idle {
+                    spin_only: true, ..
+                } => {
+                    drop(s);
+                    std::thread::yield_now();
+                }
+                Step::Idle { timeout, .. } => {
+                    watch.clear();
+                    watch.extend(s.busy.iter().map(|&c| s.links[c as usize].clone()));
+                    drop(s);
+                    idle.step(&shared.bell, timeout, || {
+                        !shared.incoming.is_empty()
+                            || shared.drivers.load(Ordering::Acquire) > 0
+                            || watch.iter().any(|l| !l.completions.is_empty())
+                    });
+                }
+            }
+        }
+    }
+
+    /// Drives the loop on the calling thread until `done()` returns a value, or until it
+    /// made no progress for [`DRIVE_SPIN`] (then `None`: the scheduler thread takes over
+    /// and the caller should block).
+    pub(crate) fn drive<R>(&self, mut done: impl FnMut() -> Option<R>) -> Option<R> {
+        self.shared.drivers.fetch_add(1, Ordering::AcqRel);
+        let _seat = Seat(self);
+        let mut iter: u32 = 0;
+        let mut quiet_since: Option<std::time::Instant> = None;
+        let mut polls: u32 = 0;
+        loop {
+            if let Some(r) = done() {
+                return Some(r);
+            }
+            // The scheduler thread may be finishing a pass; never wait for it.
+            let step = match self.sched.try_lock() {
+                Ok(mut s) => s.step(&mut iter),
+                Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner().step(&mut iter),
+                Err(std::sync::TryLockError::WouldBlock) => Step::Idle {
+                    timeout: None,
+                    spin_only: true,
+                },
+            };
+            match step {
+                Step::Busy => {
+                    quiet_since = None;
+                    polls = 0;
+                }
+                Step::Exit => return None,
+                Step::Idle { .. } => {
+                    polls += 1;
+                    if polls % 64 == 0 {
+                        let now = std::time::Instant::now();
+                        if now.duration_since(*quiet_since.get_or_insert(now)) >= DRIVE_SPIN {
+                            return None;
+                        }
+                    }
+                    std::hint::spin_loop();
+                }
+            }
+        }
+    }
+}
+
+/// Leaves the driver seat (also on unwind) and hands the loop back to the scheduler thread.
+struct Seat<'a>(&'a SchedCell);
+
+impl Drop for Seat<'_> {
+    fn drop(&mut self) {
+        self.0.shared.drivers.fetch_sub(1, Ordering::AcqRel);
+        if let Some(t) = self.0.thread.get() {
+            t.unpark();
+        }
+    }
+}
+
 pub(crate) struct Sched {
     graph: Scheduler<Arc<TaskDesc>>,
     shared: Arc<SchedShared>,
@@ -249,7 +385,8 @@ pub(crate) struct Sched {
     busy: Vec<u32>,
     ctl: RunCtl,
     report: SchedReport,
-    idle_spin: Duration,
+    /// `Exit` was handled: the loop is over.
+    exited: bool,
 }
 
 impl Sched {
@@ -258,7 +395,6 @@ impl Sched {
         shared: Arc<SchedShared>,
         links: Vec<Arc<CoreLink>>,
         topo: Topology,
-        idle_spin: Duration,
         timeout: Duration,
     ) -> Self {
         let n = links.len();
@@ -296,7 +432,7 @@ impl Sched {
                 )),
             },
             report: SchedReport::default(),
-            idle_spin,
+            exited: false,
         }
     }
 
@@ -304,73 +440,68 @@ impl Sched {
         crate::strace::mono_ns()
     }
 
-    /// The scheduler thread's loop.
-    pub(crate) fn main(mut self) {
-        self.shared.bell.register_current();
-        // The scheduler spins (about 20 µs) but does not yield-spin: with kernels running it
-        // would take a CPU from them, and their pending slots hide its wake-up latency.
-        let _ = self.idle_spin;
-        let mut idle = Idle::new(Duration::ZERO);
-        let mut iter: u32 = 0;
-        loop {
-            let mut did = self.poll_completions();
-            while let Some(m) = self.shared.incoming.pop() {
-                did = true;
-                match m {
-                    SchedMsg::Ready(t) => self.accept(t),
-                    SchedMsg::Begin(ctl) => {
-                        self.ctl = ctl;
-                        self.report = SchedReport::default();
-                    }
-                    SchedMsg::End(run) => {
-                        self.graph.flush();
-                        let mut r = std::mem::take(&mut self.report);
-                        r.run = run;
-                        self.shared.report.post(r);
-                    }
-                    SchedMsg::Exit => {
-                        self.shutdown();
-                        return;
-                    }
+    /// One pass of the scheduler loop: completions, messages, arming, dispatch, timeout
+    /// checks. Whoever holds the [`SchedCell`] runs it: the scheduler thread, or a caller
+    /// that waits for its run ([`SchedCell::drive`]).
+    pub(crate) fn step(&mut self, iter: &mut u32) -> Step {
+        if self.exited {
+            return Step::Exit;
+        }
+        let mut did = self.poll_completions();
+        while let Some(m) = self.shared.incoming.pop() {
+            did = true;
+            match m {
+                SchedMsg::Ready(t) => self.accept(t),
+                SchedMsg::Begin(ctl) => {
+                    self.ctl = ctl;
+                    self.report = SchedReport::default();
                 }
-            }
-            if !self.unarmed.is_empty() {
-                did |= self.check_unarmed();
-            }
-            did |= self.dispatch();
-            iter = iter.wrapping_add(if did { 1 } else { 64 });
-            if !self.busy.is_empty() && iter % TIMEOUT_CHECK_EVERY < 64 {
-                self.check_timeouts();
-            }
-            if self.graveyard.len() >= RECYCLE_BATCH {
-                self.recycle();
-            }
-            if did {
-                idle.reset();
-            } else {
-                self.recycle();
-                self.graph.flush();
-                // With kernels running, wake up to check for stuck cores; with tasks
-                // waiting to be armed, keep spinning (arming takes nanoseconds).
-                if !self.unarmed.is_empty() {
-                    std::thread::yield_now();
-                    continue;
+                SchedMsg::Exit => {
+                    self.shutdown();
+                    self.exited = true;
+                    return Step::Exit;
                 }
-                let timeout = (!self.busy.is_empty()).then(|| {
-                    (self.ctl.timeout / 8)
-                        .clamp(Duration::from_millis(1), Duration::from_millis(100))
-                });
-                let shared = &self.shared;
-                let links = &self.links;
-                let busy = &self.busy;
-                idle.step(&shared.bell, timeout, || {
-                    !shared.incoming.is_empty()
-                        || busy
-                            .iter()
-                            .any(|&c| !links[c as usize].completions.is_empty())
-                });
             }
         }
+        if !self.unarmed.is_empty() {
+            did |= self.check_unarmed();
+        }
+        did |= self.dispatch();
+        *iter = iter.wrapping_add(if did { 1 } else { 64 });
+        if !self.busy.is_empty() && *iter % TIMEOUT_CHECK_EVERY < 64 {
+            self.check_timeouts();
+        }
+        if self.graveyard.len() >= RECYCLE_BATCH {
+            self.recycle();
+        }
+        if did {
+            return Step::Busy;
+        }
+        self.recycle();
+        self.graph.flush();
+        // With tasks waiting to be armed, keep spinning (arming takes nanoseconds); with
+        // kernels running, wake up to check for stuck cores.
+        if !self.unarmed.is_empty() {
+            return Step::Idle {
+                timeout: None,
+                spin_only: true,
+            };
+        }
+        let timeout = (!self.busy.is_empty()).then(|| {
+            (self.ctl.timeout / 8).clamp(Duration::from_millis(1), Duration::from_millis(100))
+        });
+        Step::Idle {
+            timeout,
+            spin_only: false,
+        }
+    }
+
+    /// The scheduler's part of the report of run `run` (call it once the run is done).
+    pub(crate) fn take_report(&mut self, run: u64) -> SchedReport {
+        self.graph.flush();
+        let mut r = std::mem::take(&mut self.report);
+        r.run = run;
+        r
     }
 
     /// Hands finished payloads back to the orchestrator (who reuses their allocations).

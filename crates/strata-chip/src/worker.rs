@@ -9,7 +9,7 @@ use crate::link::CoreLink;
 use crate::memory::{DeviceMemory, DevicePtr, DeviceTensor};
 use crate::orch::{wait_reply, ChipArgs, ChipOrch, OrchLink, OrchMsg, OrchReply, OrchRequest};
 use crate::registry::{KernelHandle, OrchHandle, Registry};
-use crate::sched::{RunCtl, Sched, SchedMsg, SchedReport, SchedShared, Topology};
+use crate::sched::{RunCtl, Sched, SchedCell, SchedMsg, SchedReport, SchedShared, Topology};
 use crate::stall::Watchdog;
 use crate::strace::{mono_ns, next_invocation, strace_text, thread_id, RunTiming, Span};
 use crate::swimlane::Swimlane;
@@ -271,6 +271,7 @@ struct Live {
     /// Under [`OrchestratorPlacement::Caller`]: the orchestrator `run` drives on its own
     /// thread, and the watchdog that ends the process if an orchestration stalls.
     inline: Option<(Box<ChipOrch>, Watchdog)>,
+    sched: Arc<SchedCell>,
     sched_thread: Option<JoinHandle<()>>,
     core_threads: Vec<Option<JoinHandle<()>>>,
     heartbeat: Arc<AtomicU64>,
@@ -542,17 +543,17 @@ impl ChipWorker {
                 }
             }
         }
-        let sched = Sched::new(
+        let sched = SchedCell::new(Sched::new(
             g_sched,
             shared.clone(),
             links.clone(),
             topo.clone(),
-            cfg.idle_spin,
             cfg.kernel_timeout,
-        );
+        ));
+        let cell = sched.clone();
         let sched_thread = match std::thread::Builder::new()
             .name(format!("chip{}-sched", cfg.chip_id))
-            .spawn(move || sched.main())
+            .spawn(move || cell.thread_main())
         {
             Ok(h) => h,
             Err(e) => {
@@ -569,6 +570,7 @@ impl ChipWorker {
             cfg.chip_id,
             cfg.tensor_wait_timeout,
             heartbeat.clone(),
+            sched.clone(),
         );
         let orch_link = Arc::new(OrchLink::default());
         let started = match cfg.orchestrator.resolve(false) {
@@ -603,6 +605,7 @@ impl ChipWorker {
             orch_link,
             orch_thread,
             inline,
+            sched,
             sched_thread: Some(sched_thread),
             core_threads,
             heartbeat,
@@ -1196,24 +1199,9 @@ impl ChipWorker {
             return Err(ChipError::fatal(codes::SCHEDULER_TIMEOUT, msg));
         };
         let sched = if reply.sched_used {
-            // The scheduler ran tasks of this run: collect its part of the report (it is
-            // usually still spinning after the run's last completion).
-            live.shared.send(SchedMsg::End(run_seq));
-            let deadline = std::time::Instant::now() + Duration::from_secs(30);
-            let mut got = None;
-            while got.is_none() && std::time::Instant::now() < deadline {
-                got = live
-                    .shared
-                    .report
-                    .wait(
-                        self.config.idle_spin,
-                        None,
-                        Some(Duration::from_millis(100)),
-                        || std::time::Instant::now() < deadline,
-                    )
-                    .filter(|r| r.run == run_seq);
-            }
-            got.ok_or_else(|| ChipError::Internal("the scheduler did not report the run".into()))?
+            // The scheduler ran tasks of this run, which is over: take its part of the
+            // report (under the scheduler's lock, so after its last pass).
+            live.sched.lock().take_report(run_seq)
         } else {
             SchedReport::default()
         };
