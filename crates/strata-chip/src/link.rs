@@ -8,7 +8,7 @@
 //! Popping a descriptor is the core's ACK (the pending slot is free again); pushing a
 //! completion is its FIN.
 //!
-//! A run's request, its reply and the scheduler's report travel through [`Slot`]s: a
+//! A run's request and its reply travel through [`Slot`]s: a
 //! one-value mailbox with a `full` flag and the taker's doorbell, so a hand-off between
 //! two spinning threads is a cache-line transfer, not a system call.
 //!

@@ -6,7 +6,7 @@ use crate::device::Arena;
 use crate::error::{codes, ChipError};
 use crate::link::{CpuHint, Slot};
 use crate::registry::{OrchestrationFn, Registry};
-use crate::sched::{RunCtl, SchedCell, SchedMsg, SchedShared, Topology};
+use crate::sched::{Driven, RunCtl, SchedCell, SchedMsg, SchedShared, Topology};
 use crate::task::{KTensor, Meta, Shape, TaskDesc};
 use crate::tensor::{ArgTensor, ChipTensor, CoreArgs, MixedKernels, TaskOutputs, TensorCreateInfo};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -1035,15 +1035,19 @@ impl ChipOrch {
             self.sched
                 .drive(|| graph.wait_run(run, Some(Duration::ZERO)).transpose())
         } else {
-            None
+            Driven::HandedBack
         };
         let outcome = match driven {
-            Some(o) => Some(o),
-            None => self.graph.wait_run(run, None).transpose(),
+            Driven::Done(o) => Some(o),
+            Driven::HandedBack => self.graph.wait_run(run, None).transpose(),
+            Driven::Over => None,
         };
         reply.graph = match outcome {
             Some(Ok(r)) => r,
-            None => Err(Failure::new(FailureKind::Fatal, "run did not finish")),
+            None => Err(Failure::new(
+                FailureKind::Fatal,
+                "the chip's scheduler stopped before the run finished (the chip is closing, or an internal error)",
+            )),
             Some(Err(e)) => Err(Failure::new(FailureKind::Fatal, e.to_string())),
         };
         let _ = self.graph.release_run(run);

@@ -39,7 +39,7 @@ pub(crate) struct RunCtl {
 /// The scheduler's view of one run.
 #[derive(Debug, Default)]
 pub(crate) struct SchedReport {
-    /// The run this reports on (the number its `End` carried).
+    /// The run this reports on.
     pub(crate) run: u64,
     pub(crate) swimlane: Vec<SwimRecord>,
     /// ns since the chip epoch of the first dispatch and last completion (0 if none).
@@ -256,6 +256,19 @@ pub(crate) struct SchedCell {
     sched: std::sync::Mutex<Sched>,
     shared: Arc<SchedShared>,
     thread: std::sync::OnceLock<std::thread::Thread>,
+    /// A pass panicked (an internal error): nobody steps the loop again, so the run
+    /// waiting for it ends at its stall budget instead of stepping half-updated state.
+    broken: AtomicBool,
+}
+
+/// How [`SchedCell::drive`] ended.
+pub(crate) enum Driven<R> {
+    /// `done` returned this.
+    Done(R),
+    /// No progress for a while: the scheduler thread took over; block for the rest.
+    HandedBack,
+    /// The loop is over (the chip is closing, or a pass panicked): nothing will finish.
+    Over,
 }
 
 impl SchedCell {
@@ -264,6 +277,7 @@ impl SchedCell {
             shared: sched.shared.clone(),
             sched: std::sync::Mutex::new(sched),
             thread: std::sync::OnceLock::new(),
+            broken: AtomicBool::new(false),
         })
     }
 
@@ -287,7 +301,14 @@ impl SchedCell {
                 idle.reset();
                 continue;
             }
-            let mut s = self.lock();
+            if self.broken.load(Ordering::Acquire) {
+                return;
+            }
+            // A pass that panicked poisoned the lock: the loop is over.
+            let Ok(mut s) = self.sched.lock() else {
+                self.broken.store(true, Ordering::Release);
+                return;
+            };
             match s.step(&mut iter) {
                 Step::Exit => return,
                 Step::Busy => idle.reset(),
@@ -312,9 +333,10 @@ impl SchedCell {
     }
 
     /// Drives the loop on the calling thread until `done()` returns a value, or until it
-    /// made no progress for [`DRIVE_SPIN`] (then `None`: the scheduler thread takes over
-    /// and the caller should block).
-    pub(crate) fn drive<R>(&self, mut done: impl FnMut() -> Option<R>) -> Option<R> {
+    /// made no progress for [`DRIVE_SPIN`] (then the scheduler thread takes over and the
+    /// caller should block). A pass that panics (an internal error) is caught here, on the
+    /// caller's thread, and ends the loop for everyone.
+    pub(crate) fn drive<R>(&self, mut done: impl FnMut() -> Option<R>) -> Driven<R> {
         self.shared.drivers.fetch_add(1, Ordering::AcqRel);
         let _seat = Seat(self);
         let mut iter: u32 = 0;
@@ -322,12 +344,29 @@ impl SchedCell {
         let mut polls: u32 = 0;
         loop {
             if let Some(r) = done() {
-                return Some(r);
+                return Driven::Done(r);
+            }
+            if self.broken.load(Ordering::Acquire) {
+                return Driven::Over;
             }
             // The scheduler thread may be finishing a pass; never wait for it.
             let step = match self.sched.try_lock() {
-                Ok(mut s) => s.step(&mut iter),
-                Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner().step(&mut iter),
+                Ok(mut s) => {
+                    let pass = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        s.step(&mut iter)
+                    }));
+                    match pass {
+                        Ok(step) => step,
+                        Err(_) => {
+                            self.broken.store(true, Ordering::Release);
+                            return Driven::Over;
+                        }
+                    }
+                }
+                Err(std::sync::TryLockError::Poisoned(_)) => {
+                    self.broken.store(true, Ordering::Release);
+                    return Driven::Over;
+                }
                 Err(std::sync::TryLockError::WouldBlock) => Step::Idle {
                     timeout: None,
                     spin_only: true,
@@ -338,13 +377,13 @@ impl SchedCell {
                     quiet_since = None;
                     polls = 0;
                 }
-                Step::Exit => return None,
+                Step::Exit => return Driven::Over,
                 Step::Idle { .. } => {
                     polls += 1;
                     if polls % 64 == 0 {
                         let now = std::time::Instant::now();
                         if now.duration_since(*quiet_since.get_or_insert(now)) >= DRIVE_SPIN {
-                            return None;
+                            return Driven::HandedBack;
                         }
                     }
                     std::hint::spin_loop();
