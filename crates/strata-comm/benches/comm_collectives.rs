@@ -6,11 +6,10 @@
 //! `cargo bench -p strata-comm --bench comm_collectives` (STRATA_BENCH_QUICK=1 for a short
 //! run). Prints a table and a JSON last line (latencies and bandwidths of `Auto`).
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 use strata_comm::*;
-use strata_testkit::bench::{median, pin};
+use strata_testkit::bench::{median, pin, pingpong_threads_ns};
 use strata_types::DataType;
 
 const P: u32 = 2;
@@ -77,37 +76,6 @@ fn allreduce_secs(
     median(&times)
 }
 
-/// Median ns of a raw one-line ping-pong round trip between two pinned threads.
-fn pingpong_ns(rounds: u64) -> f64 {
-    let flag = Arc::new(AtomicU64::new(0));
-    let f2 = flag.clone();
-    let peer = std::thread::spawn(move || {
-        pin(1);
-        for i in 1..=rounds * 6 {
-            while f2.load(Ordering::Acquire) != 2 * i - 1 {
-                std::hint::spin_loop();
-            }
-            f2.store(2 * i, Ordering::Release);
-        }
-    });
-    pin(0);
-    let mut i = 0u64;
-    let mut v = Vec::new();
-    for _ in 0..6 {
-        let t = Instant::now();
-        for _ in 0..rounds {
-            i += 1;
-            flag.store(2 * i - 1, Ordering::Release);
-            while flag.load(Ordering::Acquire) != 2 * i {
-                std::hint::spin_loop();
-            }
-        }
-        v.push(t.elapsed().as_nanos() as f64 / rounds as f64);
-    }
-    peer.join().unwrap();
-    median(&v[1..])
-}
-
 /// Single-core memcpy GB/s (bytes copied per second) of `bytes`.
 fn memcpy_gbps(bytes: usize, reps: usize) -> f64 {
     let src = vec![1u8; bytes];
@@ -128,7 +96,9 @@ fn memcpy_gbps(bytes: usize, reps: usize) -> f64 {
 fn main() {
     let q = quick();
     let arena = Arc::new(CommArena::anonymous(160 << 20, P).unwrap());
-    let floor = pingpong_ns(if q { 20_000 } else { 200_000 });
+    let floor = pingpong_threads_ns(if q { 20_000 } else { 200_000 });
+    // The rest of the bench ran with this thread on CPU 0, as the ping-pong used to leave it.
+    pin(0);
     println!("raw cache-line ping-pong round trip (2 pinned threads): {floor:.0} ns");
     let mut json = vec![format!("\"pingpong_rtt_ns\": {floor:.1}")];
     let lat_iters = if q { 5_000 } else { 50_000 };

@@ -52,7 +52,7 @@ use strata_comm::{signal_cells, Comm, DistributedTensor};
 use strata_dist::{AllreduceAlgo, DistConfig, DistWorker, HostOrchHandle, ReduceOp};
 use strata_host::SharedTensor;
 use strata_testkit::bench::{
-    affinity, assert_single_threaded, median, pin, restore_affinity, FloorSpec,
+    affinity, assert_single_threaded, median, pin, pingpong_threads_ns, restore_affinity, FloorSpec,
 };
 use strata_types::{ArgTag, CallConfig, DataType, TaskArgs};
 
@@ -70,6 +70,8 @@ const ALGOS: [AllreduceAlgo; 4] = [
     AllreduceAlgo::TwoPhase,
     AllreduceAlgo::Ring,
 ];
+/// Round trips per batch of the thread ping-pong taken around each round.
+const PINGPONG_ROUNDS: u64 = 5_000;
 /// A calibration loop is long enough at this many seconds.
 const CALIBRATED: f64 = 0.05;
 /// Bytes of a signal window that serves every algorithm (ring needs the most).
@@ -281,46 +283,6 @@ fn l3_calibrate(l3: &mut L3, bytes: u64, algo: AllreduceAlgo) -> u64 {
         n *= 2;
     };
     ((target().0 / per) as u64).max(1)
-}
-
-/// Median round trip (ns) of a cache-line ping-pong between two threads of this process
-/// pinned to CPUs 0 and 1 (no fork: usable while the worker runs). Shows where the VM
-/// placed its vCPUs at that moment.
-fn pingpong_threads_ns() -> f64 {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    const ROUNDS: u64 = 5_000;
-    let flag = AtomicU64::new(0);
-    let flag = &flag;
-    std::thread::scope(|sc| {
-        sc.spawn(move || {
-            pin(1);
-            for i in 1..=6 * ROUNDS {
-                while flag.load(Ordering::Acquire) != 2 * i - 1 {
-                    std::hint::spin_loop();
-                }
-                flag.store(2 * i, Ordering::Release);
-            }
-        });
-        sc.spawn(move || {
-            pin(0);
-            let mut i = 0u64;
-            let mut v = Vec::new();
-            for _ in 0..6 {
-                let t = Instant::now();
-                for _ in 0..ROUNDS {
-                    i += 1;
-                    flag.store(2 * i - 1, Ordering::Release);
-                    while flag.load(Ordering::Acquire) != 2 * i {
-                        std::hint::spin_loop();
-                    }
-                }
-                v.push(t.elapsed().as_nanos() as f64 / ROUNDS as f64);
-            }
-            median(&v[1..])
-        })
-        .join()
-        .expect("ping-pong thread")
-    })
 }
 
 // ----- Open MPI --------------------------------------------------------------------------
@@ -611,7 +573,7 @@ fn measure_size(l3: &mut L3, mpi: &mut Option<Mpi>, bytes: u64) -> Summary {
     let need = target().1;
     let mut rounds = Vec::new();
     while rounds.len() < 3 * need {
-        let mut floors = vec![pingpong_threads_ns()];
+        let mut floors = vec![pingpong_threads_ns(PINGPONG_ROUNDS)];
         let mut m = None;
         if let Some(p) = mpi {
             match p.measure(bytes, mpi_iters) {
@@ -624,17 +586,17 @@ fn measure_size(l3: &mut L3, mpi: &mut Option<Mpi>, bytes: u64) -> Summary {
                     *mpi = None;
                 }
             }
-            floors.push(pingpong_threads_ns());
+            floors.push(pingpong_threads_ns(PINGPONG_ROUNDS));
         }
         let mut strata = Vec::new();
         for (k, &algo) in ALGOS.iter().enumerate() {
             let n = iters[k];
             strata.push(l3_loop(l3, bytes, n, n / 10 + 1, algo) / n as f64);
             if k == 0 {
-                floors.push(pingpong_threads_ns()); // right after the pair MPI / Auto
+                floors.push(pingpong_threads_ns(PINGPONG_ROUNDS)); // right after the pair MPI / Auto
             }
         }
-        floors.push(pingpong_threads_ns());
+        floors.push(pingpong_threads_ns(PINGPONG_ROUNDS));
         rounds.push(Round {
             floors,
             mpi: m,

@@ -203,3 +203,45 @@ pub fn pingpong_floor_ns(pinned: bool, spec: FloorSpec) -> Vec<f64> {
     }
     out
 }
+
+/// Median round trip in **nanoseconds** of a raw one-cache-line ping-pong between two
+/// threads of this process pinned to CPUs 0 and 1: six batches of `rounds` round trips,
+/// the first discarded. No fork, so it can run beside other threads (a worker's); it shows
+/// where the machine placed the two CPUs at that moment. The calling thread is not pinned.
+///
+/// # Panics
+/// If a ping-pong thread panics.
+pub fn pingpong_threads_ns(rounds: u64) -> f64 {
+    let flag = AtomicU64::new(0);
+    let flag = &flag;
+    std::thread::scope(|sc| {
+        sc.spawn(move || {
+            pin(1);
+            for i in 1..=6 * rounds {
+                while flag.load(Ordering::Acquire) != 2 * i - 1 {
+                    std::hint::spin_loop();
+                }
+                flag.store(2 * i, Ordering::Release);
+            }
+        });
+        sc.spawn(move || {
+            pin(0);
+            let mut i = 0u64;
+            let mut v = Vec::new();
+            for _ in 0..6 {
+                let t = Instant::now();
+                for _ in 0..rounds {
+                    i += 1;
+                    flag.store(2 * i - 1, Ordering::Release);
+                    while flag.load(Ordering::Acquire) != 2 * i {
+                        std::hint::spin_loop();
+                    }
+                }
+                v.push(t.elapsed().as_nanos() as f64 / rounds as f64);
+            }
+            median(&v[1..])
+        })
+        .join()
+        .expect("ping-pong thread")
+    })
+}
