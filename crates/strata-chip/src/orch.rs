@@ -1096,8 +1096,7 @@ pub(crate) fn wait_reply(
     budget: Duration,
     alive: impl Fn() -> bool,
 ) -> Option<OrchReply> {
-    let sched_progress =
-        || shared.progress.load(Ordering::Relaxed) + shared.completed.load(Ordering::Relaxed);
+    let sched_progress = || shared.progress_mark();
     let mut last = (heartbeat.load(Ordering::Relaxed), sched_progress());
     let mut since = Instant::now();
     let slice = budget.min(Duration::from_millis(200));

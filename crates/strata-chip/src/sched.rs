@@ -90,6 +90,12 @@ impl SchedShared {
         }
     }
 
+    /// A number that grows whenever the scheduler makes progress (a task or block finished,
+    /// a core was given up): what the stall watchdogs sample.
+    pub(crate) fn progress_mark(&self) -> u64 {
+        self.progress.load(Ordering::Relaxed) + self.completed.load(Ordering::Relaxed)
+    }
+
     /// Queues a message without waking the scheduler (for a message that the next rung
     /// one follows, such as `Begin` before a run's first `Ready`).
     pub(crate) fn post_quiet(&self, mut m: SchedMsg) {

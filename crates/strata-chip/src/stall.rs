@@ -104,7 +104,7 @@ fn watch_main(chip_id: u32, watch: &StallWatch, heartbeat: &AtomicU64, shared: &
         let now = (
             run,
             heartbeat.load(Ordering::Relaxed),
-            shared.progress.load(Ordering::Relaxed) + shared.completed.load(Ordering::Relaxed),
+            shared.progress_mark(),
         );
         if now != last {
             last = now;
