@@ -1,7 +1,8 @@
 //! Scaffolding of strata's `harness = false` test binaries, which fork and so must stay
 //! single-threaded: a sequential scenario runner that wraps every scenario in a leak check
 //! (descendant processes, `/dev/shm/strata-*` entries, threads of this process), the
-//! `check!` macro, and `/proc` probes (descendants, process state, CPU time); and, in
+//! `check!` macro, and `/proc` probes (descendants, process state, CPU time); contract
+//! suites written once over a parameter and run per value ([`suite`]); and, in
 //! [`bench`](mod@bench), what the benchmarks share (statistics, pinning, the ping-pong floor).
 //!
 //! ```
@@ -14,6 +15,7 @@
 //! ```
 
 pub mod bench;
+pub mod suite;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::{Duration, Instant};
