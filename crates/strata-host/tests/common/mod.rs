@@ -11,8 +11,8 @@ use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 use strata_host::*;
 use strata_mailbox::{
-    codes, encode_args_blob, ControlReply, ControlRequest, EncodedConfig, Failure,
-    FrameIdentity, Handler, TaskCompletion, TaskPublication, TaskRequest, TaskSlot,
+    codes, encode_args_blob, ControlReply, ControlRequest, EncodedConfig, Failure, FrameIdentity,
+    Handler, TaskCompletion, TaskPublication, TaskRequest, TaskSlot,
 };
 pub use strata_testkit::suite::Variant;
 pub use strata_testkit::*;

@@ -390,10 +390,7 @@ pub fn ten_thousand_round_trips_through_a_sub_child_on_both_frames<M: Mode>() ->
     );
     let report = children.shutdown(BOUND).ctx("shutdown")?;
     check!(report.is_clean(), "{report}");
-    check!(
-        report.children[0].end == Some(clean_end(mode)),
-        "{report}"
-    );
+    check!(report.children[0].end == Some(clean_end(mode)), "{report}");
     Ok(())
 }
 
