@@ -3,7 +3,7 @@
 //! value of it, in the manner of iceoryx2's conformance tests.
 //!
 //! A contract is a generic function `fn name<V: Variant>() -> Outcome`; each binary of a
-//! suite picks its variant and instantiates the whole list with [`contracts!`], so every
+//! suite picks its variant and instantiates the whole list with [`contracts!`](crate::contracts), so every
 //! instance is a plain [`Scenario`](crate::Scenario) that [`run`](crate::run) executes in
 //! order, with its leak check, like any other. Scenarios that only make sense for one
 //! variant are listed beside the instances in that variant's binary.
