@@ -755,7 +755,7 @@ fn an_idle_chip_parks_its_threads() {
         chip_id: 4242,
         ..ChipConfig::clusters(2)
     };
-    let used = workloads::idle_cpu(cfg, Duration::from_millis(400)).unwrap();
+    let used = strata_fixtures::idle_cpu(cfg, Duration::from_millis(400)).unwrap();
     assert!(
         used < Duration::from_millis(150),
         "idle chip used {used:?} of CPU in 400 ms"
@@ -920,9 +920,10 @@ fn a_chip_parks_after_back_to_back_runs() {
             .unwrap();
     }
     std::thread::sleep(Duration::from_millis(50));
-    let before = workloads::threads_cpu_time("chip4343-");
+    let before = strata_testkit::threads_cpu_ns("chip4343-");
     std::thread::sleep(Duration::from_millis(400));
-    let used = workloads::threads_cpu_time("chip4343-").saturating_sub(before);
+    let used =
+        Duration::from_nanos(strata_testkit::threads_cpu_ns("chip4343-").saturating_sub(before));
     assert!(
         used < Duration::from_millis(150),
         "the chip used {used:?} of CPU in 400 ms after its runs"
