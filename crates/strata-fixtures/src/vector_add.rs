@@ -1,5 +1,4 @@
-//! E1 vector_add, its four ring configurations (E1b) and the device-memory round trips
-//! (E1c).
+//! E1 vector_add and its four ring configurations (E1b).
 
 use crate::kernels::add_kernel;
 use crate::support::{check_close, timed, Rng, WorkloadError, WorkloadReport};
