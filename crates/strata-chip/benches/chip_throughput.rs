@@ -71,7 +71,7 @@ fn main() {
         .register_kernel_fn("empty", |_| Ok(()))
         .expect("kernel");
     let vadd = chip
-        .register_kernel_fn("vadd", workloads::add_kernel(0))
+        .register_kernel_fn("vadd", strata_fixtures::add_kernel(0))
         .expect("kernel");
     let chain = chip
         .register_orchestration_fn("chain", move |o, args| {
@@ -219,12 +219,13 @@ fn main() {
     }
 
     let idle_ms = {
-        let before = workloads::process_cpu_time();
+        let me = std::process::id() as i32;
+        let before = strata_testkit::stat_cpu_ns(me).unwrap_or(0);
         std::thread::sleep(Duration::from_millis(500));
-        workloads::process_cpu_time()
-            .saturating_sub(before)
-            .as_secs_f64()
-            * 1e3
+        strata_testkit::stat_cpu_ns(me)
+            .unwrap_or(0)
+            .saturating_sub(before) as f64
+            / 1e6
     };
     chip.close().expect("close");
 

@@ -19,8 +19,6 @@
 //! - [`KernelCtx`]: what a kernel sees (typed tensor views, scalars, block index).
 //! - [`parse_strace`] / [`span_tree`]: the `[STRACE]` timing spans of a run;
 //!   [`Swimlane`]: per-core task records as Chrome trace JSON.
-//! - [`workloads`]: the reference example workloads (E1–E7, batched matmul) with host
-//!   goldens, used by the tests, the examples and the benchmark.
 //!
 //! Dependencies between tasks come from strata-graph: the result is that of a sequential
 //! execution in submit order (read-after-write, write-after-read, write-after-write).
@@ -46,7 +44,6 @@ mod sync;
 mod task;
 mod tensor;
 mod worker;
-pub mod workloads;
 
 #[cfg(all(test, loom))]
 mod loom_tests;

@@ -64,98 +64,189 @@ fn registry_identity_is_the_descriptor_digest() {
     chip.close().unwrap(); // idempotent
 }
 
+/// What the device-memory misuse cases act on: a chip that was never initialised, and an
+/// initialised chip with a live allocation, a freed one, a stale handle (freed, its address
+/// reused), a freed tensor, an i32 tensor, and a tensor of another chip.
+struct Misuse {
+    uninit: ChipWorker,
+    chip: ChipWorker,
+    other: ChipWorker,
+    live: DevicePtr,
+    freed: DevicePtr,
+    stale: DevicePtr,
+    freed_tensor: DeviceTensor,
+    i32_tensor: DeviceTensor,
+    foreign_tensor: DeviceTensor,
+    host: Vec<u8>,
+}
+
+impl Misuse {
+    fn new() -> Self {
+        let uninit = ChipWorker::new(cfg()).unwrap();
+        let mut chip = ChipWorker::new(cfg()).unwrap();
+        chip.init().unwrap();
+        let live = chip.malloc(4096).unwrap();
+        assert_eq!(live.addr() % DEVICE_ALIGN, 0);
+        let host = vec![0u8; 8192];
+        // Interior pointers copy fine (but cannot be freed: a case below).
+        chip.copy_to(live.offset(1024), &host, 1024, CopyOffsets::default())
+            .unwrap();
+        // The address of a freed allocation is reused by the next: the old handle is stale.
+        let stale = chip.malloc(4096).unwrap();
+        chip.free(stale).unwrap();
+        let reused = chip.malloc(4096).unwrap();
+        assert_eq!(reused.addr(), stale.addr());
+        let i32_tensor = chip
+            .alloc_tensor(&[2, 3], DataType::I32, TensorInit::value(7i32))
+            .unwrap();
+        assert_eq!(chip.read_tensor::<i32>(&i32_tensor).unwrap(), vec![7; 6]);
+        // Freed last, so no later allocation reuses their addresses.
+        let freed_tensor = chip
+            .alloc_tensor(&[4], DataType::F32, TensorInit::Zeros)
+            .unwrap();
+        let freed = chip.malloc(4096).unwrap();
+        chip.free_tensor(freed_tensor).unwrap();
+        chip.free(freed).unwrap();
+        let mut other = ChipWorker::new(cfg()).unwrap();
+        other.init().unwrap();
+        let foreign_tensor = other
+            .alloc_tensor(&[4], DataType::F32, TensorInit::Zeros)
+            .unwrap();
+        Misuse {
+            uninit,
+            chip,
+            other,
+            live,
+            freed,
+            stale,
+            freed_tensor,
+            i32_tensor,
+            foreign_tensor,
+            host,
+        }
+    }
+}
+
+/// One misuse of device memory: what is called, and the typed error it must return.
+struct MisuseCase {
+    name: &'static str,
+    call: fn(&mut Misuse) -> Result<(), ChipError>,
+    expect: fn(&ChipError) -> bool,
+}
+
+const MISUSE_CASES: &[MisuseCase] = &[
+    MisuseCase {
+        name: "malloc before init",
+        call: |m| m.uninit.malloc(16).map(drop),
+        expect: |e| matches!(e, ChipError::NotInitialized { .. }),
+    },
+    MisuseCase {
+        name: "copy longer than the allocation",
+        call: |m| {
+            m.chip
+                .copy_to(m.live, &m.host, 5000, CopyOffsets::default())
+        },
+        expect: |e| matches!(e, ChipError::OutOfRange { .. }),
+    },
+    MisuseCase {
+        name: "copy past the end from a device offset",
+        call: |m| {
+            let at = CopyOffsets {
+                device: 4000,
+                host: 0,
+            };
+            m.chip.copy_to(m.live, &m.host, 100, at)
+        },
+        expect: |e| matches!(e, ChipError::OutOfRange { .. }),
+    },
+    MisuseCase {
+        name: "host slice shorter than the copy",
+        call: |m| {
+            m.chip
+                .copy_to(m.live, &m.host[..10], 100, CopyOffsets::default())
+        },
+        expect: |e| matches!(e, ChipError::HostRange { .. }),
+    },
+    MisuseCase {
+        name: "free of an interior pointer",
+        call: |m| m.chip.free(m.live.offset(8)),
+        expect: |e| matches!(e, ChipError::InteriorFree { offset: 8, .. }),
+    },
+    MisuseCase {
+        name: "double free",
+        call: |m| m.chip.free(m.freed),
+        expect: |e| matches!(e, ChipError::DoubleFree { .. }),
+    },
+    MisuseCase {
+        name: "copy through a stale handle",
+        call: |m| m.chip.copy_to(m.stale, &m.host, 16, CopyOffsets::default()),
+        expect: |e| matches!(e, ChipError::StaleHandle { .. }),
+    },
+    MisuseCase {
+        name: "free of a stale handle",
+        call: |m| m.chip.free(m.stale),
+        expect: |e| matches!(e, ChipError::StaleHandle { .. }),
+    },
+    MisuseCase {
+        name: "free of another chip's tensor",
+        call: |m| m.chip.free_tensor(m.foreign_tensor),
+        expect: |e| matches!(e, ChipError::ForeignHandle { .. }),
+    },
+    MisuseCase {
+        name: "read of another chip's tensor",
+        call: |m| m.chip.read_tensor::<f32>(&m.foreign_tensor).map(drop),
+        expect: |e| matches!(e, ChipError::ForeignHandle { .. }),
+    },
+    MisuseCase {
+        name: "device memory info of an emulated chip",
+        call: |m| m.chip.device_memory_info().map(drop),
+        expect: |e| matches!(e, ChipError::DeviceMemoryInfoUnavailable),
+    },
+    MisuseCase {
+        name: "zero-sized malloc",
+        call: |m| m.chip.malloc(0).map(drop),
+        expect: |e| matches!(e, ChipError::ZeroSizedAlloc),
+    },
+    MisuseCase {
+        name: "malloc beyond the device memory",
+        call: |m| m.chip.malloc(1 << 40).map(drop),
+        expect: |e| matches!(e, ChipError::OutOfDeviceMemory { .. }),
+    },
+    MisuseCase {
+        name: "read of an i32 tensor as f32",
+        call: |m| m.chip.read_tensor::<f32>(&m.i32_tensor).map(drop),
+        expect: |e| matches!(e, ChipError::DtypeMismatch { .. }),
+    },
+    MisuseCase {
+        name: "an i32 initial value for an f32 tensor",
+        call: |m| {
+            m.chip
+                .alloc_tensor(&[2], DataType::F32, TensorInit::value(1i32))
+                .map(drop)
+        },
+        expect: |e| matches!(e, ChipError::DtypeMismatch { .. }),
+    },
+    MisuseCase {
+        name: "double free of a tensor",
+        call: |m| m.chip.free_tensor(m.freed_tensor),
+        expect: |e| matches!(e, ChipError::DoubleFree { .. }),
+    },
+];
+
 #[test]
 fn memory_misuse_is_typed() {
-    let chip = ChipWorker::new(cfg()).unwrap();
-    assert!(matches!(
-        chip.malloc(16),
-        Err(ChipError::NotInitialized { .. })
-    ));
-    let mut chip = chip;
-    chip.init().unwrap();
-    let p = chip.malloc(4096).unwrap();
-    assert_eq!(p.addr() % DEVICE_ALIGN, 0);
-    // Out of range copies.
-    let host = vec![0u8; 8192];
-    assert!(matches!(
-        chip.copy_to(p, &host, 5000, CopyOffsets::default()),
-        Err(ChipError::OutOfRange { .. })
-    ));
-    assert!(matches!(
-        chip.copy_to(
-            p,
-            &host,
-            100,
-            CopyOffsets {
-                device: 4000,
-                host: 0
-            }
-        ),
-        Err(ChipError::OutOfRange { .. })
-    ));
-    assert!(matches!(
-        chip.copy_to(p, &host[..10], 100, CopyOffsets::default()),
-        Err(ChipError::HostRange { .. })
-    ));
-    // Interior pointers copy fine but cannot be freed.
-    chip.copy_to(p.offset(1024), &host, 1024, CopyOffsets::default())
-        .unwrap();
-    assert!(matches!(
-        chip.free(p.offset(8)),
-        Err(ChipError::InteriorFree { offset: 8, .. })
-    ));
-    chip.free(p).unwrap();
-    assert!(matches!(chip.free(p), Err(ChipError::DoubleFree { .. })));
-    // The address is reused by a new allocation: the old handle is stale.
-    let q = chip.malloc(4096).unwrap();
-    assert_eq!(q.addr(), p.addr());
-    assert!(matches!(
-        chip.copy_to(p, &host, 16, CopyOffsets::default()),
-        Err(ChipError::StaleHandle { .. })
-    ));
-    assert!(matches!(chip.free(p), Err(ChipError::StaleHandle { .. })));
-    // Handles of another chip.
-    let mut other = ChipWorker::new(cfg()).unwrap();
-    other.init().unwrap();
-    let t = other
-        .alloc_tensor(&[4], DataType::F32, TensorInit::Zeros)
-        .unwrap();
-    assert!(matches!(
-        chip.free_tensor(t),
-        Err(ChipError::ForeignHandle { .. })
-    ));
-    assert!(matches!(
-        chip.read_tensor::<f32>(&t),
-        Err(ChipError::ForeignHandle { .. })
-    ));
-    assert!(matches!(
-        chip.device_memory_info(),
-        Err(ChipError::DeviceMemoryInfoUnavailable)
-    ));
-    assert!(matches!(chip.malloc(0), Err(ChipError::ZeroSizedAlloc)));
-    assert!(matches!(
-        chip.malloc(1 << 40),
-        Err(ChipError::OutOfDeviceMemory { .. })
-    ));
-    // Tensors: typed init and read-back; wrong dtype.
-    let t = chip
-        .alloc_tensor(&[2, 3], DataType::I32, TensorInit::value(7i32))
-        .unwrap();
-    assert_eq!(chip.read_tensor::<i32>(&t).unwrap(), vec![7; 6]);
-    assert!(matches!(
-        chip.read_tensor::<f32>(&t),
-        Err(ChipError::DtypeMismatch { .. })
-    ));
-    assert!(matches!(
-        chip.alloc_tensor(&[2], DataType::F32, TensorInit::value(1i32)),
-        Err(ChipError::DtypeMismatch { .. })
-    ));
-    chip.free_tensor(t).unwrap();
-    assert!(matches!(
-        chip.free_tensor(t),
-        Err(ChipError::DoubleFree { .. })
-    ));
-    chip.free(q).unwrap();
+    let mut m = Misuse::new();
+    for case in MISUSE_CASES {
+        match (case.call)(&mut m) {
+            Err(e) if (case.expect)(&e) => {}
+            Err(e) => panic!("{}: unexpected error {e:?}", case.name),
+            Ok(()) => panic!("{}: succeeded", case.name),
+        }
+    }
+    // The failed calls changed nothing: the live handles still work.
+    m.chip.free_tensor(m.i32_tensor).unwrap();
+    m.chip.free(m.live).unwrap();
+    m.other.close().unwrap();
 }
 
 #[test]
@@ -514,31 +605,36 @@ fn builder_misuse_and_missing_cores_are_invalid_args() {
     }
 }
 
+/// A change to a configuration that makes it invalid.
+type Change<T> = fn(&mut T);
+
 #[test]
 fn invalid_call_config_is_rejected_with_the_reference_message() {
     let mut chip = ChipWorker::new(cfg()).unwrap();
     let orch = chip.register_orchestration_fn("o", |_, _| Ok(())).unwrap();
     chip.init().unwrap();
-    let mut c = CallConfig::default();
-    c.rings[2].task_window = 100;
-    let e = chip.run(&orch, &mut RunArgs::new(), &c).unwrap_err();
-    assert!(e.to_string().contains("ring 2 task_window = 100"), "{e}");
-    let mut c = CallConfig::default();
-    c.rings[0].heap_bytes = 10;
-    assert!(chip
-        .run(&orch, &mut RunArgs::new(), &c)
-        .unwrap_err()
-        .to_string()
-        .contains(">= 1024"));
-    let mut bad = cfg();
-    bad.rings[1].dep_pool = 2;
-    assert!(ChipWorker::new(bad)
-        .unwrap_err()
-        .to_string()
-        .contains("ring 1 dep_pool = 2"));
-    let mut bad = cfg();
-    bad.aiv_cores = 49;
-    assert!(ChipWorker::new(bad).is_err());
+    // (what is changed in a run's CallConfig, words of the error)
+    let bad_calls: [(Change<CallConfig>, &str); 2] = [
+        (|c| c.rings[2].task_window = 100, "ring 2 task_window = 100"),
+        (|c| c.rings[0].heap_bytes = 10, ">= 1024"),
+    ];
+    for (change, want) in bad_calls {
+        let mut c = CallConfig::default();
+        change(&mut c);
+        let e = chip.run(&orch, &mut RunArgs::new(), &c).unwrap_err();
+        assert!(e.to_string().contains(want), "{want}: {e}");
+    }
+    // (what is changed in a ChipConfig, words of the error)
+    let bad_chips: [(Change<ChipConfig>, &str); 2] = [
+        (|c| c.rings[1].dep_pool = 2, "ring 1 dep_pool = 2"),
+        (|c| c.aiv_cores = 49, "aiv"),
+    ];
+    for (change, want) in bad_chips {
+        let mut c = cfg();
+        change(&mut c);
+        let e = ChipWorker::new(c).unwrap_err();
+        assert!(e.to_string().contains(want), "{want}: {e}");
+    }
 }
 
 #[test]
@@ -755,7 +851,7 @@ fn an_idle_chip_parks_its_threads() {
         chip_id: 4242,
         ..ChipConfig::clusters(2)
     };
-    let used = workloads::idle_cpu(cfg, Duration::from_millis(400)).unwrap();
+    let used = strata_fixtures::idle_cpu(cfg, Duration::from_millis(400)).unwrap();
     assert!(
         used < Duration::from_millis(150),
         "idle chip used {used:?} of CPU in 400 ms"
@@ -920,9 +1016,10 @@ fn a_chip_parks_after_back_to_back_runs() {
             .unwrap();
     }
     std::thread::sleep(Duration::from_millis(50));
-    let before = workloads::threads_cpu_time("chip4343-");
+    let before = strata_testkit::threads_cpu_ns("chip4343-");
     std::thread::sleep(Duration::from_millis(400));
-    let used = workloads::threads_cpu_time("chip4343-").saturating_sub(before);
+    let used =
+        Duration::from_nanos(strata_testkit::threads_cpu_ns("chip4343-").saturating_sub(before));
     assert!(
         used < Duration::from_millis(150),
         "the chip used {used:?} of CPU in 400 ms after its runs"

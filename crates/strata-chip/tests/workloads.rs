@@ -1,8 +1,8 @@
 //! The reference example workloads (E1–E7, batched matmul, SPMD) against host goldens,
 //! and the negative suite (fatal codes).
 
-use strata_chip::workloads::*;
 use strata_chip::ChipConfig;
+use strata_fixtures::*;
 
 fn small() -> ChipConfig {
     ChipConfig {
@@ -103,16 +103,16 @@ fn spmd_barrier_needs_concurrent_blocks() {
 #[test]
 fn negative_suite_reports_reference_codes_and_chip_stays_usable() {
     let cases = negative_suite(small()).unwrap();
-    let codes: Vec<i32> = cases.iter().map(|c| c.want).collect();
+    let codes: Vec<i32> = cases.iter().map(|c| c.code).collect();
     assert_eq!(codes, vec![1, 2, 3, 4, 5, 7, 8, 9, 100, 110]);
-    let heap = &cases[1].got;
+    let heap = &cases[1].error;
     assert!(
         heap.contains("ring 0") && heap.contains("heap_bytes"),
         "{heap}"
     );
-    let flow = &cases[2].got;
+    let flow = &cases[2].error;
     assert!(flow.contains("task_window = 4"), "{flow}");
-    let dep = &cases[3].got;
+    let dep = &cases[3].error;
     assert!(dep.contains("dep_pool = 4"), "{dep}");
 }
 
@@ -145,6 +145,6 @@ fn every_workload_with_the_orchestration_on_the_callers_thread() {
     assert_eq!(r.tasks, 3 * 4 * 4 * 4 * 2);
     spmd_blocks(caller(small()), 37).unwrap();
     let cases = negative_suite(caller(small())).unwrap();
-    let codes: Vec<i32> = cases.iter().map(|c| c.want).collect();
+    let codes: Vec<i32> = cases.iter().map(|c| c.code).collect();
     assert_eq!(codes, vec![1, 2, 3, 4, 5, 7, 8, 9, 100, 110]);
 }

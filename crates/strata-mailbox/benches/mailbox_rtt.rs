@@ -49,22 +49,10 @@ mod bench {
     /// CPU time of a process in ns: `/proc/<pid>/schedstat` (precise) and utime+stime from
     /// `/proc/<pid>/stat` (clock ticks, converted).
     fn cpu_ns(pid: i32) -> (Option<u64>, Option<u64>) {
-        let sched = std::fs::read_to_string(format!("/proc/{pid}/schedstat"))
-            .ok()
-            .and_then(|s| s.split_whitespace().next()?.parse().ok());
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .ok()
-            .and_then(|s| {
-                let rest = &s[s.rfind(')')? + 2..];
-                let f: Vec<&str> = rest.split_whitespace().collect();
-                // Fields 14 and 15 of the full line are 12 and 13 after "pid (comm) ".
-                let ticks: u64 =
-                    f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
-                // SAFETY: sysconf has no memory-safety preconditions.
-                let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
-                Some(ticks * 1_000_000_000 / hz)
-            });
-        (sched, stat)
+        (
+            strata_testkit::schedstat_ns(pid),
+            strata_testkit::stat_cpu_ns(pid),
+        )
     }
 
     struct MailboxFigures {

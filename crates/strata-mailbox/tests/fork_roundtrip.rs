@@ -118,13 +118,6 @@ mod scenarios {
         }
     }
 
-    /// The scheduler state letter of a process from `/proc/<pid>/stat` (`R`, `S`, ...).
-    fn proc_state(pid: i32) -> Option<char> {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        let after = &stat[stat.rfind(')')? + 1..];
-        after.trim_start().chars().next()
-    }
-
     // ---------------------------------------------------------------------------------------
     // The child's handler
     // ---------------------------------------------------------------------------------------
@@ -658,7 +651,7 @@ mod scenarios {
             let mut parked = false;
             for _ in 0..100 {
                 std::thread::sleep(Duration::from_millis(2));
-                if proc_state(child.pid) == Some('S') {
+                if strata_testkit::proc_state(child.pid) == Some('S') {
                     parked = true;
                     break;
                 }

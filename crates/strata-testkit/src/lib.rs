@@ -1,8 +1,9 @@
 //! Scaffolding of strata's `harness = false` test binaries, which fork and so must stay
 //! single-threaded: a sequential scenario runner that wraps every scenario in a leak check
 //! (descendant processes, `/dev/shm/strata-*` entries, threads of this process), the
-//! `check!` macro, and `/proc` probes (descendants, process state, CPU time); contract
-//! suites written once over a parameter and run per value ([`suite`]); and, in
+//! `check!` macro, and the `/proc` probes (in [`probe`], re-exported here: descendants,
+//! process state, threads, CPU time); contract suites written once over a parameter and
+//! run per value ([`suite`]); and, in
 //! [`bench`](mod@bench), what the benchmarks share (statistics, pinning, the ping-pong floor).
 //!
 //! ```
@@ -15,7 +16,13 @@
 //! ```
 
 pub mod bench;
+pub mod probe;
 pub mod suite;
+
+pub use probe::{
+    cpu_ns, descendants, descendants_of, other_threads, proc_state, process_cpu_ns, schedstat_ns,
+    shm_entries, stat_cpu_ns, threads_cpu_ns,
+};
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::{Duration, Instant};
@@ -47,88 +54,6 @@ impl<T, E: std::fmt::Display> Ctx<T> for Result<T, E> {
     fn ctx(self, what: &str) -> Result<T, String> {
         self.map_err(|e| format!("{what}: {e}"))
     }
-}
-
-/// Pids of every descendant of this process (children, grandchildren, … including
-/// zombies), from `/proc/*/stat`.
-pub fn descendants() -> Vec<i32> {
-    descendants_of(std::process::id() as i32)
-}
-
-/// Pids of every descendant of `root`, sorted.
-pub fn descendants_of(root: i32) -> Vec<i32> {
-    let mut parent_of: Vec<(i32, i32)> = Vec::new();
-    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        let Some(close) = stat.rfind(')') else {
-            continue;
-        };
-        let ppid = stat[close + 1..]
-            .split_whitespace()
-            .nth(1)
-            .and_then(|s| s.parse::<i32>().ok());
-        if let Some(ppid) = ppid {
-            parent_of.push((pid, ppid));
-        }
-    }
-    let mut found = vec![root];
-    let mut i = 0;
-    while i < found.len() {
-        let p = found[i];
-        for &(c, pp) in &parent_of {
-            if pp == p && !found.contains(&c) {
-                found.push(c);
-            }
-        }
-        i += 1;
-    }
-    found.remove(0);
-    found.sort_unstable();
-    found
-}
-
-/// CPU time of every live thread of `pid`, in ns (`/proc/<pid>/task/*/schedstat`).
-pub fn process_cpu_ns(pid: i32) -> Result<u64, String> {
-    let mut total = 0;
-    for e in std::fs::read_dir(format!("/proc/{pid}/task"))
-        .ctx("task dir")?
-        .flatten()
-    {
-        if let Ok(s) = std::fs::read_to_string(e.path().join("schedstat")) {
-            total += s
-                .split_whitespace()
-                .next()
-                .and_then(|v| v.parse::<u64>().ok())
-                .unwrap_or(0);
-        }
-    }
-    Ok(total)
-}
-
-/// `/dev/shm` entries with the `strata-` prefix.
-pub fn shm_entries() -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir("/dev/shm")
-        .map(|d| {
-            d.flatten()
-                .filter_map(|e| e.file_name().to_str().map(str::to_owned))
-                .filter(|n| n.starts_with("strata-"))
-                .collect()
-        })
-        .unwrap_or_default();
-    v.sort();
-    v
-}
-
-/// The scheduler state letter of a process (`R`, `S`, `Z`, …).
-pub fn proc_state(pid: i32) -> Option<char> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let after = &stat[stat.rfind(')')? + 1..];
-    after.trim_start().chars().next()
 }
 
 /// Keeps deliberate panics of the scenarios (and of their children) off the output.
@@ -239,32 +164,6 @@ pub fn wait_for(what: &str, mut cond: impl FnMut() -> bool) -> Outcome {
         std::thread::sleep(Duration::from_micros(200));
     }
     Ok(())
-}
-
-/// Threads of this process besides the caller (entries of `/proc/self/task` minus one).
-pub fn other_threads() -> Option<usize> {
-    Some(
-        std::fs::read_dir("/proc/self/task")
-            .ok()?
-            .count()
-            .saturating_sub(1),
-    )
-}
-
-/// CPU time of a process in ns (`/proc/<pid>/schedstat`, else utime + stime).
-pub fn cpu_ns(pid: i32) -> Result<u64, String> {
-    if let Ok(s) = std::fs::read_to_string(format!("/proc/{pid}/schedstat")) {
-        if let Some(v) = s.split_whitespace().next().and_then(|v| v.parse().ok()) {
-            return Ok(v);
-        }
-    }
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ctx("stat")?;
-    let close = stat.rfind(')').ok_or("stat has no ')'")?;
-    let f: Vec<&str> = stat[close + 2..].split_whitespace().collect();
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
-    let field = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
-    Ok((field(11) + field(12)) * 1_000_000_000 / hz)
 }
 
 /// Makes this process a child subreaper, so orphaned grandchildren of the scenarios are
