@@ -598,10 +598,11 @@ impl RoundsReport {
                 "; ratio = variant / {b}, median of per-round ratios (min-max)"
             ))
         );
+        let head = format!("median {unit}");
+        let c = head.chars().count().max(12);
         out += &format!(
-            "{:<w$} {:>12} {:>12} {:>12}   {}\n",
+            "{:<w$} {head:>c$} {:>12} {:>12}   {}\n",
             "variant",
-            format!("median {unit}"),
             "min",
             "max",
             if self.baseline.is_some() { "ratio" } else { "" }
@@ -626,7 +627,7 @@ impl RoundsReport {
                 None => String::new(),
             };
             out += &format!(
-                "{name:<w$} {:>12.decimals$} {lo:>12.decimals$} {hi:>12.decimals$}   {ratio}\n",
+                "{name:<w$} {:>c$.decimals$} {lo:>12.decimals$} {hi:>12.decimals$}   {ratio}\n",
                 median(&f)
             );
         }
