@@ -324,12 +324,14 @@ fn base_tree(rev: &str) -> Result<(String, PathBuf), String> {
     Ok((short, dir))
 }
 
-/// Builds the bench target in the workspace at `root` (its own `target/`), returning the
-/// bench executable.
-fn build(side: &str, root: &Path, b: &Bench) -> Result<PathBuf, String> {
+/// Builds the bench target in the workspace at `root` (with `own_target`, in its own
+/// `target/` whatever `CARGO_TARGET_DIR` says), returning the bench executable.
+fn build(side: &str, root: &Path, own_target: bool, b: &Bench) -> Result<PathBuf, String> {
     let mut cmd = cargo();
+    if own_target {
+        cmd.env_remove("CARGO_TARGET_DIR");
+    }
     cmd.current_dir(root)
-        .env_remove("CARGO_TARGET_DIR")
         .args([
             "bench",
             "--no-run",
@@ -512,8 +514,8 @@ pub fn bench_compare(args: &[String]) -> Result<(), String> {
             sha
         }
     };
-    let base_exe = build(&format!("base {short}"), &base_dir, b)?;
-    let head_exe = build(&format!("head {head_label}"), &workspace_root(), b)?;
+    let base_exe = build(&format!("base {short}"), &base_dir, true, b)?;
+    let head_exe = build(&format!("head {head_label}"), &workspace_root(), false, b)?;
     let logs = workspace_root().join("target/bench-compare/logs");
     std::fs::create_dir_all(&logs).map_err(|e| format!("{}: {e}", logs.display()))?;
 
