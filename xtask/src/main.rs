@@ -4,8 +4,15 @@
 //!   progress bar, then prints a summary table (example, result, time).
 //! - `cargo xtask ci` runs what `.ci/run` runs: fmt, clippy, the test suite, loom models, docs.
 //! - `cargo xtask bench <name>` runs one side-by-side benchmark; each prints a human table
-//!   and, as its last line, one JSON object with its figures. `cargo xtask bench list`
-//!   names them.
+//!   and, as its last line, one JSON object with its figures. Each alternates its
+//!   variants with its peer or floor in rounds and prints the machine (CPU model, load
+//!   average). `cargo xtask bench list` names them.
+//! - `cargo xtask bench-compare <rev> <bench> [--rounds N]` builds `<rev>` in a git
+//!   worktree under `target/bench-compare/` and runs its bench and this tree's
+//!   alternately, printing per figure both medians, the median of the per-round ratios
+//!   head / base and a verdict (module `compare`).
+
+mod compare;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -144,6 +151,19 @@ fn bench(name: &str) -> Result<(), String> {
         for b in BENCHES {
             println!("{:<10} {}", b.name, b.what);
         }
+        println!();
+        println!(
+            "Each runs its variants alternately with its peer or floor in rounds and prints each"
+        );
+        println!(
+            "variant's median, the median of the per-round ratios, the CPU model and the load"
+        );
+        println!("average; its last line is one JSON object.");
+        println!("{}", compare::usage());
+        println!(
+            "  builds <rev> in target/bench-compare/<short-rev> and runs the two builds' bench"
+        );
+        println!("  alternately (base, head, ...); per JSON figure: both medians, head/base ratio, verdict.");
         return Ok(());
     }
     let b = BENCHES.iter().find(|b| b.name == name).ok_or_else(|| {
@@ -253,7 +273,10 @@ fn sim() -> Result<(), String> {
 }
 
 fn usage() -> String {
-    "usage: cargo xtask <sim | ci | bench <name>|list>".into()
+    format!(
+        "usage: cargo xtask <sim | ci | bench <name>|list | bench-compare <rev> <bench> [--rounds N]>\n{}",
+        compare::usage()
+    )
 }
 
 fn main() -> ExitCode {
@@ -265,6 +288,15 @@ fn main() -> ExitCode {
             Some(n) => bench(n),
             None => Err(usage()),
         },
+        Some("bench-compare") => compare::bench_compare(&args[1..]),
+        Some("help" | "--help" | "-h") => {
+            println!("{}", usage());
+            println!("benches (cargo xtask bench list):");
+            for b in BENCHES {
+                println!("  {:<10} {}", b.name, b.what);
+            }
+            Ok(())
+        }
         _ => Err(usage()),
     };
     match result {

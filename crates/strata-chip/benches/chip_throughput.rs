@@ -4,10 +4,18 @@
 //! machine's single-core memcpy bandwidth measured in the same run (STREAM convention:
 //! bytes read + bytes written per second); and the fixed cost of a run that submits one
 //! empty kernel, back to back, with the orchestration on the chip's orchestrator thread
-//! and on the caller's thread (`OrchestratorPlacement`). The last line is a JSON object.
+//! and on the caller's thread (`OrchestratorPlacement`).
+//!
+//! Side by side figures alternate in rounds (A B, B A, …; one warm-up round first): the
+//! vector add with the memcpy floor, the two placements of the one-kernel run with each
+//! other, and the three task DAGs with each other. Each is the median over the rounds; a
+//! ratio is the median of the per-round ratios. The machine (CPU model, load average) heads
+//! the output. The last line is a JSON object.
 
+use std::cell::RefCell;
 use std::time::{Duration, Instant};
 use strata_chip::*;
+use strata_testkit::bench::{Json, Machine, Rounds};
 use strata_types::{ArgTag, CallConfig, DataType};
 
 const CHAIN: u64 = 100_000;
@@ -21,51 +29,61 @@ const REPS: usize = 5;
 /// Runs of one kernel per timed batch.
 const ONE_KERNEL_RUNS: usize = 10_000;
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
+/// A chip with the given orchestrator placement and an orchestration that submits one
+/// empty AIV kernel.
+struct OneKernel {
+    chip: ChipWorker,
+    one: OrchHandle,
 }
 
-fn min(v: &[f64]) -> f64 {
-    v.iter().copied().fold(f64::INFINITY, f64::min)
-}
-
-/// µs per run (median of `REPS` batches after a warm-up) of an orchestration that submits
-/// one empty AIV kernel, on a fresh chip with the given placement.
-fn one_kernel_runs(placement: OrchestratorPlacement) -> Vec<f64> {
-    let mut chip = ChipWorker::new(ChipConfig {
-        orchestrator: placement,
-        ..ChipConfig::default()
-    })
-    .expect("chip");
-    let empty = chip
-        .register_kernel_fn("empty", |_| Ok(()))
-        .expect("kernel");
-    let one = chip
-        .register_orchestration_fn("one", move |o, _| {
-            o.submit_aiv(empty, &CoreArgs::new())?;
-            Ok(())
+impl OneKernel {
+    fn new(placement: OrchestratorPlacement) -> OneKernel {
+        let mut chip = ChipWorker::new(ChipConfig {
+            orchestrator: placement,
+            ..ChipConfig::default()
         })
-        .expect("orch");
-    chip.init().expect("init");
-    let cfg = CallConfig::default();
-    let mut us = vec![];
-    for rep in 0..=REPS {
+        .expect("chip");
+        let empty = chip
+            .register_kernel_fn("empty", |_| Ok(()))
+            .expect("kernel");
+        let one = chip
+            .register_orchestration_fn("one", move |o, _| {
+                o.submit_aiv(empty, &CoreArgs::new())?;
+                Ok(())
+            })
+            .expect("orch");
+        chip.init().expect("init");
+        OneKernel { chip, one }
+    }
+
+    /// µs per run of a batch of `ONE_KERNEL_RUNS` runs, back to back.
+    fn batch(&mut self) -> f64 {
+        let cfg = CallConfig::default();
         let t = Instant::now();
         for _ in 0..ONE_KERNEL_RUNS {
-            chip.run(&one, &mut RunArgs::new(), &cfg).expect("run");
+            self.chip
+                .run(&self.one, &mut RunArgs::new(), &cfg)
+                .expect("run");
         }
-        if rep > 0 {
-            us.push(t.elapsed().as_secs_f64() * 1e6 / ONE_KERNEL_RUNS as f64);
-        }
+        t.elapsed().as_secs_f64() * 1e6 / ONE_KERNEL_RUNS as f64
     }
-    chip.close().expect("close");
-    us
 }
 
 fn main() {
-    let one_thread = one_kernel_runs(OrchestratorPlacement::Thread);
-    let one_caller = one_kernel_runs(OrchestratorPlacement::Caller);
+    let machine = Machine::now();
+    // The two placements of a one-kernel run, alternating (each on its own chip).
+    let (mut thread, mut caller) = (
+        OneKernel::new(OrchestratorPlacement::Thread),
+        OneKernel::new(OrchestratorPlacement::Caller),
+    );
+    let one_kernel = Rounds::new(REPS)
+        .warmup(1)
+        .variant("run of 1 kernel, orchestrator thread", || thread.batch())
+        .variant("run of 1 kernel, caller's thread", || caller.batch())
+        .baseline("run of 1 kernel, caller's thread")
+        .run();
+    thread.chip.close().expect("close");
+    caller.chip.close().expect("close");
     let mut chip = ChipWorker::new(ChipConfig::default()).expect("chip");
     let empty = chip
         .register_kernel_fn("empty", |_| Ok(()))
@@ -132,45 +150,45 @@ fn main() {
         .alloc_tensor(&[16], DataType::F32, TensorInit::Zeros)
         .expect("x");
     let cfg = CallConfig::default();
-    let mut run = |orch: &OrchHandle, args: &mut RunArgs<'_>, tasks: u64| -> f64 {
+    // The three DAGs alternate in rounds (they share the chip, hence the cell).
+    let cell = RefCell::new(&mut chip);
+    let run = |orch: &OrchHandle, args: &mut RunArgs<'_>, tasks: u64| -> f64 {
         let t = Instant::now();
-        let r = chip.run(orch, args, &cfg).expect("run");
+        let r = cell.borrow_mut().run(orch, args, &cfg).expect("run");
         let el = t.elapsed();
         assert_eq!(r.tasks, tasks);
         el.as_secs_f64() * 1e6 / tasks as f64
     };
     let only = std::env::var("STRATA_BENCH_ONLY").unwrap_or_default();
     let want = |w: &str| only.is_empty() || only == w;
-    let mut chain_us = vec![];
-    let mut fan_us = vec![];
-    let mut indep_us = vec![];
-    for rep in 0..=REPS {
-        let mut a = RunArgs::new();
-        a.device(&x, ArgTag::InOut);
-        let c = if want("chain") {
+    // The first round warms up (grows the slot arena and the TensorMap once).
+    let mut dags = Rounds::new(REPS).warmup(1);
+    if want("chain") {
+        dags = dags.variant("chain", || {
+            let mut a = RunArgs::new();
+            a.device(&x, ArgTag::InOut);
             run(&chain, &mut a, CHAIN)
-        } else {
-            0.0
-        };
-        let mut a = RunArgs::new();
-        a.device(&x, ArgTag::InOut);
-        let f = if want("fan") {
-            run(&fan, &mut a, FAN_ROUNDS * (FAN_WIDTH + 2))
-        } else {
-            0.0
-        };
-        let i = if want("indep") {
-            run(&indep, &mut RunArgs::new(), INDEP)
-        } else {
-            0.0
-        };
-        if rep > 0 {
-            // rep 0 warms up (grows the slot arena and the TensorMap once)
-            chain_us.push(c);
-            fan_us.push(f);
-            indep_us.push(i);
-        }
+        });
     }
+    if want("fan") {
+        dags = dags.variant("fan", || {
+            let mut a = RunArgs::new();
+            a.device(&x, ArgTag::InOut);
+            run(&fan, &mut a, FAN_ROUNDS * (FAN_WIDTH + 2))
+        });
+    }
+    if want("indep") {
+        dags = dags.variant("independent", || run(&indep, &mut RunArgs::new(), INDEP));
+    }
+    let dags = dags.run();
+    let dag = |name: &str| {
+        if dags.names().iter().any(|n| n == name) {
+            dags.figures(name)
+        } else {
+            vec![f64::NAN]
+        }
+    };
+    let (chain_us, fan_us, indep_us) = (dag("chain"), dag("fan"), dag("independent"));
 
     // Vector add over resident device tensors, 1 MiB per operand.
     let sets: Vec<[DeviceTensor; 3]> = (0..VADD_SETS)
@@ -182,41 +200,38 @@ fn main() {
             [t(), t(), t()]
         })
         .collect();
-    let mut vadd_gbps = vec![];
-    for rep in 0..=REPS {
-        let mut a = RunArgs::new();
-        for s in &sets {
-            a.device(&s[0], ArgTag::Input)
-                .device(&s[1], ArgTag::Input)
-                .device(&s[2], ArgTag::OutputExisting);
-        }
-        let t = Instant::now();
-        chip.run(&vadd_orch, &mut a, &cfg).expect("vadd");
-        let el = t.elapsed().as_secs_f64();
-        if rep > 0 {
-            vadd_gbps.push((VADD_TASKS * VADD_ELEMS * 4 * 3) as f64 / el / 1e9);
-        }
-    }
-    let out = chip.read_tensor::<f32>(&sets[0][2]).expect("read");
-    assert!(out.iter().all(|&v| v == 3.0), "vector add result");
-
     // The machine's single-core memcpy over the same working set and chunk size.
     let chunk = (VADD_ELEMS * 4) as usize;
     let src: Vec<Vec<u8>> = (0..VADD_SETS * 2).map(|i| vec![i as u8; chunk]).collect();
     let mut dst: Vec<Vec<u8>> = (0..VADD_SETS).map(|_| vec![0u8; chunk]).collect();
-    let mut memcpy_gbps = vec![];
-    for rep in 0..=REPS {
-        let t = Instant::now();
-        for k in 0..VADD_TASKS as usize {
-            let d = &mut dst[k % VADD_SETS];
-            d.copy_from_slice(&src[(2 * k) % src.len()]);
-            std::hint::black_box(&d);
-        }
-        let el = t.elapsed().as_secs_f64();
-        if rep > 0 {
-            memcpy_gbps.push((VADD_TASKS as usize * chunk * 2) as f64 / el / 1e9);
-        }
-    }
+    let bandwidth = Rounds::new(REPS)
+        .warmup(1)
+        .variant("vector add, 1 MiB per task", || {
+            let mut a = RunArgs::new();
+            for s in &sets {
+                a.device(&s[0], ArgTag::Input)
+                    .device(&s[1], ArgTag::Input)
+                    .device(&s[2], ArgTag::OutputExisting);
+            }
+            let t = Instant::now();
+            chip.run(&vadd_orch, &mut a, &cfg).expect("vadd");
+            let el = t.elapsed().as_secs_f64();
+            (VADD_TASKS * VADD_ELEMS * 4 * 3) as f64 / el / 1e9
+        })
+        .variant("memcpy, one core, same set", || {
+            let t = Instant::now();
+            for k in 0..VADD_TASKS as usize {
+                let d = &mut dst[k % VADD_SETS];
+                d.copy_from_slice(&src[(2 * k) % src.len()]);
+                std::hint::black_box(&d);
+            }
+            let el = t.elapsed().as_secs_f64();
+            (VADD_TASKS as usize * chunk * 2) as f64 / el / 1e9
+        })
+        .baseline("memcpy, one core, same set")
+        .run();
+    let out = chip.read_tensor::<f32>(&sets[0][2]).expect("read");
+    assert!(out.iter().all(|&v| v == 3.0), "vector add result");
 
     let idle_ms = {
         let me = std::process::id() as i32;
@@ -229,65 +244,74 @@ fn main() {
     };
     chip.close().expect("close");
 
+    let vadd_gbps = bandwidth.median("vector add, 1 MiB per task");
+    let memcpy_gbps = bandwidth.median("memcpy, one core, same set");
+    let vadd_vs_memcpy = bandwidth.ratio_median("vector add, 1 MiB per task");
+    let one_thread = one_kernel.median("run of 1 kernel, orchestrator thread");
+    let one_caller = one_kernel.median("run of 1 kernel, caller's thread");
+    let thread_vs_caller = one_kernel.ratio_median("run of 1 kernel, orchestrator thread");
+    let median = strata_testkit::bench::median;
+    let min = strata_testkit::bench::min;
+
+    println!("{}", machine.line());
     println!(
-        "strata-chip throughput (1 AIC + 2 AIV cores; median of {REPS} runs, min in brackets)"
+        "strata-chip throughput (1 AIC + 2 AIV cores; median of {REPS} rounds, min in brackets)"
     );
+    print!("{}", dags.table("us/task", 3));
+    print!("{}", bandwidth.table("GB/s", 2));
+    print!("{}", one_kernel.table("us/run", 3));
+    println!();
     println!("{:<34} {:>10} {:>10}", "workload", "median", "min");
     println!(
         "{:<34} {:>8.3}us {:>8.3}us",
         format!("empty chain ({CHAIN} tasks)"),
-        median(chain_us.clone()),
+        median(&chain_us),
         min(&chain_us)
     );
     println!(
         "{:<34} {:>8.3}us {:>8.3}us",
         format!("empty fan 1->{FAN_WIDTH}->1 x{FAN_ROUNDS}"),
-        median(fan_us.clone()),
+        median(&fan_us),
         min(&fan_us)
     );
     println!(
         "{:<34} {:>8.3}us {:>8.3}us",
         format!("empty independent ({INDEP})"),
-        median(indep_us.clone()),
+        median(&indep_us),
         min(&indep_us)
     );
     println!(
-        "{:<34} {:>7.2}GB/s {:>7.2}GB/s",
-        "vector add, 1 MiB per task",
-        median(vadd_gbps.clone()),
-        vadd_gbps.iter().copied().fold(0.0, f64::max)
+        "{:<34} {:>7.2}GB/s   (x{:.2} memcpy, median of per-round ratios)",
+        "vector add, 1 MiB per task", vadd_gbps, vadd_vs_memcpy
     );
     println!(
-        "{:<34} {:>7.2}GB/s {:>7.2}GB/s",
-        "memcpy, one core, same set",
-        median(memcpy_gbps.clone()),
-        memcpy_gbps.iter().copied().fold(0.0, f64::max)
+        "{:<34} {:>7.2}GB/s",
+        "memcpy, one core, same set", memcpy_gbps
     );
     println!(
         "{:<34} {:>8.1}ms",
         "process CPU while idle for 500 ms", idle_ms
     );
     println!(
-        "{:<34} {:>8.3}us {:>8.3}us",
-        "run of 1 kernel, orchestrator thread",
-        median(one_thread.clone()),
-        min(&one_thread)
+        "{:<34} {:>8.3}us",
+        "run of 1 kernel, orchestrator thread", one_thread
     );
     println!(
-        "{:<34} {:>8.3}us {:>8.3}us",
-        "run of 1 kernel, caller's thread",
-        median(one_caller.clone()),
-        min(&one_caller)
+        "{:<34} {:>8.3}us   (thread / caller {:.2}, median of per-round ratios)",
+        "run of 1 kernel, caller's thread", one_caller, thread_vs_caller
     );
-    println!(
-        "{{\"empty_chain_us\":{:.4},\"empty_fan_us\":{:.4},\"empty_indep_us\":{:.4},\"vadd_gbps\":{:.3},\"memcpy_gbps\":{:.3},\"idle_cpu_ms\":{:.1},\"one_kernel_run_us\":{:.3},\"one_kernel_run_caller_us\":{:.3}}}",
-        median(chain_us),
-        median(fan_us),
-        median(indep_us),
-        median(vadd_gbps),
-        median(memcpy_gbps),
-        idle_ms,
-        median(one_thread),
-        median(one_caller)
-    );
+    let mut json = Json::new();
+    json.num("empty_chain_us", median(&chain_us), 4)
+        .num("empty_fan_us", median(&fan_us), 4)
+        .num("empty_indep_us", median(&indep_us), 4)
+        .num("vadd_gbps", vadd_gbps, 3)
+        .num("memcpy_gbps", memcpy_gbps, 3)
+        .num("idle_cpu_ms", idle_ms, 1)
+        .num("one_kernel_run_us", one_thread, 3)
+        .num("one_kernel_run_caller_us", one_caller, 3)
+        .num("vadd_gbps_vs_memcpy", vadd_vs_memcpy, 3)
+        .num("one_kernel_thread_vs_caller", thread_vs_caller, 3)
+        .int("rounds", REPS as u64)
+        .machine(&machine);
+    println!("{}", json.line());
 }

@@ -3,13 +3,20 @@
 //! single-core memcpy. The L3 end-to-end comparison with Open MPI is `cargo xtask bench
 //! allreduce` (strata-dist); this one isolates strata-comm's own cost.
 //!
+//! Each size is measured in rounds (5, or 2 with STRATA_BENCH_QUICK=1), its variants
+//! alternating (A B …, then reversed): for the latency sizes the thread ping-pong and the
+//! four algorithms, for the bandwidth sizes a memcpy of the same size and the four
+//! algorithms. Figures are medians over the rounds; `Auto` is compared with its floor by the
+//! median of the per-round ratios.
+//!
 //! `cargo bench -p strata-comm --bench comm_collectives` (STRATA_BENCH_QUICK=1 for a short
-//! run). Prints a table and a JSON last line (latencies and bandwidths of `Auto`).
+//! run). Prints the machine (CPU model, load average), tables and a JSON last line
+//! (latencies and bandwidths of `Auto`, their ratios to the floor).
 
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 use strata_comm::*;
-use strata_testkit::bench::{median, pin, pingpong_threads_ns};
+use strata_testkit::bench::{median, pin, pingpong_threads_ns, Json, Machine, Rounds};
 use strata_types::DataType;
 
 const P: u32 = 2;
@@ -76,13 +83,14 @@ fn allreduce_secs(
     median(&times)
 }
 
-/// Single-core memcpy GB/s (bytes copied per second) of `bytes`.
-fn memcpy_gbps(bytes: usize, reps: usize) -> f64 {
+/// Single-core memcpy GB/s (bytes copied per second) of `bytes`: the median of `samples`
+/// timings of `reps` copies.
+fn memcpy_gbps(bytes: usize, reps: usize, samples: usize) -> f64 {
     let src = vec![1u8; bytes];
     let mut dst = vec![0u8; bytes];
     dst.copy_from_slice(&src);
     let mut v = Vec::new();
-    for _ in 0..5 {
+    for _ in 0..samples {
         let t = Instant::now();
         for _ in 0..reps {
             dst.copy_from_slice(std::hint::black_box(&src));
@@ -93,56 +101,88 @@ fn memcpy_gbps(bytes: usize, reps: usize) -> f64 {
     median(&v)
 }
 
+const ALGOS: [AllreduceAlgo; 4] = [
+    AllreduceAlgo::Mesh,
+    AllreduceAlgo::TwoPhase,
+    AllreduceAlgo::Ring,
+    AllreduceAlgo::Auto,
+];
+
 fn main() {
     let q = quick();
+    let machine = Machine::now();
+    println!("{}", machine.line());
     let arena = Arc::new(CommArena::anonymous(160 << 20, P).unwrap());
-    let floor = pingpong_threads_ns(if q { 20_000 } else { 200_000 });
-    // The rest of the bench ran with this thread on CPU 0, as the ping-pong used to leave it.
+    let rounds = if q { 2 } else { 5 };
+    // The allreduces run with this thread on CPU 0.
     pin(0);
-    println!("raw cache-line ping-pong round trip (2 pinned threads): {floor:.0} ns");
-    let mut json = vec![format!("\"pingpong_rtt_ns\": {floor:.1}")];
+    let mut json = Json::new();
+    let mut floors_ns = Vec::new();
+    let mut lat = Vec::new();
     let lat_iters = if q { 5_000 } else { 50_000 };
     for bytes in [8u64, 256, 4096] {
-        for algo in [
-            AllreduceAlgo::Mesh,
-            AllreduceAlgo::TwoPhase,
-            AllreduceAlgo::Ring,
-            AllreduceAlgo::Auto,
-        ] {
-            let us = allreduce_secs(&arena, bytes, algo, lat_iters, 5) * 1e6;
-            println!("allreduce {bytes:>8} B  {algo:<9?} {us:8.3} µs");
-            if algo == AllreduceAlgo::Auto {
-                json.push(format!("\"lat_us_{bytes}\": {us:.3}"));
-            }
+        let mut r = Rounds::new(rounds).variant("ping-pong RTT", || {
+            let ns = pingpong_threads_ns(if q { 5_000 } else { 20_000 });
+            floors_ns.push(ns);
+            ns / 1e3
+        });
+        for algo in ALGOS {
+            let arena = &arena;
+            r = r.variant(format!("{algo:?}"), move || {
+                allreduce_secs(arena, bytes, algo, lat_iters, 1) * 1e6
+            });
         }
+        let report = r.baseline("ping-pong RTT").run();
+        println!("allreduce {bytes} B, µs per call:");
+        print!("{}", report.table("µs", 3));
+        lat.push((bytes, report.median("Auto"), report.ratio_median("Auto")));
     }
-    for (bytes, iters, name) in [
-        (1u64 << 20, if q { 50 } else { 500 }, "1m"),
-        (64 << 20, if q { 3 } else { 10 }, "64m"),
+    let floor = median(&floors_ns);
+    json.num("pingpong_rtt_ns", floor, 1);
+    for (bytes, us, ratio) in &lat {
+        json.num(&format!("lat_us_{bytes}"), *us, 3);
+        json.num(&format!("lat_ratio_{bytes}"), *ratio, 3);
+    }
+    let mut memcpy = Vec::new();
+    for (bytes, iters, name, copies) in [
+        (
+            1u64 << 20,
+            if q { 50 } else { 500 },
+            "1m",
+            if q { 200 } else { 2000 },
+        ),
+        (
+            64 << 20,
+            if q { 3 } else { 10 },
+            "64m",
+            if q { 2 } else { 10 },
+        ),
     ] {
-        let mut best = 0f64;
-        for algo in [
-            AllreduceAlgo::Mesh,
-            AllreduceAlgo::TwoPhase,
-            AllreduceAlgo::Ring,
-            AllreduceAlgo::Auto,
-        ] {
-            let s = allreduce_secs(&arena, bytes, algo, iters, if q { 2 } else { 5 });
-            let gbps = bytes as f64 / s / 1e9;
-            println!(
-                "allreduce {bytes:>8} B  {algo:<9?} {gbps:8.2} GB/s ({:.1} µs)",
-                s * 1e6
-            );
-            if algo == AllreduceAlgo::Auto {
-                best = gbps;
-            }
+        let mut r =
+            Rounds::new(rounds).variant("memcpy", move || memcpy_gbps(bytes as usize, copies, 1));
+        for algo in ALGOS {
+            let arena = &arena;
+            r = r.variant(format!("{algo:?}"), move || {
+                bytes as f64 / allreduce_secs(arena, bytes, algo, iters, 1) / 1e9
+            });
         }
-        json.push(format!("\"bw_gbps_{name}\": {best:.2}"));
+        let report = r.baseline("memcpy").run();
+        println!("allreduce {bytes} B, GB/s:");
+        print!("{}", report.table("GB/s", 2));
+        json.num(&format!("bw_gbps_{name}"), report.median("Auto"), 2);
+        json.num(
+            &format!("bw_gbps_{name}_vs_memcpy"),
+            report.ratio_median("Auto"),
+            3,
+        );
+        memcpy.push((name, report.median("memcpy")));
     }
-    let mc = memcpy_gbps(64 << 20, if q { 2 } else { 10 });
-    let mc1 = memcpy_gbps(1 << 20, if q { 200 } else { 2000 });
+    println!("raw cache-line ping-pong round trip (2 pinned threads): {floor:.0} ns (median over the latency rounds)");
+    let (mc1, mc) = (memcpy[0].1, memcpy[1].1);
     println!("single-core memcpy: {mc:.2} GB/s at 64 MiB, {mc1:.2} GB/s at 1 MiB");
-    json.push(format!("\"memcpy_gbps\": {mc:.2}"));
-    json.push(format!("\"memcpy_gbps_1m\": {mc1:.2}"));
-    println!("{{{}}}", json.join(", "));
+    json.num("memcpy_gbps", mc, 2)
+        .num("memcpy_gbps_1m", mc1, 2)
+        .int("rounds", rounds as u64)
+        .machine(&machine);
+    println!("{}", json.line());
 }

@@ -26,9 +26,11 @@
 //!
 //! **Order and placement.** The VM's two vCPUs move between placements (cache-line round
 //! trip ~50 ns or ~400 ns) at random moments, also during a run, and every figure here
-//! follows the placement. So the figures are taken size by size in *rounds*: a thread
-//! ping-pong, one MPI launch (one timed loop per mode, calibrated at the first launch), a
-//! ping-pong, strata `Auto`, a ping-pong, the other strata algorithms, a ping-pong. A
+//! follows the placement. So the figures are taken size by size in *rounds*
+//! (`strata_testkit::bench::Rounds`): a thread ping-pong, one MPI launch (one timed loop per
+//! mode, calibrated at the first launch), a ping-pong, strata `Auto`, a ping-pong, the other
+//! strata algorithms, a ping-pong — in this order in even rounds and reversed in odd ones,
+//! so neither MPI nor strata always runs first, and a ping-pong always separates them. A
 //! round whose ping-pongs differ by more than 1.5× saw the placement change and is set
 //! aside; the reported figures are the medians over the largest group of rounds in one
 //! placement (rounds are added until 3 agree, at most 9). MPI and strata figures of a size
@@ -38,11 +40,16 @@
 //! raw two-process cache-line ping-pong of strata-testkit (pinned to CPUs 0 / 1), before
 //! the worker starts.
 //!
-//! Bandwidth = bytes reduced per second = `bytes / time per call`. Prints tables and, as
-//! its last line, one JSON object: `lat_us_{8,256,4096}`, `mpi_lat_us_{8,256,4096}`,
-//! `bw_gbps_{1m,64m}`, `mpi_bw_gbps_{1m,64m}`, `memcpy_gbps`, `pingpong_rtt_ns`.
+//! Bandwidth = bytes reduced per second = `bytes / time per call`. Prints the machine (CPU
+//! model, load average), tables and, as its last line, one JSON object:
+//! `lat_us_{8,256,4096}`, `mpi_lat_us_{8,256,4096}`, `bw_gbps_{1m,64m}`,
+//! `mpi_bw_gbps_{1m,64m}`, `memcpy_gbps`, `pingpong_rtt_ns`, and the medians of the
+//! per-round ratios `lat_vs_mpi_{8,256,4096}` (strata / MPI time) and
+//! `bw_gbps_{1m,64m}_vs_mpi` (strata / MPI bandwidth), `rounds_{8,…,64m}` (rounds used)
+//! and the `machine_` keys; a missing MPI figure is `null`.
 //! `STRATA_BENCH_QUICK=1` shortens the loops (0.05 s, one round per size).
 
+use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -52,7 +59,8 @@ use strata_comm::{signal_cells, Comm, DistributedTensor};
 use strata_dist::{AllreduceAlgo, DistConfig, DistWorker, HostOrchHandle, ReduceOp};
 use strata_host::SharedTensor;
 use strata_testkit::bench::{
-    affinity, assert_single_threaded, median, pin, pingpong_threads_ns, restore_affinity, FloorSpec,
+    affinity, assert_single_threaded, median, pin, pingpong_threads_ns, restore_affinity,
+    FloorSpec, Json, Machine, Rounds, RoundsReport,
 };
 use strata_types::{ArgTag, CallConfig, DataType, TaskArgs};
 
@@ -502,15 +510,8 @@ fn load() -> String {
         .join(" ")
 }
 
-/// One round of a size: MPI and every strata algorithm once, with a ping-pong (ns) before,
-/// between and after them.
-struct Round {
-    floors: Vec<f64>,
-    /// Seconds per call: separate buffers, in place.
-    mpi: Option<(f64, f64)>,
-    /// Seconds per call, by `ALGOS` index.
-    strata: Vec<f64>,
-}
+/// The ping-pongs taken in each round, around and between MPI and strata.
+const FLOORS: [&str; 4] = ["ping-pong 1", "ping-pong 2", "ping-pong 3", "ping-pong 4"];
 
 /// Floors within this factor of each other count as one vCPU placement.
 const SAME_PLACEMENT: f64 = 1.5;
@@ -519,27 +520,35 @@ fn spread(v: &[f64]) -> f64 {
     v.iter().copied().fold(0.0, f64::max) / v.iter().copied().fold(f64::INFINITY, f64::min)
 }
 
+/// The ping-pongs (ns) of every round.
+fn floors(rep: &RoundsReport) -> Vec<Vec<f64>> {
+    let cols: Vec<Vec<f64>> = FLOORS.iter().map(|f| rep.figures(f)).collect();
+    (0..rep.rounds())
+        .map(|r| cols.iter().map(|c| c[r]).collect())
+        .collect()
+}
+
 /// The rounds to report: the largest group of rounds that each stayed in one placement
 /// (floors within `SAME_PLACEMENT`) and share it (ties: the closer placement). All rounds
 /// if none stayed put.
-fn consistent(rounds: &[Round]) -> Vec<&Round> {
-    let steady: Vec<&Round> = rounds
-        .iter()
-        .filter(|r| spread(&r.floors) <= SAME_PLACEMENT)
+fn consistent(rep: &RoundsReport) -> Vec<usize> {
+    let fl = floors(rep);
+    let steady: Vec<usize> = (0..fl.len())
+        .filter(|&r| spread(&fl[r]) <= SAME_PLACEMENT)
         .collect();
-    let group = |m: f64| -> Vec<&Round> {
+    let group = |m: f64| -> Vec<usize> {
         steady
             .iter()
             .copied()
-            .filter(|r| spread(&[m, median(&r.floors)]) <= SAME_PLACEMENT)
+            .filter(|&r| spread(&[m, median(&fl[r])]) <= SAME_PLACEMENT)
             .collect()
     };
     steady
         .iter()
-        .map(|r| median(&r.floors))
+        .map(|&r| median(&fl[r]))
         .map(|m| (m, group(m)))
         .max_by(|a, b| a.1.len().cmp(&b.1.len()).then(b.0.total_cmp(&a.0)))
-        .map_or_else(|| rounds.iter().collect(), |(_, g)| g)
+        .map_or_else(|| (0..fl.len()).collect(), |(_, g)| g)
 }
 
 /// What is reported for one size.
@@ -552,6 +561,8 @@ struct Summary {
     strata: Vec<(f64, u64)>,
     /// Seconds per call: separate buffers, in place.
     mpi: Option<(f64, f64)>,
+    /// Median over the rounds used of the per-round ratio strata `Auto` / MPI (time).
+    auto_vs_mpi: f64,
 }
 
 impl Summary {
@@ -569,69 +580,81 @@ impl Summary {
 /// three times as many).
 fn measure_size(l3: &mut L3, mpi: &mut Option<Mpi>, bytes: u64) -> Summary {
     let iters: Vec<u64> = ALGOS.iter().map(|&a| l3_calibrate(l3, bytes, a)).collect();
-    let mut mpi_iters = None;
     let need = target().1;
-    let mut rounds = Vec::new();
-    while rounds.len() < 3 * need {
-        let mut floors = vec![pingpong_threads_ns(PINGPONG_ROUNDS)];
-        let mut m = None;
-        if let Some(p) = mpi {
-            match p.measure(bytes, mpi_iters) {
-                Ok((a, b, n)) => {
-                    m = Some((a, b));
-                    mpi_iters = Some(n);
-                }
-                Err(why) => {
-                    println!("MPI: not available ({why})");
-                    *mpi = None;
-                }
+    let had_mpi = mpi.is_some();
+    let l3 = RefCell::new(l3);
+    // MPI's two modes per round (None: not measured).
+    let mut mpi_rounds: Vec<Option<(f64, f64)>> = Vec::new();
+    let mut mpi_iters = None;
+    let pp = || pingpong_threads_ns(PINGPONG_ROUNDS);
+    let strata = |k: usize| {
+        let l3 = &l3;
+        let n = iters[k];
+        move || l3_loop(&mut l3.borrow_mut(), bytes, n, n / 10 + 1, ALGOS[k]) / n as f64
+    };
+    let report = Rounds::new(3 * need)
+        .variant(FLOORS[0], pp)
+        .variant("MPI", || {
+            let m = mpi
+                .as_mut()
+                .and_then(|p| match p.measure(bytes, mpi_iters) {
+                    Ok((a, b, n)) => {
+                        mpi_iters = Some(n);
+                        Some((a, b))
+                    }
+                    Err(why) => {
+                        println!("MPI: not available ({why})");
+                        None
+                    }
+                });
+            if m.is_none() {
+                *mpi = None;
             }
-            floors.push(pingpong_threads_ns(PINGPONG_ROUNDS));
-        }
-        let mut strata = Vec::new();
-        for (k, &algo) in ALGOS.iter().enumerate() {
-            let n = iters[k];
-            strata.push(l3_loop(l3, bytes, n, n / 10 + 1, algo) / n as f64);
-            if k == 0 {
-                floors.push(pingpong_threads_ns(PINGPONG_ROUNDS)); // right after the pair MPI / Auto
-            }
-        }
-        floors.push(pingpong_threads_ns(PINGPONG_ROUNDS));
-        rounds.push(Round {
-            floors,
-            mpi: m,
-            strata,
-        });
-        if consistent(&rounds).len() >= need {
-            break;
-        }
-    }
-    let used = consistent(&rounds);
-    let col = |f: &dyn Fn(&Round) -> f64| median(&used.iter().map(|r| f(r)).collect::<Vec<_>>());
-    let mpi_ok = mpi.is_some() && used.iter().all(|r| r.mpi.is_some());
+            mpi_rounds.push(m);
+            m.map_or(f64::NAN, |(a, b)| a.min(b))
+        })
+        .variant(FLOORS[1], pp)
+        .variant("Auto", strata(0))
+        .variant(FLOORS[2], pp)
+        .variant("Mesh", strata(1))
+        .variant("TwoPhase", strata(2))
+        .variant("Ring", strata(3))
+        .variant(FLOORS[3], pp)
+        .baseline("MPI")
+        .run_until(|rep| consistent(rep).len() >= need);
+    let rounds = consistent(&report);
+    let used = report.only(&rounds);
+    let mpi_ok = had_mpi && mpi.is_some() && rounds.iter().all(|&r| mpi_rounds[r].is_some());
+    let mpi_col = |f: fn((f64, f64)) -> f64| {
+        median(
+            &rounds
+                .iter()
+                .map(|&r| mpi_rounds[r].map_or(f64::NAN, f))
+                .collect::<Vec<_>>(),
+        )
+    };
     Summary {
-        floor: col(&|r| median(&r.floors)),
-        used: used.len(),
-        taken: rounds.len(),
-        strata: (0..ALGOS.len())
-            .map(|k| (col(&|r| r.strata[k]), iters[k]))
+        floor: median(&floors(&used).iter().map(|f| median(f)).collect::<Vec<_>>()),
+        used: used.rounds(),
+        taken: report.rounds(),
+        strata: ["Auto", "Mesh", "TwoPhase", "Ring"]
+            .iter()
+            .zip(&iters)
+            .map(|(name, &n)| (used.median(name), n))
             .collect(),
-        mpi: mpi_ok.then(|| {
-            (
-                col(&|r| r.mpi.map_or(f64::NAN, |m| m.0)),
-                col(&|r| r.mpi.map_or(f64::NAN, |m| m.1)),
-            )
-        }),
+        mpi: mpi_ok.then(|| (mpi_col(|m| m.0), mpi_col(|m| m.1))),
+        auto_vs_mpi: if mpi_ok {
+            used.ratio_median_vs("Auto", "MPI")
+        } else {
+            f64::NAN
+        },
     }
 }
 
 fn main() {
     let started = Instant::now();
-    println!(
-        "{} CPUs; load average at start: {}",
-        std::thread::available_parallelism().map_or(0, |n| n.get()),
-        load()
-    );
+    let machine = Machine::now();
+    println!("{}", machine.line());
     let floor = pingpong_ns();
     let memcpy = memcpy_gbps();
     println!("floor: raw cache-line ping-pong between two pinned processes: {floor:.0} ns RTT");
@@ -702,10 +725,11 @@ fn main() {
 
     println!();
     println!(
-        "{:<8} {:>16} {:>16} {:>9} {:>10} {:>7}   goal",
-        "size", "strata (Auto)", "Open MPI", "strata ×", "ping-pong", "rounds"
+        "{:<8} {:>16} {:>16} {:>9} {:>9} {:>10} {:>7}   goal",
+        "size", "strata (Auto)", "Open MPI", "strata ×", "per round", "ping-pong", "rounds"
     );
     let (mut lat, mut mpi_lat, mut bw, mut mpi_bw) = (vec![], vec![], vec![], vec![]);
+    let mut round_ratios = vec![];
     for (&(bytes, key, latency), sum) in SIZES.iter().zip(&sums) {
         let (s, m) = if mpi_cmd.is_some() {
             (sum.auto(), sum.mpi_best())
@@ -713,16 +737,19 @@ fn main() {
             (sum.auto(), f64::NAN)
         };
         let placement = format!("{:>7.0} ns {:>4}/{}", sum.floor, sum.used, sum.taken);
+        // strata × per round: MPI time / strata time, the median over the rounds used.
+        let per_round = 1.0 / sum.auto_vs_mpi;
+        round_ratios.push((key, latency, sum.auto_vs_mpi, sum.used));
         if latency {
             println!(
-                "{:<8} {:>13.3} µs {:>13.3} µs {:>9.2} {placement}   strata <= MPI",
+                "{:<8} {:>13.3} µs {:>13.3} µs {:>9.2} {per_round:>9.2} {placement}   strata <= MPI",
                 fmt_size(bytes),
                 s * 1e6,
                 m * 1e6,
                 m / s,
             );
-            lat.push(format!("\"lat_us_{key}\": {:.3}", s * 1e6));
-            mpi_lat.push(format!("\"mpi_lat_us_{key}\": {:.3}", m * 1e6));
+            lat.push((format!("lat_us_{key}"), s * 1e6));
+            mpi_lat.push((format!("mpi_lat_us_{key}"), m * 1e6));
         } else {
             let (gs, gm) = (bytes as f64 / s / 1e9, bytes as f64 / m / 1e9);
             let goal = if bytes == 64 << 20 {
@@ -734,25 +761,42 @@ fn main() {
                 String::new()
             };
             println!(
-                "{:<8} {:>11.2} GB/s {:>11.2} GB/s {:>9.2} {placement}   {goal}",
+                "{:<8} {:>11.2} GB/s {:>11.2} GB/s {:>9.2} {per_round:>9.2} {placement}   {goal}",
                 fmt_size(bytes),
                 gs,
                 gm,
                 gs / gm,
             );
-            bw.push(format!("\"bw_gbps_{key}\": {gs:.3}"));
-            mpi_bw.push(format!("\"mpi_bw_gbps_{key}\": {gm:.3}"));
+            bw.push((format!("bw_gbps_{key}"), gs));
+            mpi_bw.push((format!("mpi_bw_gbps_{key}"), gm));
         }
     }
-    println!("(strata × = how many times faster strata is; ping-pong = median RTT between the two CPUs around the rounds used; rounds = used / taken)");
-    let mut json = [lat, mpi_lat, bw, mpi_bw].concat();
-    json.push(format!("\"memcpy_gbps\": {memcpy:.3}"));
-    json.push(format!("\"pingpong_rtt_ns\": {floor:.1}"));
+    println!("(strata × = how many times faster strata is, from the medians; per round = the same from the median of the per-round ratios; ping-pong = median RTT between the two CPUs around the rounds used; rounds = used / taken)");
+    let mut json = Json::new();
+    for (k, v) in &lat {
+        json.num(k, *v, 3);
+    }
+    for (k, v) in &mpi_lat {
+        json.num(k, *v, 3);
+    }
+    for (k, v) in bw.iter().chain(&mpi_bw) {
+        json.num(k, *v, 3);
+    }
+    json.num("memcpy_gbps", memcpy, 3)
+        .num("pingpong_rtt_ns", floor, 1);
+    for (key, latency, auto_vs_mpi, used) in round_ratios {
+        if latency {
+            json.num(&format!("lat_vs_mpi_{key}"), auto_vs_mpi, 3);
+        } else {
+            json.num(&format!("bw_gbps_{key}_vs_mpi"), 1.0 / auto_vs_mpi, 3);
+        }
+        json.int(&format!("rounds_{key}"), used as u64);
+    }
+    json.machine(&machine);
     println!(
         "total bench time {:.1} s; load average at the end: {}",
         started.elapsed().as_secs_f64(),
         load()
     );
-    // Missing MPI figures print as NaN (JSON has no such literal; Python's json reads it).
-    println!("{{{}}}", json.join(", "));
+    println!("{}", json.line());
 }

@@ -28,12 +28,24 @@
 //! scheduler thread joined — before the next starts), then `Threads` mode, then the
 //! in-process chip. The bench checks the process is single-threaded before each fork.
 //!
+//! **Rounds.** Side-by-side figures alternate in `ROUNDS` rounds (A B C, C B A, …): the
+//! Process-mode round trips with the floor (a fresh worker per round, since `init` forks
+//! only from a single-threaded process), the four DAGs of a mode with each other (one
+//! worker, one warm-up round; the tiles-of-one-tensor wavefront is compared with the
+//! tensor-per-tile one), and the Threads-mode round trips and the in-process chip run with
+//! a two-thread ping-pong floor. Each figure is the median over the rounds; a ratio is
+//! the median of the per-round ratios. The machine (CPU model, load average) heads the
+//! output.
+//!
 //! Prints a table, then as its very last line one JSON object: `l3_rtt_us`,
 //! `floor_rtt_us`, `ratio`, `threads_{chain,fan,wavefront}_us`,
 //! `process_{chain,fan,wavefront}_us`, `init_ms`, `close_ms` (medians), plus the
 //! decomposition keys `l3_sub_rtt_us`, `sub_ratio`, `chip_run_us`,
-//! `{process,threads}_wavefront_sep_us`.
+//! `{process,threads}_wavefront_sep_us`; from the rounds `ratio_round_median`,
+//! `sub_ratio_round_median`, `{process,threads}_wavefront_vs_sep`, `threads_floor_rtt_us`,
+//! `threads_l3_rtt_us`, `threads_sub_rtt_us`, `rounds` and the `machine_` keys.
 
+use std::cell::RefCell;
 use std::time::{Duration, Instant};
 use strata_chip::{ChipConfig, ChipWorker, RunArgs};
 use strata_dist::{DistConfig, DistWorker, HostOrchHandle};
@@ -42,12 +54,14 @@ use strata_types::{ArgTag, CallConfig, DataType, TaskArgs};
 
 // ----- sizes ---------------------------------------------------------------------------
 
-/// Round trips: warm-up runs, then timed runs (each timed on its own).
+/// Rounds of the side-by-side parts.
+const ROUNDS: usize = 5;
+/// Round trips: warm-up runs, then timed runs (each timed on its own), per round.
 const RTT_WARMUP: usize = 2_000;
-const RTT_RUNS: usize = 20_000;
-/// Floor: per-batch averages of `FLOOR_PER_BATCH` ping-pongs.
+const RTT_RUNS: usize = 4_000;
+/// Floor: per-batch averages of `FLOOR_PER_BATCH` ping-pongs, `FLOOR_BATCHES` per round.
 const FLOOR_WARMUP: usize = 20_000;
-const FLOOR_BATCHES: usize = 200;
+const FLOOR_BATCHES: usize = 80;
 const FLOOR_PER_BATCH: usize = 1_000;
 /// DAGs: one warm-up run, then `DAG_REPS` timed runs per DAG and mode.
 const CHAIN: usize = 1_000;
@@ -62,7 +76,10 @@ const LIFECYCLE_REPS: usize = 10;
 const LIFECYCLE_CHIPS: usize = 4;
 const SUBS: usize = 2;
 
-use strata_testkit::bench::{assert_single_threaded, median, min, quantile, FloorSpec};
+use strata_testkit::bench::{
+    assert_single_threaded, median, min, pingpong_threads_ns, quantile, FloorSpec, Json, Machine,
+    Rounds, RoundsReport,
+};
 
 /// Per-batch average RTTs (µs) of the raw two-process cache-line ping-pong.
 fn floor(pinned: bool) -> Vec<f64> {
@@ -284,15 +301,16 @@ fn dag_args(w: &DistWorker, dag: Dag) -> (Vec<TaskArgs>, Vec<SharedTensor>) {
     }
 }
 
-/// Per DAG: µs per task of whole runs, and µs per task spent in `submit` (the
-/// orchestration building the run on this thread while the first tasks already execute).
+/// Per DAG: µs per task of whole runs (per round), and µs per task spent in `submit`.
 struct DagTimes {
     run: [Vec<f64>; 4],
     submit: [Vec<f64>; 4],
+    /// Median of the per-round ratios wavefront / wavefront with one tensor per tile.
+    wavefront_vs_sep: f64,
 }
 
-/// µs per task of each DAG (`DAG_REPS` runs after one warm-up) on a worker with `SUBS`
-/// sub-workers in `mode`.
+/// µs per task of each DAG on a worker with `SUBS` sub-workers in `mode`: the four DAGs
+/// alternate in `DAG_REPS` rounds after a warm-up round.
 fn dags(mode: ExecMode) -> DagTimes {
     let mut w = DistWorker::new(DistConfig::l3(vec![], SUBS).with_exec_mode(mode)).expect("worker");
     let noop = w.register_sub("bench.noop", |_| Ok(()));
@@ -316,26 +334,35 @@ fn dags(mode: ExecMode) -> DagTimes {
     }
     w.init().expect("init");
     let none = TaskArgs::new();
-    let mut out = DagTimes {
-        run: Default::default(),
-        submit: Default::default(),
-    };
-    for rep in 0..=DAG_REPS {
-        for (k, dag) in Dag::ALL.iter().enumerate() {
+    let worker = RefCell::new(w);
+    let mut submit: [Vec<f64>; 4] = Default::default();
+    let mut rounds = Rounds::new(DAG_REPS).warmup(1);
+    for ((k, dag), sub) in Dag::ALL.iter().enumerate().zip(&mut submit) {
+        let (worker, orch, none) = (&worker, &orchs[k], &none);
+        rounds = rounds.variant(dag.name(), move || {
+            let per_task = |d: Duration| d.as_secs_f64() * 1e6 / dag.tasks() as f64;
+            let mut w = worker.borrow_mut();
             let t = Instant::now();
-            let mut h = w.submit(&orchs[k], &none).expect("DAG submit");
+            let mut h = w.submit(orch, none).expect("DAG submit");
             let submitted = t.elapsed();
             h.wait(None).expect("DAG run");
-            let per_task = |d: Duration| d.as_secs_f64() * 1e6 / dag.tasks() as f64;
-            if rep > 0 {
-                out.run[k].push(per_task(t.elapsed()));
-                out.submit[k].push(per_task(submitted));
-            }
-        }
+            let run = per_task(t.elapsed());
+            sub.push(per_task(submitted));
+            run
+        });
     }
-    w.close().expect("close");
+    let report = rounds.baseline(Dag::WavefrontSep.name()).run();
+    // The warm-up round's submit shares are the first four entries.
+    for sub in &mut submit {
+        sub.remove(0);
+    }
+    worker.into_inner().close().expect("close");
     drop(tensors);
-    out
+    DagTimes {
+        run: Dag::ALL.map(|d| report.figures(d.name())),
+        submit,
+        wavefront_vs_sep: report.ratio_median(Dag::Wavefront.name()),
+    }
 }
 
 // ----- 4. init + close -----------------------------------------------------------------
@@ -373,9 +400,28 @@ fn lifecycle() -> (Vec<f64>, Vec<f64>) {
 
 // ----- main ----------------------------------------------------------------------------
 
+/// A variant's per-round figures, or one NaN if it was not run.
+fn figures(r: &RoundsReport, name: &str) -> Vec<f64> {
+    if r.names().iter().any(|n| n == name) {
+        r.figures(name)
+    } else {
+        vec![f64::NAN]
+    }
+}
+
+/// A variant's median per-round ratio to the baseline, or NaN if it was not run.
+fn ratio(r: &RoundsReport, name: &str) -> f64 {
+    if r.names().iter().any(|n| n == name) {
+        r.ratio_median(name)
+    } else {
+        f64::NAN
+    }
+}
+
 fn main() {
     let started = Instant::now();
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let machine = Machine::now();
+    let cpus = machine.cpus;
     assert_single_threaded("start");
 
     // `STRATA_BENCH_ONLY=rtt|dags|lifecycle` runs one part (the others print NaN).
@@ -385,29 +431,41 @@ fn main() {
     let skip_dags = || DagTimes {
         run: [skip(), skip(), skip(), skip()],
         submit: [skip(), skip(), skip(), skip()],
+        wavefront_vs_sep: f64::NAN,
     };
+    let rtt = want("rtt");
 
-    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    // Process mode and our own forks first, while this process is single-threaded. The
-    // floor is measured twice, around the round trips: the host may move the vCPUs.
-    let floor_before = floor(cpus >= 2);
+    // Process mode and our own forks first, while this process is single-threaded: the
+    // floor and the two round trips alternate, each round with fresh workers (all samples
+    // are kept for the percentiles).
+    let (mut fl, mut l3, mut sub) = (Vec::new(), Vec::new(), Vec::new());
+    let mut process_rtt = Rounds::new(ROUNDS).variant("floor", || {
+        let v = floor(cpus >= 2);
+        let m = median(&v);
+        fl.extend(v);
+        m
+    });
+    if rtt {
+        process_rtt = process_rtt
+            .variant("l3_rtt", || {
+                let v = chip_rtt(ExecMode::Process);
+                let m = median(&v);
+                l3.extend(v);
+                m
+            })
+            .variant("l3_sub_rtt", || {
+                let v = sub_rtt(ExecMode::Process);
+                let m = median(&v);
+                sub.extend(v);
+                m
+            });
+    }
+    let process_rtt = process_rtt.baseline("floor").run();
     let (init, close) = if want("lifecycle") {
         lifecycle()
     } else {
         (skip(), skip())
     };
-    let rtt = want("rtt");
-    let l3 = if rtt {
-        chip_rtt(ExecMode::Process)
-    } else {
-        skip()
-    };
-    let sub = if rtt {
-        sub_rtt(ExecMode::Process)
-    } else {
-        skip()
-    };
-    let floor_after = floor(cpus >= 2);
     let process = if want("dags") {
         dags(ExecMode::Process)
     } else {
@@ -419,43 +477,64 @@ fn main() {
     } else {
         skip_dags()
     };
-    let l3_threads = if rtt {
-        chip_rtt(ExecMode::Threads)
+    let (mut l3_threads, mut sub_threads, mut chip_local) = (Vec::new(), Vec::new(), Vec::new());
+    let threads_rtt = if rtt {
+        Rounds::new(ROUNDS)
+            .variant("threads floor", || pingpong_threads_ns(20_000) / 1e3)
+            .variant("l3_rtt, Threads", || {
+                let v = chip_rtt(ExecMode::Threads);
+                let m = median(&v);
+                l3_threads.extend(v);
+                m
+            })
+            .variant("l3_sub_rtt, Threads", || {
+                let v = sub_rtt(ExecMode::Threads);
+                let m = median(&v);
+                sub_threads.extend(v);
+                m
+            })
+            .variant("chip_run", || {
+                let v = chip_local_run();
+                let m = median(&v);
+                chip_local.extend(v);
+                m
+            })
+            .baseline("threads floor")
+            .run()
     } else {
-        skip()
+        Rounds::new(1).variant("threads floor", || f64::NAN).run()
     };
-    let sub_threads = if rtt {
-        sub_rtt(ExecMode::Threads)
+    let (l3_threads, sub_threads, chip_local) = if rtt {
+        (l3_threads, sub_threads, chip_local)
     } else {
-        skip()
+        (skip(), skip(), skip())
     };
-    let chip_local = if rtt { chip_local_run() } else { skip() };
+    let (l3, sub) = if rtt { (l3, sub) } else { (skip(), skip()) };
 
-    let fl: Vec<f64> = floor_before.iter().chain(&floor_after).copied().collect();
-    let floor_us = median(&fl);
-    let l3_us = median(&l3);
-    let sub_us = median(&sub);
-    let ratio = l3_us / floor_us;
+    let floor_us = process_rtt.median("floor");
+    let l3_us = median(&figures(&process_rtt, "l3_rtt"));
+    let sub_us = median(&figures(&process_rtt, "l3_sub_rtt"));
+    let ratio_of_medians = l3_us / floor_us;
     let sub_ratio = sub_us / floor_us;
     let per_task = |v: &[Vec<f64>; 4]| v.each_ref().map(|x| median(x));
     let p = per_task(&process.run);
     let t = per_task(&threads.run);
     let init_ms = median(&init);
     let close_ms = median(&close);
-    let chip_run_us = median(&chip_local);
+    let chip_run_us = median(&figures(&threads_rtt, "chip_run"));
 
     println!();
     println!(
-        "strata-dist dispatch (L3 engine; {cpus} CPUs; load average at start: {})",
-        load.split_whitespace()
-            .take(3)
-            .collect::<Vec<_>>()
-            .join(" ")
+        "strata-dist dispatch (L3 engine; {cpus} CPUs); {}",
+        machine.line()
     );
     println!();
     println!(
-        "round trip of one run with one no-op task: {RTT_RUNS} runs timed one by one after {RTT_WARMUP} warm-up runs"
+        "round trip of one run with one no-op task: {ROUNDS} rounds, each {RTT_RUNS} runs timed one by one after {RTT_WARMUP} warm-up runs on a fresh worker; a round's figure is the median of its runs"
     );
+    print!("{}", process_rtt.table("us", 3));
+    print!("{}", threads_rtt.table("us", 3));
+    println!("all runs of all rounds:");
     println!(
         "{:<54} {:>9} {:>9} {:>9} {:>9}",
         "measurement", "median", "min", "p10", "p90"
@@ -471,8 +550,6 @@ fn main() {
         );
     };
     row("floor: cache-line ping-pong RTT (pinned, per batch)", &fl);
-    row("  floor measured before the round trips", &floor_before);
-    row("  floor measured after them", &floor_after);
     row("L3 run, 1 chip task, forked chip child (l3_rtt)", &l3);
     row("L3 run, 1 sub task, forked sub child", &sub);
     row("L3 run, 1 chip task, Threads mode", &l3_threads);
@@ -481,11 +558,24 @@ fn main() {
         "ChipWorker::run of the empty orchestration, in-process",
         &chip_local,
     );
-    println!("{:<54} {:>9.2}", "ratio l3_rtt / floor (goal <= 3)", ratio);
+    println!(
+        "{:<54} {:>9.2}",
+        "ratio l3_rtt / floor (goal <= 3)", ratio_of_medians
+    );
+    println!(
+        "{:<54} {:>9.2}",
+        "  median of the per-round ratios",
+        ratio(&process_rtt, "l3_rtt")
+    );
     println!("{:<54} {:>9.2}", "ratio sub round trip / floor", sub_ratio);
+    println!(
+        "{:<54} {:>9.2}",
+        "  median of the per-round ratios",
+        ratio(&process_rtt, "l3_sub_rtt")
+    );
     println!();
     println!(
-        "us per task of no-op sub tasks, {SUBS} sub-workers; median of {DAG_REPS} runs (min); submit = the orchestration's share"
+        "us per task of no-op sub tasks, {SUBS} sub-workers; median of {DAG_REPS} rounds, the DAGs alternating (min); submit = the orchestration's share"
     );
     println!(
         "{:<36} {:>18} {:>9} {:>18} {:>9}",
@@ -503,6 +593,10 @@ fn main() {
             median(&threads.submit[k]),
         );
     }
+    println!(
+        "wavefront / wavefront with one tensor per tile (median of per-round ratios): Process {:.3}, Threads {:.3}",
+        process.wavefront_vs_sep, threads.wavefront_vs_sep
+    );
     println!("goal: <= 1 us per task in Process mode");
     println!();
     println!(
@@ -516,23 +610,47 @@ fn main() {
     );
     println!("{:<40} {:>8.2}ms ({:.2})", "close", close_ms, min(&close));
     println!("total bench time {:.1} s", started.elapsed().as_secs_f64());
-    println!(
-        "{{\"l3_rtt_us\": {:.3}, \"floor_rtt_us\": {:.4}, \"ratio\": {:.2}, \"threads_chain_us\": {:.3}, \"threads_fan_us\": {:.3}, \"threads_wavefront_us\": {:.3}, \"process_chain_us\": {:.3}, \"process_fan_us\": {:.3}, \"process_wavefront_us\": {:.3}, \"init_ms\": {:.2}, \"close_ms\": {:.2}, \"l3_sub_rtt_us\": {:.3}, \"sub_ratio\": {:.2}, \"chip_run_us\": {:.3}, \"process_wavefront_sep_us\": {:.3}, \"threads_wavefront_sep_us\": {:.3}}}",
-        l3_us,
-        floor_us,
-        ratio,
-        t[0],
-        t[1],
-        t[2],
-        p[0],
-        p[1],
-        p[2],
-        init_ms,
-        close_ms,
-        sub_us,
-        sub_ratio,
-        chip_run_us,
-        p[3],
-        t[3]
-    );
+    let mut json = Json::new();
+    json.num("l3_rtt_us", l3_us, 3)
+        .num("floor_rtt_us", floor_us, 4)
+        .num("ratio", ratio_of_medians, 2)
+        .num("threads_chain_us", t[0], 3)
+        .num("threads_fan_us", t[1], 3)
+        .num("threads_wavefront_us", t[2], 3)
+        .num("process_chain_us", p[0], 3)
+        .num("process_fan_us", p[1], 3)
+        .num("process_wavefront_us", p[2], 3)
+        .num("init_ms", init_ms, 2)
+        .num("close_ms", close_ms, 2)
+        .num("l3_sub_rtt_us", sub_us, 3)
+        .num("sub_ratio", sub_ratio, 2)
+        .num("chip_run_us", chip_run_us, 3)
+        .num("process_wavefront_sep_us", p[3], 3)
+        .num("threads_wavefront_sep_us", t[3], 3)
+        .num("ratio_round_median", ratio(&process_rtt, "l3_rtt"), 2)
+        .num(
+            "sub_ratio_round_median",
+            ratio(&process_rtt, "l3_sub_rtt"),
+            2,
+        )
+        .num("process_wavefront_vs_sep", process.wavefront_vs_sep, 3)
+        .num("threads_wavefront_vs_sep", threads.wavefront_vs_sep, 3)
+        .num(
+            "threads_floor_rtt_us",
+            median(&figures(&threads_rtt, "threads floor")),
+            4,
+        )
+        .num(
+            "threads_l3_rtt_us",
+            median(&figures(&threads_rtt, "l3_rtt, Threads")),
+            3,
+        )
+        .num(
+            "threads_sub_rtt_us",
+            median(&figures(&threads_rtt, "l3_sub_rtt, Threads")),
+            3,
+        )
+        .int("rounds", ROUNDS as u64)
+        .machine(&machine);
+    println!("{}", json.line());
 }

@@ -5,14 +5,20 @@
 //!
 //! strata runs with the orchestrator on the main thread and the scheduler on a second
 //! thread (the machine has two cores; OpenMP gets two threads too). A single-thread
-//! figure (build the whole run, then drain it) is printed as well. The last line is a
-//! JSON object with the figures.
+//! figure (build the whole run, then drain it) is printed as well.
+//!
+//! The variants of a DAG alternate in `REPS` rounds after a warm-up round (strata, strata
+//! single-thread, OpenMP, then reversed, …; OpenMP is one launch of the peer program per
+//! round), and each is reported as the median over the rounds; the comparison with OpenMP
+//! is the median of the per-round ratios strata / OpenMP. The machine (CPU model, load
+//! average) heads the output. The last line is a JSON object with the figures.
 //!
 //! A second table measures `submit` alone with many views of one buffer: a wavefront over
 //! N = 16², 32², 48² tiles (4 × 4 `u64`) of one 2-D tensor next to the same DAG with one
 //! tensor per tile, and a fan-out of width 1000 over 1-element slices of one tensor next
 //! to one tensor per slice. The whole run is built before any task executes (as when a
-//! scope holds every task), so every entry stays live; then it is drained, untimed.
+//! scope holds every task), so every entry stays live; then it is drained, untimed. The
+//! two variants of a row alternate in rounds too.
 
 use std::collections::VecDeque;
 use std::process::Command;
@@ -20,6 +26,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use strata_graph::*;
+use strata_testkit::bench::{Json, Machine, Rounds};
 use strata_types::{ArgTag, DataType, IdentityMinter, TensorView};
 
 const CHAIN: usize = 100_000;
@@ -236,33 +243,38 @@ fn one_thread(
     elapsed
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
-}
-
-/// Median µs per task, orchestrator + scheduler thread and single thread, each on a
-/// fresh graph after one warm-up run.
-fn strata(dag: Dag, keys: &Keys) -> (f64, f64) {
+/// The figures of one DAG, alternating strata (two threads, one thread) and OpenMP (one
+/// launch per round) in `REPS` rounds after a warm-up round.
+fn dag_rounds(
+    dag: Dag,
+    keys: &Keys,
+    omp_bin: Option<&std::path::Path>,
+) -> strata_testkit::bench::RoundsReport {
     let per_task = |d: Duration| d.as_secs_f64() * 1e6 / dag.tasks() as f64;
-    let (mut orch, mut sched) = graph::<()>(GraphConfig::default()).expect("graph");
-    let mut samples = vec![];
-    for rep in 0..=REPS {
-        let (d, s) = two_threads(dag, keys, &mut orch, sched);
-        sched = s;
-        if rep > 0 {
-            samples.push(per_task(d));
+    let (mut orch2, sched2) = graph::<()>(GraphConfig::default()).expect("graph");
+    let mut sched2 = Some(sched2);
+    let (mut orch1, mut sched1) = graph::<()>(GraphConfig::default()).expect("graph");
+    let mut rounds = Rounds::new(REPS)
+        .warmup(1)
+        .variant("strata", move || {
+            let (d, s) = two_threads(dag, keys, &mut orch2, sched2.take().expect("scheduler"));
+            sched2 = Some(s);
+            per_task(d)
+        })
+        .variant("strata 1-thread", move || {
+            per_task(one_thread(dag, keys, &mut orch1, &mut sched1))
+        });
+    if let Some(bin) = omp_bin {
+        rounds = rounds
+            .variant("openmp", move || omp(bin, dag.name()).unwrap_or(f64::NAN))
+            .baseline("openmp");
+        if matches!(dag, Dag::Fan) {
+            rounds = rounds.variant("openmp taskgroup", move || {
+                omp(bin, "fan_taskgroup").unwrap_or(f64::NAN)
+            });
         }
     }
-    let two = median(samples);
-    let (mut orch, mut sched) = graph::<()>(GraphConfig::default()).expect("graph");
-    one_thread(dag, keys, &mut orch, &mut sched);
-    let single = median(
-        (0..REPS)
-            .map(|_| per_task(one_thread(dag, keys, &mut orch, &mut sched)))
-            .collect(),
-    );
-    (two, single)
+    rounds.run()
 }
 
 // ----- many views of one buffer --------------------------------------------------------
@@ -334,13 +346,22 @@ fn view_dag(m: &IdentityMinter, kind: &str, n: usize, shared: bool) -> Vec<Vec<A
     tasks
 }
 
-/// Median µs per `submit` building the whole run before draining it (fresh graph, one
-/// warm-up run), and the TensorMap entries examined per submit.
-fn submit_cost(tasks: &[Vec<Access>]) -> (f64, f64) {
-    let (mut orch, mut sched) = graph::<()>(GraphConfig::default()).expect("graph");
-    let mut samples = vec![];
-    let mut visits = 0;
-    for rep in 0..=REPS {
+/// A graph that builds the whole run of `tasks` before draining it, run after run.
+struct SubmitBench<'a> {
+    tasks: &'a [Vec<Access>],
+    orch: Orchestrator<()>,
+    sched: Scheduler<()>,
+}
+
+impl<'a> SubmitBench<'a> {
+    fn new(tasks: &'a [Vec<Access>]) -> Self {
+        let (orch, sched) = graph::<()>(GraphConfig::default()).expect("graph");
+        SubmitBench { tasks, orch, sched }
+    }
+
+    /// One run: µs per `submit`, and the TensorMap entries examined per submit.
+    fn once(&mut self) -> (f64, f64) {
+        let (orch, sched, tasks) = (&mut self.orch, &mut self.sched, self.tasks);
         let run = orch.begin_run().expect("begin");
         let mut queue: VecDeque<TaskRef> = VecDeque::new();
         let v0 = orch.tensormap_visits();
@@ -352,7 +373,7 @@ fn submit_cost(tasks: &[Vec<Access>]) -> (f64, f64) {
             }
         }
         let elapsed = t0.elapsed();
-        visits = orch.tensormap_visits() - v0;
+        let visits = orch.tensormap_visits() - v0;
         orch.close_run().expect("close");
         let mut newly = Vec::new();
         let mut executed = 0;
@@ -366,11 +387,11 @@ fn submit_cost(tasks: &[Vec<Access>]) -> (f64, f64) {
         assert_eq!(orch.wait_run(run, None).expect("wait"), Some(Ok(())));
         assert_eq!(executed, tasks.len());
         orch.release_run(run).expect("release");
-        if rep > 0 {
-            samples.push(elapsed.as_secs_f64() * 1e6 / tasks.len() as f64);
-        }
+        (
+            elapsed.as_secs_f64() * 1e6 / tasks.len() as f64,
+            visits as f64 / tasks.len() as f64,
+        )
     }
-    (median(samples), visits as f64 / tasks.len() as f64)
 }
 
 /// One row of the many-views table: a DAG over views of one buffer and the same DAG with
@@ -383,7 +404,7 @@ struct ViewCase {
 }
 
 /// The many-views table; appends its JSON fields.
-fn views(json: &mut Vec<String>) {
+fn views(json: &mut Json) {
     let m = IdentityMinter::new();
     let case = |label: String, name: String, kind: &str, n: usize| ViewCase {
         label,
@@ -406,23 +427,40 @@ fn views(json: &mut Vec<String>) {
         "slices",
         SLICES,
     ));
-    println!("submit: µs per task, whole run built before it executes (median of {REPS})");
+    println!("submit: µs per task, whole run built before it executes (median of {REPS} rounds, the two variants alternating; ratio = one buffer / per view, median of per-round ratios)");
     println!(
-        "{:<24} {:>8} {:>12} {:>14} {:>12} {:>14}",
-        "dag", "tasks", "one buffer", "entries seen", "per view", "entries seen"
+        "{:<24} {:>8} {:>12} {:>14} {:>12} {:>14} {:>8}",
+        "dag", "tasks", "one buffer", "entries seen", "per view", "entries seen", "ratio"
     );
     for c in &cases {
-        let (us, seen) = submit_cost(&c.one);
-        let (us_sep, seen_sep) = submit_cost(&c.sep);
+        let (mut one, mut sep) = (SubmitBench::new(&c.one), SubmitBench::new(&c.sep));
+        let (mut seen, mut seen_sep) = (0.0, 0.0);
+        let report = Rounds::new(REPS)
+            .warmup(1)
+            .variant("one buffer", || {
+                let (us, v) = one.once();
+                seen = v;
+                us
+            })
+            .variant("per view", || {
+                let (us, v) = sep.once();
+                seen_sep = v;
+                us
+            })
+            .baseline("per view")
+            .run();
+        let (us, us_sep) = (report.median("one buffer"), report.median("per view"));
+        let ratio = report.ratio_median("one buffer");
         println!(
-            "{:<24} {:>8} {us:>12.3} {seen:>14.1} {us_sep:>12.3} {seen_sep:>14.1}",
+            "{:<24} {:>8} {us:>12.3} {seen:>14.1} {us_sep:>12.3} {seen_sep:>14.1} {ratio:>8.2}",
             c.label,
             c.one.len()
         );
         let name = &c.name;
-        json.push(format!("\"{name}_submit_us\": {us:.4}"));
-        json.push(format!("\"{name}_sep_submit_us\": {us_sep:.4}"));
-        json.push(format!("\"{name}_entries_seen\": {seen:.2}"));
+        json.num(&format!("{name}_submit_us"), us, 4)
+            .num(&format!("{name}_sep_submit_us"), us_sep, 4)
+            .num(&format!("{name}_entries_seen"), seen, 2)
+            .num(&format!("{name}_ratio_vs_sep"), ratio, 3);
     }
 }
 
@@ -536,33 +574,31 @@ fn build_omp() -> Option<std::path::PathBuf> {
     }
 }
 
+/// One launch of the OpenMP peer: µs per task (`None` if it fails).
 fn omp(bin: &std::path::Path, which: &str) -> Option<f64> {
-    let mut samples = vec![];
-    for _ in 0..REPS {
-        let out = Command::new(bin)
-            .arg(which)
-            .env("OMP_NUM_THREADS", "2")
-            .output()
-            .ok()?;
-        if !out.status.success() {
-            return None;
-        }
-        samples.push(
-            String::from_utf8_lossy(&out.stdout)
-                .trim()
-                .parse::<f64>()
-                .ok()?,
-        );
+    let out = Command::new(bin)
+        .arg(which)
+        .env("OMP_NUM_THREADS", "2")
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        return None;
     }
-    Some(median(samples))
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse::<f64>()
+        .ok()
 }
 
 fn main() {
     // `cargo bench` passes `--bench`; ignore arguments.
+    let machine = Machine::now();
+    println!("{}", machine.line());
     let keys = keys();
     let bin = build_omp();
     let mut rows = vec![];
-    let mut json = vec![];
+    let mut json = Json::new();
+    let mut taskgroup = None;
     // STRATA_BENCH_DAGS=chain,fan limits the run (for profiling).
     let only = std::env::var("STRATA_BENCH_DAGS").ok();
     for dag in [Dag::Chain, Dag::Fan, Dag::Wavefront] {
@@ -572,37 +608,45 @@ fn main() {
         {
             continue;
         }
-        let (two, one) = strata(dag, &keys);
-        let peer = bin.as_deref().and_then(|b| omp(b, dag.name()));
-        json.push(format!("\"{}_us\": {:.4}", dag.name(), two));
-        json.push(format!("\"{}_us_single_thread\": {:.4}", dag.name(), one));
-        json.push(format!(
-            "\"omp_{}_us\": {}",
-            dag.name(),
-            peer.map_or("null".into(), |v| format!("{v:.4}"))
-        ));
-        rows.push((dag.name(), dag.tasks(), two, one, peer));
+        let report = dag_rounds(dag, &keys, bin.as_deref());
+        println!("{} ({} tasks), µs per task:", dag.name(), dag.tasks());
+        print!("{}", report.table("µs", 3));
+        let two = report.median("strata");
+        let one = report.median("strata 1-thread");
+        let has = |v: &str| report.names().iter().any(|n| n == v);
+        let peer = has("openmp")
+            .then(|| report.median("openmp"))
+            .filter(|v| v.is_finite());
+        let (ratio, ratio_one) = if has("openmp") {
+            (
+                report.ratio_median("strata"),
+                report.ratio_median("strata 1-thread"),
+            )
+        } else {
+            (f64::NAN, f64::NAN)
+        };
+        if has("openmp taskgroup") {
+            taskgroup = Some(report.median("openmp taskgroup")).filter(|v| v.is_finite());
+        }
+        let name = dag.name();
+        json.num(&format!("{name}_us"), two, 4)
+            .num(&format!("{name}_us_single_thread"), one, 4)
+            .opt(&format!("omp_{name}_us"), peer, 4)
+            .num(&format!("{name}_ratio_vs_omp"), ratio, 3)
+            .num(&format!("{name}_single_ratio_vs_omp"), ratio_one, 3);
+        rows.push((name, dag.tasks(), two, one, peer, ratio));
     }
-    let with_fan = only
-        .as_deref()
-        .is_none_or(|o| o.split(',').any(|n| n == "fan"));
-    let taskgroup = bin
-        .as_deref()
-        .filter(|_| with_fan)
-        .and_then(|b| omp(b, "fan_taskgroup"));
-    json.push(format!(
-        "\"omp_fan_taskgroup_us\": {}",
-        taskgroup.map_or("null".into(), |v| format!("{v:.4}"))
-    ));
-    println!("graph: µs per task (median of {REPS}; strata = orchestrator + scheduler thread, OpenMP = 2 threads)");
+    json.opt("omp_fan_taskgroup_us", taskgroup, 4);
+    println!();
+    println!("graph: µs per task (median of {REPS} rounds; strata = orchestrator + scheduler thread, OpenMP = 2 threads; ratio = strata / OpenMP, median of per-round ratios)");
     println!(
-        "{:<10} {:>8} {:>12} {:>14} {:>12} {:>10}",
-        "dag", "tasks", "strata", "strata 1-thr", "openmp", "speedup"
+        "{:<10} {:>8} {:>12} {:>14} {:>12} {:>10} {:>8}",
+        "dag", "tasks", "strata", "strata 1-thr", "openmp", "speedup", "ratio"
     );
-    for (name, n, two, one, peer) in &rows {
+    for (name, n, two, one, peer, ratio) in &rows {
         let p = peer.map_or("n/a".to_string(), |v| format!("{v:.3}"));
         let s = peer.map_or("n/a".to_string(), |v| format!("{:.2}x", v / two));
-        println!("{name:<10} {n:>8} {two:>12.3} {one:>14.3} {p:>12} {s:>10}");
+        println!("{name:<10} {n:>8} {two:>12.3} {one:>14.3} {p:>12} {s:>10} {ratio:>8.3}");
     }
     if let Some(tg) = taskgroup {
         println!(
@@ -615,5 +659,6 @@ fn main() {
     {
         views(&mut json);
     }
-    println!("{{{}}}", json.join(", "));
+    json.int("rounds", REPS as u64).machine(&machine);
+    println!("{}", json.line());
 }

@@ -9,9 +9,14 @@
 //!    time over that second (from `/proc/<pid>/schedstat`, nanoseconds; cross-checked
 //!    with utime+stime from `/proc/<pid>/stat`) as a percentage of one core.
 //!
-//! Round trips are timed in batches; the figures are medians (and minima) of per-batch
-//! averages. Prints a table, then as its very last line one JSON object:
-//! `{"rtt_ns_median": .., "floor_rtt_ns_median": .., "ratio": .., "idle_cpu_percent": ..}`.
+//! Floor and mailbox alternate in `ROUNDS` rounds (floor, mailbox, mailbox, floor, …: a
+//! fresh child each time), each timing `BATCHES / ROUNDS` batches; a round's figure is the
+//! median of its per-batch averages. Reported: each side's median over the rounds (and
+//! the minimum batch), the ratio of the two medians, and the median of the per-round
+//! ratios. The idle measurement runs once, after the rounds. Prints the machine (CPU model,
+//! load average), a table, then as its very last line one JSON object:
+//! `{"rtt_ns_median": .., "floor_rtt_ns_median": .., "ratio": .., "idle_cpu_percent": ..,
+//! "ratio_round_median": .., "rounds": .., "machine_…": ..}`.
 
 // The mailbox API is compiled out under `--cfg loom` (only the protocol core is
 // model-checked there), so this binary is empty in that configuration.
@@ -25,14 +30,16 @@ mod bench {
     const BATCHES: usize = 200;
     const PER_BATCH: usize = 1000;
     const WARMUP: usize = 20_000;
+    /// Floor and mailbox alternate in this many rounds of `BATCHES / ROUNDS` batches each.
+    const ROUNDS: usize = 5;
 
-    use strata_testkit::bench::{fork, median, min, pin, reap, FloorSpec};
+    use strata_testkit::bench::{fork, median, min, pin, reap, FloorSpec, Json, Machine, Rounds};
 
     /// Per-batch average RTTs (ns) of a raw cache-line ping-pong between two processes.
-    fn floor(pinned: bool) -> Vec<f64> {
+    fn floor(pinned: bool, batches: usize) -> Vec<f64> {
         let spec = FloorSpec {
             warmup: WARMUP,
-            batches: BATCHES,
+            batches,
             per_batch: PER_BATCH,
         };
         strata_testkit::bench::pingpong_floor_ns(pinned, spec)
@@ -61,7 +68,9 @@ mod bench {
         idle_percent_ticks: Option<f64>,
     }
 
-    fn mailbox(pinned: bool) -> MailboxFigures {
+    /// `batches` timed batches of round trips with a fresh child; with `idle`, then the
+    /// child's CPU over one idle second (NaN otherwise).
+    fn mailbox(pinned: bool, batches: usize, idle: bool) -> MailboxFigures {
         let mb = Mailbox::create().expect("a mailbox");
         let child_mb = mb.try_clone().expect("a second mapping");
         let me = std::process::id();
@@ -111,13 +120,27 @@ mod bench {
         for _ in 0..WARMUP {
             round(&mut parent);
         }
-        let mut batches = Vec::with_capacity(BATCHES);
-        for _ in 0..BATCHES {
+        let mut timed = Vec::with_capacity(batches);
+        for _ in 0..batches {
             let t = Instant::now();
             for _ in 0..PER_BATCH {
                 round(&mut parent);
             }
-            batches.push(t.elapsed().as_nanos() as f64 / PER_BATCH as f64);
+            timed.push(t.elapsed().as_nanos() as f64 / PER_BATCH as f64);
+        }
+        let batches = timed;
+        if !idle {
+            parent.request_shutdown();
+            assert_eq!(
+                reap(child, Duration::from_secs(30)),
+                Some(0),
+                "mailbox child"
+            );
+            return MailboxFigures {
+                batches,
+                idle_percent: f64::NAN,
+                idle_percent_ticks: None,
+            };
         }
 
         // Idle: let the child fall through its spin budget and park, then measure 1 s.
@@ -143,18 +166,34 @@ mod bench {
     }
 
     pub fn main() {
-        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let pinned = cpus >= 2 && pin(0);
+        let machine = Machine::now();
+        let pinned = machine.cpus >= 2 && pin(0);
         let started = Instant::now();
-        let fl = floor(pinned);
-        let mbx = mailbox(pinned);
+        let per_round = BATCHES / ROUNDS;
+        let (mut fl, mut mbx_batches) = (Vec::new(), Vec::new());
+        let report = Rounds::new(ROUNDS)
+            .variant("floor: cache-line ping-pong RTT", || {
+                let b = floor(pinned, per_round);
+                fl.extend_from_slice(&b);
+                median(&b)
+            })
+            .variant("mailbox: no-op task RTT", || {
+                let b = mailbox(pinned, per_round, false).batches;
+                mbx_batches.extend_from_slice(&b);
+                median(&b)
+            })
+            .baseline("floor: cache-line ping-pong RTT")
+            .run();
+        let mbx = mailbox(pinned, 0, true);
         let floor_min = min(&fl);
-        let mbx_min = min(&mbx.batches);
-        let floor_med = median(&fl);
-        let rtt_med = median(&mbx.batches);
+        let mbx_min = min(&mbx_batches);
+        let floor_med = report.median("floor: cache-line ping-pong RTT");
+        let rtt_med = report.median("mailbox: no-op task RTT");
         let ratio = rtt_med / floor_med;
+        let ratio_rounds = report.ratio_median("mailbox: no-op task RTT");
 
         println!();
+        println!("{}", machine.line());
         println!(
             "strata-mailbox round trip: parent and forked child{}",
             if pinned {
@@ -163,9 +202,11 @@ mod bench {
                 " (not pinned: fewer than 2 CPUs)"
             }
         );
-        println!("{BATCHES} batches x {PER_BATCH} round trips after {WARMUP} warm-up round trips; per-batch averages");
+        println!("{ROUNDS} rounds alternating floor and mailbox, each {per_round} batches x {PER_BATCH} round trips after {WARMUP} warm-up round trips; a round's figure is the median of its per-batch averages");
         println!();
-        println!("{:<46} {:>10} {:>10}", "measurement", "median", "min");
+        print!("{}", report.table("ns", 1));
+        println!();
+        println!("{:<46} {:>10} {:>10}", "measurement", "median", "min batch");
         println!(
             "{:<46} {:>7.0} ns {:>7.0} ns",
             "floor: cache-line ping-pong RTT (spinning)", floor_med, floor_min
@@ -179,6 +220,10 @@ mod bench {
             "ratio mailbox / floor (goal <= 1.5)", ratio
         );
         println!(
+            "{:<46} {:>10.2}",
+            "  median of the per-round ratios", ratio_rounds
+        );
+        println!(
             "{:<46} {:>9.3} %",
             "idle child CPU over 1 s (goal <= 1 %)", mbx.idle_percent
         );
@@ -189,10 +234,15 @@ mod bench {
             );
         }
         println!("total bench time {:.1} s", started.elapsed().as_secs_f64());
-        println!(
-        "{{\"rtt_ns_median\": {:.1}, \"floor_rtt_ns_median\": {:.1}, \"ratio\": {:.3}, \"idle_cpu_percent\": {:.3}}}",
-        rtt_med, floor_med, ratio, mbx.idle_percent
-    );
+        let mut json = Json::new();
+        json.num("rtt_ns_median", rtt_med, 1)
+            .num("floor_rtt_ns_median", floor_med, 1)
+            .num("ratio", ratio, 3)
+            .num("idle_cpu_percent", mbx.idle_percent, 3)
+            .num("ratio_round_median", ratio_rounds, 3)
+            .int("rounds", report.rounds() as u64)
+            .machine(&machine);
+        println!("{}", json.line());
     }
 }
 
