@@ -8,7 +8,7 @@
 
 use crate::control::ControlCommand;
 use std::time::Instant;
-use strata_host::{HostError, Lane};
+use strata_host::{Children, ExecMode, HostError, Lane};
 use strata_mailbox::{Failure, MailboxError, TaskPublication, TaskSlot};
 
 /// What a child is (its kind travels with its endpoint; the scheduler never guesses it
@@ -97,9 +97,11 @@ pub trait Endpoint: Send {
     /// [`EndpointError::Liveness`] if that cannot be told.
     fn check_alive(&mut self) -> Result<(), EndpointError>;
 
-    /// The engine drops this endpoint without an orderly shutdown (its scheduler unwound):
-    /// ask the child to stop, without waiting.
-    fn abandon(&mut self);
+    /// The engine drops these endpoints without an orderly shutdown (its scheduler
+    /// unwound): stop their children as well as can be done without one.
+    fn abandon(endpoints: Vec<Self>)
+    where
+        Self: Sized;
 }
 
 /// A child in this process tree: a strata-host [`Lane`] (the mailbox's parent end and the
@@ -108,17 +110,20 @@ pub trait Endpoint: Send {
 pub(crate) struct LocalEndpoint {
     lane: Lane,
     kind: ChildKind,
+    /// How the child was started (for its shutdown).
+    mode: ExecMode,
 }
 
 impl LocalEndpoint {
-    pub(crate) fn new(lane: Lane, kind: ChildKind) -> Self {
-        LocalEndpoint { lane, kind }
+    pub(crate) fn new(lane: Lane, kind: ChildKind, mode: ExecMode) -> Self {
+        LocalEndpoint { lane, kind, mode }
     }
 
-    /// The lane back, for the orderly shutdown of every child together
-    /// (`Children::from_lanes`).
-    pub(crate) fn into_lane(self) -> Lane {
-        self.lane
+    /// The children behind `endpoints` (in lane order), to shut them down together under
+    /// one grace period.
+    pub(crate) fn into_children(endpoints: Vec<LocalEndpoint>) -> Children {
+        let mode = endpoints.first().map_or(ExecMode::default(), |e| e.mode);
+        Children::from_lanes(mode, endpoints.into_iter().map(|e| e.lane).collect())
     }
 }
 
@@ -184,7 +189,8 @@ impl Endpoint for LocalEndpoint {
         }
     }
 
-    fn abandon(&mut self) {
-        self.lane.parent().request_shutdown();
+    fn abandon(endpoints: Vec<Self>) {
+        // Dropping `Children` shuts them down (request, grace, SIGKILL, reap).
+        drop(Self::into_children(endpoints));
     }
 }

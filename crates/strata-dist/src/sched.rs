@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use strata_graph::{Claimed, Failure, FailureKind, ReadyTask, RunId, Scheduler, TaskRef};
-use strata_host::{Children, Doorbell, ExecMode};
+use strata_host::{Children, Doorbell};
 use strata_mailbox::{FrameIdentity, TaskPublication, TaskSlot};
 
 /// Spin before parking on the doorbell.
@@ -198,8 +198,6 @@ pub(crate) struct SchedLoop<E: Endpoint = LocalEndpoint> {
     /// One per child, in lane order: lanes `0..n_next` are the next-level children (lane
     /// index = worker id); the rest are sub-workers.
     endpoints: Vec<E>,
-    /// How the children were started (for their shutdown).
-    mode: ExecMode,
     link: Arc<Link>,
     n_next: usize,
     lanes: Vec<LaneState>,
@@ -221,24 +219,17 @@ impl SchedLoop<LocalEndpoint> {
     /// Ends the loop: queued control requests are refused, and the local children, still
     /// running, are handed back for their shutdown together.
     fn into_exit(mut self) -> SchedExit {
-        let lanes = self
-            .take_endpoints()
-            .into_iter()
-            .map(LocalEndpoint::into_lane)
-            .collect();
         SchedExit {
-            children: Children::from_lanes(self.mode, lanes),
+            children: LocalEndpoint::into_children(self.take_endpoints()),
         }
     }
 }
 
 impl<E: Endpoint> Drop for SchedLoop<E> {
-    /// Reached with endpoints only if the loop unwound: nothing will shut the children
-    /// down in order, so each is asked to stop.
+    /// Reached with endpoints only if the loop unwound (`into_exit` takes them): nothing
+    /// else will shut the children down.
     fn drop(&mut self) {
-        for e in &mut self.endpoints {
-            e.abandon();
-        }
+        E::abandon(std::mem::take(&mut self.endpoints));
     }
 }
 
@@ -246,7 +237,6 @@ impl<E: Endpoint> SchedLoop<E> {
     pub(crate) fn new(
         sched: Scheduler<DistTask>,
         endpoints: Vec<E>,
-        mode: ExecMode,
         link: Arc<Link>,
         n_next: usize,
     ) -> Self {
@@ -265,7 +255,6 @@ impl<E: Endpoint> SchedLoop<E> {
         SchedLoop {
             sched,
             endpoints,
-            mode,
             link,
             n_next,
             lanes: (0..n).map(|_| LaneState::default()).collect(),

@@ -398,7 +398,7 @@ impl DistWorker {
             .into_lanes()
             .into_iter()
             .zip(kinds)
-            .map(|(lane, kind)| LocalEndpoint::new(lane, kind))
+            .map(|(lane, kind)| LocalEndpoint::new(lane, kind, cfg.exec_mode))
             .collect();
         let next: Vec<ChildKind> = endpoints
             .iter()
@@ -406,13 +406,7 @@ impl DistWorker {
             .take_while(|k| *k != ChildKind::Sub)
             .collect();
         let waiter = orch.run_waiter();
-        let driver = Driver::new(SchedLoop::new(
-            sched,
-            endpoints,
-            cfg.exec_mode,
-            link.clone(),
-            next.len(),
-        ));
+        let driver = Driver::new(SchedLoop::new(sched, endpoints, link.clone(), next.len()));
         let handle = driver
             .spawn()
             .map_err(|e| DistError::Internal(format!("cannot start the scheduler thread: {e}")))?;
