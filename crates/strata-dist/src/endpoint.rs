@@ -59,6 +59,9 @@ pub type TaskOutcome = Result<(), Failure>;
 /// until its deadline. A publication carries the task's encoded bytes (digest, encoded
 /// configuration, encoded argument blob): nothing in it points into this process's memory
 /// except through the shared-memory region ids the arguments name.
+///
+/// Today the engine builds only its own local endpoints; the network node (strata-net)
+/// adds the remote one.
 pub trait Endpoint: Send {
     /// The child's name in messages, e.g. `"chip_process dev=0"`.
     fn label(&self) -> &str;
