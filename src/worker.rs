@@ -3,12 +3,12 @@
 //! register / init / submit / run / close lifecycle.
 
 use std::sync::Arc;
-use strata_chip::{ChipConfig, ChipWorker, KernelHandle, OrchHandle, RunArgs};
+use strata_chip::{ChipConfig, ChipWorker, KernelHandle, OrchHandle, RunArgs, TaskArgsError};
 use strata_dist::{
     ChildTensor, DistConfig, DistError, DistWorker, HostOrchHandle, Orch, OrchError, SubHandle,
 };
 use strata_host::{SharedMemory, SharedTensor};
-use strata_types::{BufferLocation, CallConfig, DataType, Element, IdentityMinter, TaskArgs};
+use strata_types::{CallConfig, DataType, Element, IdentityMinter, TaskArgs};
 use thiserror::Error;
 
 /// Errors of the facade.
@@ -445,32 +445,24 @@ fn run_on_chip(
     args: &TaskArgs,
     config: &CallConfig,
 ) -> Result<(), Error> {
-    let mut run = RunArgs::new();
-    for (i, t) in args.tensors().iter().enumerate() {
-        match t.buffer.location {
-            BufferLocation::HostShared { region, offset } => {
-                let base = shared
-                    .ptr(region, offset, t.view.byte_span().1)
-                    .map_err(|e| Error::InvalidArgs(format!("tensor argument {i}: {e}")))?;
-                // SAFETY: `ptr` checked the view's span against the mapped region, and
-                // the run is synchronous: the caller holds the worker mutably, so nothing
-                // else runs against these bytes until `run` returns.
-                unsafe { run.host_raw(base, t.view, t.tag) };
-            }
-            BufferLocation::Device { addr, .. } => {
-                let dt = chip.device_tensor_at(addr, t.view)?;
-                run.device(&dt, t.tag);
-            }
-            BufferLocation::HostLocal { .. } => {
-                return Err(Error::InvalidArgs(format!(
-                    "tensor argument {i}: use a SharedTensor (Worker::shared_tensor) for host data"
-                )))
-            }
+    // SAFETY: `ptr` checks each view's span against a region mapped in this process, and
+    // the run is synchronous: the caller holds the worker mutably, so nothing else runs
+    // against these bytes until `run` returns.
+    let converted = unsafe {
+        RunArgs::from_task_args(args, chip, None, |region, offset, len| {
+            shared.ptr(region, offset, len).map_err(|e| e.to_string())
+        })
+    };
+    let mut run = converted.map_err(|e| match e {
+        TaskArgsError::Shared { index, message } => {
+            Error::InvalidArgs(format!("tensor argument {index}: {message}"))
         }
-    }
-    for &s in args.scalars() {
-        run.scalar(s);
-    }
+        TaskArgsError::Device { source, .. } => source.into(),
+        TaskArgsError::HostLocal { index } => Error::InvalidArgs(format!(
+            "tensor argument {index}: use a SharedTensor (Worker::shared_tensor) for host data"
+        )),
+        other => Error::InvalidArgs(other.to_string()),
+    })?;
     chip.run(h, &mut run, config)?;
     Ok(())
 }

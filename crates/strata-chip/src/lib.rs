@@ -42,6 +42,7 @@ mod strace;
 mod swimlane;
 mod sync;
 mod task;
+mod task_args;
 mod tensor;
 mod worker;
 
@@ -64,5 +65,6 @@ pub use registry::{
 };
 pub use strace::{parse_strace, span_tree, Span, SpanTree};
 pub use swimlane::{SwimRecord, Swimlane};
+pub use task_args::TaskArgsError;
 pub use tensor::{ChipTaskId, ChipTensor, CoreArgs, MixedKernels, TaskOutputs, TensorCreateInfo};
 pub use worker::{ChipWorker, CopyOffsets, RunArgs, RunReport, TensorInit};

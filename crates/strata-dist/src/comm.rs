@@ -222,7 +222,7 @@ impl WindowTensor {
 
 impl<'w> Orch<'w> {
     fn comm(&self) -> Result<&'w CommCtx, DistError> {
-        let ctx: &'w crate::worker::Ctx = self.ctx;
+        let ctx: &'w crate::ctx::Ctx = self.ctx;
         ctx.comm.as_ref().ok_or_else(|| {
             DistError::InvalidArgs(
                 "this worker has no comm arena: window buffers are for the chips of a level-3 worker (configure chips)".into(),

@@ -20,10 +20,17 @@
 //! - A child that dies fails its running task with an error naming it, poisons what
 //!   depends on it, and makes the worker refuse new runs instead of hanging.
 //!
+//! - The scheduler reaches each child through an [`Endpoint`] (today a local mailbox lane;
+//!   the seam a remote level-3 worker plugs into); device-memory control travels as a
+//!   typed [`ControlCommand`].
+//!
 //! See `docs/dist.md` for the process tree, the lane state machine and the failure model.
 
 mod comm;
 mod config;
+mod control;
+mod ctx;
+mod endpoint;
 mod error;
 mod orch;
 mod programs;
@@ -34,6 +41,8 @@ mod worker;
 
 pub use comm::WindowTensor;
 pub use config::{DistConfig, Level, WindowLifetime};
+pub use control::{ControlCommand, ControlDecodeError, CopyDirection, COPY_PAYLOAD_BYTES};
+pub use endpoint::{ChildKind, Endpoint, EndpointError, TaskOutcome};
 pub use error::{DistError, OrchError};
 pub use orch::{ChildTensor, Orch, RunTensor};
 pub use registry::{HostOrchFn, HostOrchHandle, NextLevelCallable, SubHandle};

@@ -1,33 +1,18 @@
 //! The orchestration facade: what a host orchestration function uses to build its run.
 
+use crate::ctx::Ctx;
+use crate::endpoint::ChildKind;
 use crate::error::{DistError, OrchError};
 use crate::registry::{NextLevelCallable, SubHandle};
-use crate::sched::ControlJob;
-use crate::task::{DistTask, Member, Target, ROUTE_GROUP, ROUTE_SUB};
-use crate::worker::{ChildKind, Ctx};
-use std::sync::{mpsc, Arc};
+use crate::task::{DistTask, Member, Route, Target};
+use std::sync::Arc;
 use strata_graph::{Access, BufferKey, KeySpace, Orchestrator, ReadyTask, RunId, TaskSpec};
 use strata_host::SharedTensor;
-use strata_mailbox::{ControlReply, EncodedConfig};
+use strata_mailbox::EncodedConfig;
 use strata_types::wire::encode_args;
 use strata_types::{
-    ArgTag, BufferDesc, BufferIdentity, BufferLocation, CallConfig, DataType, TaskArgs, TensorArg,
-    TensorView,
+    ArgTag, BufferDesc, BufferLocation, CallConfig, DataType, TaskArgs, TensorArg, TensorView,
 };
-
-/// Control commands understood by chip children.
-pub(crate) mod ctrl {
-    /// `arg0` = bytes → `result` = device address.
-    pub const MALLOC: u64 = 1;
-    /// `arg0` = device address (an allocation base).
-    pub const FREE: u64 = 2;
-    /// Payload `[device addr, region, offset, nbytes]` (u64 LE): shared memory → device.
-    pub const COPY_TO: u64 = 3;
-    /// Payload as `COPY_TO`: device → shared memory.
-    pub const COPY_FROM: u64 = 4;
-    /// → `result` = bytes the chip's allocator holds.
-    pub const COMMITTED: u64 = 5;
-}
 
 /// A tensor in the device memory of one chip child, allocated with
 /// [`Orch::alloc_child_tensor`] or [`crate::DistWorker::alloc_child_tensor`]. It stays
@@ -174,6 +159,7 @@ impl<'w> Orch<'w> {
                 expected: match kind {
                     ChildKind::Chip => "a chip orchestration",
                     ChildKind::Worker => "a host orchestration",
+                    ChildKind::Sub => "a sub-worker callable",
                 },
                 got: callable.kind_name(),
             });
@@ -277,10 +263,11 @@ impl<'w> Orch<'w> {
     fn submit_task(
         &mut self,
         task: DistTask,
-        route: u64,
+        route: Route,
         members: &[Vec<Access>],
     ) -> Result<(), DistError> {
         self.submitted = true;
+        let route = route.word();
         let spec = if members.len() == 1 {
             TaskSpec::new(task, &members[0]).with_route(route)
         } else {
@@ -344,7 +331,7 @@ impl<'w> Orch<'w> {
                 blob: self.next_level_blob(args)?,
             }],
         };
-        self.submit_task(task, worker as u64, &[acc])
+        self.submit_task(task, Route::Worker(worker), &[acc])
     }
 
     /// Submits a group: member `i` runs `callable` with `args[i]` on `workers[i]`, all
@@ -388,9 +375,9 @@ impl<'w> Orch<'w> {
             });
         }
         let route = if members.len() == 1 {
-            workers[0] as u64
+            Route::Worker(workers[0])
         } else {
-            ROUTE_GROUP
+            Route::Group
         };
         let task = DistTask {
             callable: callable.id(),
@@ -429,7 +416,7 @@ impl<'w> Orch<'w> {
                 blob: Self::blob(args)?,
             }],
         };
-        self.submit_task(task, ROUTE_SUB, &[acc])
+        self.submit_task(task, Route::Sub, &[acc])
     }
 
     /// Submits a group of sub-worker tasks launched together on distinct sub-workers.
@@ -466,7 +453,7 @@ impl<'w> Orch<'w> {
             config: self.config.clone(),
             members,
         };
-        self.submit_task(task, ROUTE_SUB, &accesses)
+        self.submit_task(task, Route::Sub, &accesses)
     }
 
     /// Opens a nested scope (runtime-owned intermediates allocated in it are reclaimed
@@ -573,7 +560,8 @@ impl<'w> Orch<'w> {
     /// Size mismatch, a dead allocation, or control after a submit.
     pub fn copy_to(&mut self, dst: &ChildTensor, src: &SharedTensor) -> Result<(), DistError> {
         self.control_gate("copy_to")?;
-        self.ctx.copy(dst, src, true)
+        self.ctx
+            .copy(dst, src, crate::control::CopyDirection::ToDevice)
     }
 
     /// Copies a chip tensor into a shared tensor (same byte size).
@@ -582,7 +570,8 @@ impl<'w> Orch<'w> {
     /// As [`Orch::copy_to`].
     pub fn copy_from(&mut self, dst: &SharedTensor, src: &ChildTensor) -> Result<(), DistError> {
         self.control_gate("copy_from")?;
-        self.ctx.copy(src, dst, false)
+        self.ctx
+            .copy(src, dst, crate::control::CopyDirection::FromDevice)
     }
 
     /// Bytes chip `worker`'s device allocator holds.
@@ -592,156 +581,5 @@ impl<'w> Orch<'w> {
     pub fn committed_device_memory(&mut self, worker: usize) -> Result<u64, DistError> {
         self.control_gate("committed_device_memory")?;
         self.ctx.committed_device_memory(worker)
-    }
-}
-
-impl Ctx {
-    /// Runs a control command on lane `lane` through the scheduler thread.
-    pub(crate) fn control(
-        &self,
-        lane: usize,
-        command: u64,
-        arg0: u64,
-        payload: Vec<u8>,
-    ) -> Result<ControlReply, DistError> {
-        let (tx, rx) = mpsc::channel();
-        self.link.push_control(ControlJob {
-            lane,
-            command,
-            arg0,
-            payload,
-            reply: tx,
-        });
-        let r = rx.recv().map_err(|_| DistError::Control {
-            worker: self.labels.get(lane).cloned().unwrap_or_default(),
-            message: "the scheduler stopped before answering".into(),
-        })?;
-        r.map_err(|message| DistError::Control {
-            worker: self.labels.get(lane).cloned().unwrap_or_default(),
-            message,
-        })
-    }
-
-    fn chip_lane(&self, worker: usize) -> Result<usize, DistError> {
-        match self.next.get(worker) {
-            Some(ChildKind::Chip) => Ok(worker),
-            Some(ChildKind::Worker) => Err(DistError::InvalidArgs(format!(
-                "worker {worker} is a level-3 worker, not a chip; device memory belongs to chips"
-            ))),
-            None => Err(DistError::UnknownWorker {
-                id: worker,
-                count: self.next.len(),
-            }),
-        }
-    }
-
-    pub(crate) fn alloc_child_tensor(
-        &self,
-        worker: usize,
-        shape: &[u64],
-        dtype: DataType,
-    ) -> Result<ChildTensor, DistError> {
-        let lane = self.chip_lane(worker)?;
-        let view = TensorView::contiguous(dtype, shape)?;
-        let reply = self.control(lane, ctrl::MALLOC, view.nbytes(), Vec::new())?;
-        let identity = self.minter.mint();
-        let t = ChildTensor {
-            worker,
-            addr: reply.result,
-            buffer: BufferDesc {
-                identity,
-                nbytes: view.nbytes(),
-                location: BufferLocation::Device {
-                    worker: worker as u32,
-                    addr: reply.result,
-                },
-            },
-            view,
-        };
-        self.child_tensors
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(identity, (worker, reply.result));
-        Ok(t)
-    }
-
-    pub(crate) fn free_child_tensor(&self, t: ChildTensor) -> Result<(), DistError> {
-        let lane = self.chip_lane(t.worker)?;
-        let removed = self
-            .child_tensors
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&t.buffer.identity);
-        if removed != Some((t.worker, t.addr)) {
-            return Err(DistError::InvalidArgs(format!(
-                "the tensor at device address {:#x} of worker {} is not a live allocation of this worker (double free, or allocated elsewhere)",
-                t.addr, t.worker
-            )));
-        }
-        self.control(lane, ctrl::FREE, t.addr, Vec::new())?;
-        Ok(())
-    }
-
-    pub(crate) fn copy(
-        &self,
-        dev: &ChildTensor,
-        host: &SharedTensor,
-        to_device: bool,
-    ) -> Result<(), DistError> {
-        let lane = self.chip_lane(dev.worker)?;
-        if !self.child_tensor_live(&dev.buffer.identity, dev.worker, dev.addr) {
-            return Err(DistError::InvalidArgs(format!(
-                "device tensor {:#x} of worker {} was freed",
-                dev.addr, dev.worker
-            )));
-        }
-        let hb = host.buffer();
-        let BufferLocation::HostShared { region, offset } = hb.location else {
-            return Err(DistError::InvalidArgs(
-                "the host end must be a SharedTensor".into(),
-            ));
-        };
-        if !self.region_visible(region) {
-            return Err(DistError::InvalidArgs(
-                "the shared tensor was created after this worker started its children; create it before init()".into(),
-            ));
-        }
-        self.shared.ptr(region, offset, host.nbytes())?;
-        let n = dev.view.nbytes();
-        if host.nbytes() != n {
-            return Err(DistError::InvalidArgs(format!(
-                "copy between tensors of different sizes: device {n} bytes, host {} bytes",
-                host.nbytes()
-            )));
-        }
-        let mut payload = Vec::with_capacity(32);
-        for v in [dev.addr, region, offset, n] {
-            payload.extend_from_slice(&v.to_le_bytes());
-        }
-        let cmd = if to_device {
-            ctrl::COPY_TO
-        } else {
-            ctrl::COPY_FROM
-        };
-        self.control(lane, cmd, 0, payload)?;
-        Ok(())
-    }
-
-    pub(crate) fn committed_device_memory(&self, worker: usize) -> Result<u64, DistError> {
-        let lane = self.chip_lane(worker)?;
-        Ok(self.control(lane, ctrl::COMMITTED, 0, Vec::new())?.result)
-    }
-
-    pub(crate) fn child_tensor_live(
-        &self,
-        identity: &BufferIdentity,
-        worker: usize,
-        addr: u64,
-    ) -> bool {
-        self.child_tensors
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(identity)
-            .is_some_and(|&(w, base)| w == worker && addr == base)
     }
 }

@@ -2,14 +2,14 @@
 //! serving chip orchestrations and device-memory control) and a nested level-3 worker
 //! (serving host orchestrations for a level-4 parent).
 
-use crate::orch::ctrl;
+use crate::control::{ControlCommand, ControlDecodeError, CopyDirection};
 use crate::registry::HostOrchHandle;
 use crate::worker::DistWorker;
 use std::sync::Arc;
 use strata_chip::{ChipConfig, ChipWorker, OrchHandle, RunArgs};
 use strata_host::{ChildEnv, ChildProgram, SharedMemory};
 use strata_mailbox::{codes, ControlReply, ControlRequest, Failure, Handler, TaskRequest};
-use strata_types::{BufferLocation, TaskArgs};
+use strata_types::TaskArgs;
 
 /// A chip child: hosts one `ChipWorker` (created and started inside the child, after the
 /// fork).
@@ -37,12 +37,9 @@ impl ChipChild {
     }
 }
 
-/// How a chip child's label starts.
-pub(crate) const CHIP_LABEL: &str = "chip_process";
-
 impl ChildProgram for ChipChild {
     fn label(&self) -> String {
-        format!("{CHIP_LABEL} dev={}", self.index)
+        format!("chip_process dev={}", self.index)
     }
 
     fn start(self: Box<Self>, env: &ChildEnv) -> Result<Box<dyn Handler + Send>, String> {
@@ -82,44 +79,20 @@ fn bad(msg: impl Into<String>) -> Failure {
 
 impl ChipHandler {
     fn run_args(&self, args: &TaskArgs) -> Result<RunArgs<'static>, Failure> {
-        let mut run = RunArgs::new();
-        for (i, t) in args.tensors().iter().enumerate() {
-            match t.buffer.location {
-                BufferLocation::HostShared { region, offset } => {
-                    let span = t.view.byte_span().1;
-                    let base = self
-                        .shared
-                        .ptr(region, offset, span)
-                        .map_err(|e| bad(format!("tensor {i}: {e}")))?;
-                    // SAFETY: `ptr` checked that the view's whole span lies in the mapped
-                    // region; the engine dispatched this task only after every conflicting
-                    // task finished, so nothing writes these bytes during the run.
-                    unsafe { run.host_raw(base, t.view, t.tag) };
-                }
-                BufferLocation::Device { worker, addr } => {
-                    if worker != self.worker {
-                        return Err(bad(format!(
-                            "tensor {i} is in the device memory of worker {worker}, not this chip ({})",
-                            self.worker
-                        )));
-                    }
-                    let dt = self
-                        .chip
-                        .device_tensor_at(addr, t.view)
-                        .map_err(|e| bad(format!("tensor {i}: {e}")))?;
-                    run.device(&dt, t.tag);
-                }
-                BufferLocation::HostLocal { .. } => {
-                    return Err(bad(format!(
-                    "tensor {i} is in the parent's private memory, which this process cannot see"
-                )))
-                }
-            }
+        let shared = &self.shared;
+        // SAFETY: `ptr` checks that each view's whole span lies in a region mapped in this
+        // process (mappings live as long as the process); the engine dispatched this task
+        // only after every conflicting task finished, so nothing writes these bytes
+        // during the run.
+        unsafe {
+            RunArgs::from_task_args(
+                args,
+                &self.chip,
+                Some(self.worker),
+                |region, offset, len| shared.ptr(region, offset, len).map_err(|e| e.to_string()),
+            )
         }
-        for &s in args.scalars() {
-            run.scalar(s);
-        }
-        Ok(run)
+        .map_err(|e| bad(e.to_string()))
     }
 }
 
@@ -134,60 +107,56 @@ impl Handler for ChipHandler {
 
     fn control(&mut self, req: &ControlRequest<'_>) -> Result<ControlReply, Failure> {
         let fail = |e: strata_chip::ChipError| Failure::new(codes::FAILED, e.to_string());
-        let words = |p: &[u8]| -> Result<[u64; 4], Failure> {
-            if p.len() != 32 {
-                return Err(bad(format!(
-                    "copy payload is {} bytes, expected 32",
-                    p.len()
-                )));
-            }
-            let mut w = [0u64; 4];
-            for (i, c) in p.chunks_exact(8).enumerate() {
-                let mut b = [0u8; 8];
-                b.copy_from_slice(c);
-                w[i] = u64::from_le_bytes(b);
-            }
-            Ok(w)
-        };
-        match req.command {
-            ctrl::MALLOC => Ok(ControlReply::new(
-                self.chip.malloc(req.arg0).map_err(fail)?.addr(),
+        let command = ControlCommand::from_request(req).map_err(|e| match e {
+            ControlDecodeError::UnknownCommand(c) => Failure::new(
+                codes::UNSUPPORTED,
+                format!("chip children do not support control command {c}"),
+            ),
+            malformed => bad(malformed.to_string()),
+        })?;
+        match command {
+            ControlCommand::Allocate { bytes } => Ok(ControlReply::new(
+                self.chip.malloc(bytes).map_err(fail)?.addr(),
             )),
-            ctrl::FREE => {
-                let (ptr, _) = self.allocation(req.arg0)?;
+            ControlCommand::Free { addr } => {
+                let (ptr, _) = self.allocation(addr)?;
                 self.chip.free(ptr).map_err(fail)?;
                 Ok(ControlReply::new(0))
             }
-            ctrl::COPY_TO | ctrl::COPY_FROM => {
-                let [addr, region, offset, n] = words(req.payload)?;
+            ControlCommand::Copy {
+                direction,
+                addr,
+                region,
+                offset,
+                len,
+            } => {
                 let (base, size) = self.allocation(addr)?;
-                if n > size {
+                if len > size {
                     return Err(bad(format!(
-                        "copy of {n} bytes into a {size}-byte allocation at {addr:#x}"
+                        "copy of {len} bytes into a {size}-byte allocation at {addr:#x}"
                     )));
                 }
                 let host = self
                     .shared
-                    .ptr(region, offset, n)
+                    .ptr(region, offset, len)
                     .map_err(|e| bad(e.to_string()))?;
                 // SAFETY: `ptr` checked the host range against the mapped region; the
                 // parent issues control commands only while no task of this worker runs,
                 // so nothing else touches either range.
                 unsafe {
-                    if req.command == ctrl::COPY_TO {
-                        self.chip.copy_to_raw(base, host, n).map_err(fail)?;
-                    } else {
-                        self.chip.copy_from_raw(host, base, n).map_err(fail)?;
+                    match direction {
+                        CopyDirection::ToDevice => {
+                            self.chip.copy_to_raw(base, host, len).map_err(fail)?
+                        }
+                        CopyDirection::FromDevice => {
+                            self.chip.copy_from_raw(host, base, len).map_err(fail)?
+                        }
                     }
                 }
                 Ok(ControlReply::new(0))
             }
-            ctrl::COMMITTED => Ok(ControlReply::new(
+            ControlCommand::CommittedBytes => Ok(ControlReply::new(
                 self.chip.committed_device_memory().map_err(fail)?,
-            )),
-            c => Err(Failure::new(
-                codes::UNSUPPORTED,
-                format!("chip children do not support control command {c}"),
             )),
         }
     }

@@ -11,14 +11,16 @@
 //! Waiting is spin-then-park on the worker's doorbell, which children ring after every
 //! completion and the orchestrator rings when it hands over work.
 
-use crate::task::{DistTask, Target, ROUTE_GROUP, ROUTE_SUB};
+use crate::control::ControlCommand;
+use crate::endpoint::{Endpoint, LocalEndpoint};
+use crate::task::{DistTask, Route, Target};
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use strata_graph::{Claimed, Failure, FailureKind, ReadyTask, RunId, Scheduler, TaskRef};
-use strata_host::{Children, Doorbell, HostError};
-use strata_mailbox::{ControlReply, ControlRequest, FrameIdentity, TaskPublication, TaskSlot};
+use strata_host::{Children, Doorbell};
+use strata_mailbox::{FrameIdentity, TaskPublication, TaskSlot};
 
 /// Spin before parking on the doorbell.
 const SPIN: Duration = Duration::from_micros(50);
@@ -27,13 +29,12 @@ const BUSY_SLICE: Duration = Duration::from_millis(5);
 /// Park slice while idle.
 const IDLE_SLICE: Duration = Duration::from_millis(200);
 
-/// A control command for one child, run by the scheduler thread when the child is idle.
+/// A control request for one child, run by the scheduler when the child is idle; the
+/// reply is the child's result word or the error's message.
 pub(crate) struct ControlJob {
     pub(crate) lane: usize,
-    pub(crate) command: u64,
-    pub(crate) arg0: u64,
-    pub(crate) payload: Vec<u8>,
-    pub(crate) reply: mpsc::Sender<Result<ControlReply, String>>,
+    pub(crate) command: ControlCommand,
+    pub(crate) reply: mpsc::Sender<Result<u64, String>>,
 }
 
 #[derive(Default)]
@@ -174,13 +175,30 @@ impl RunQueues {
     }
 }
 
-/// The scheduler thread's state.
-pub(crate) struct SchedLoop {
+/// What one scheduler pass did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Step {
+    /// The loop has stopped (closing: every child idle, or the close deadline passed).
+    Stopped,
+    /// Something moved (intake, a completion, a control request, a dispatch): step again.
+    Progressed,
+    /// Nothing moved; whether a child holds a task (how long the loop may park).
+    Idle {
+        /// A child holds a task.
+        busy: bool,
+    },
+}
+
+/// The scheduler's state: the graph's scheduler end, one [`Endpoint`] per child, and the
+/// FIFOs. It talks to the children only through their endpoints: generic over them, so the
+/// local lanes are reached by static calls (nothing between a publication and the
+/// mailbox), and a future remote endpoint slots in as another `E` (or an enum of both).
+pub(crate) struct SchedLoop<E: Endpoint = LocalEndpoint> {
     sched: Scheduler<DistTask>,
-    children: Children,
+    /// One per child, in lane order: lanes `0..n_next` are the next-level children (lane
+    /// index = worker id); the rest are sub-workers.
+    endpoints: Vec<E>,
     link: Arc<Link>,
-    /// Lanes `0..n_next` are the next-level children (lane index = worker id); the rest
-    /// are sub-workers.
     n_next: usize,
     lanes: Vec<LaneState>,
     queues: BTreeMap<RunId, RunQueues>,
@@ -197,27 +215,46 @@ pub(crate) struct SchedExit {
     pub(crate) children: Children,
 }
 
-impl SchedLoop {
+impl SchedLoop<LocalEndpoint> {
+    /// Ends the loop: queued control requests are refused, and the local children, still
+    /// running, are handed back for their shutdown together.
+    fn into_exit(mut self) -> SchedExit {
+        SchedExit {
+            children: LocalEndpoint::into_children(self.take_endpoints()),
+        }
+    }
+}
+
+impl<E: Endpoint> Drop for SchedLoop<E> {
+    /// Reached with endpoints only if the loop unwound (`into_exit` takes them): nothing
+    /// else will shut the children down.
+    fn drop(&mut self) {
+        E::abandon(std::mem::take(&mut self.endpoints));
+    }
+}
+
+impl<E: Endpoint> SchedLoop<E> {
     pub(crate) fn new(
         sched: Scheduler<DistTask>,
-        children: Children,
+        endpoints: Vec<E>,
         link: Arc<Link>,
         n_next: usize,
     ) -> Self {
-        let n = children.len();
-        let labels = (0..n)
-            .map(|i| {
-                let l = children.lanes()[i].label().to_owned();
+        let n = endpoints.len();
+        let labels = endpoints
+            .iter()
+            .enumerate()
+            .map(|(i, e)| {
                 if i < n_next {
-                    format!("worker {i} ({l})")
+                    format!("worker {i} ({})", e.label())
                 } else {
-                    l
+                    e.label().to_owned()
                 }
             })
             .collect();
         SchedLoop {
             sched,
-            children,
+            endpoints,
             link,
             n_next,
             lanes: (0..n).map(|_| LaneState::default()).collect(),
@@ -230,10 +267,8 @@ impl SchedLoop {
         }
     }
 
-    /// One pass: intake, completions, control commands, liveness, dispatch. `None` once
-    /// the loop has stopped (closing: every child idle, or the close deadline passed);
-    /// otherwise whether the pass made progress and whether a child is busy.
-    fn step(&mut self) -> Option<(bool, bool)> {
+    /// One pass: intake, completions, control requests, dispatch, liveness.
+    fn step(&mut self) -> Step {
         let mut progress = self.intake();
         progress |= self.poll_lanes();
         progress |= self.run_controls();
@@ -256,11 +291,11 @@ impl SchedLoop {
                     self.finish_all(lane, &f);
                 }
                 self.sched.flush();
-                return None;
+                return Step::Stopped;
             }
         }
         if progress {
-            return Some((true, busy));
+            return Step::Progressed;
         }
         let queued = self.queues.values().any(|q| !q.is_empty());
         if !queued && !self.link.hungry.load(Ordering::Relaxed) {
@@ -269,16 +304,16 @@ impl SchedLoop {
         if !busy {
             self.sched.flush();
         }
-        Some((false, busy))
+        Step::Idle { busy }
     }
 
-    fn into_exit(mut self) -> SchedExit {
+    /// Refuses the queued control requests and takes the endpoints out (the loop is
+    /// over).
+    fn take_endpoints(&mut self) -> Vec<E> {
         for job in self.controls.drain(..) {
             let _ = job.reply.send(Err("the worker is closing".into()));
         }
-        SchedExit {
-            children: self.children,
-        }
+        std::mem::take(&mut self.endpoints)
     }
 
     fn intake(&mut self) -> bool {
@@ -307,24 +342,27 @@ impl SchedLoop {
 
     fn route(&mut self, r: ReadyTask) {
         let n_next = self.n_next;
-        if r.route != ROUTE_SUB && r.route != ROUTE_GROUP && r.route >= n_next as u64 {
-            // Validated at submit, so out of range is a bug of this engine.
-            let why = format!(
-                "internal error: a task was routed to next-level worker {} of {n_next}",
-                r.route
-            );
-            self.link.set_unusable(why.clone());
-            self.fail_task(r.task, &why);
-            return;
+        let route = Route::from_word(r.route);
+        if let Route::Worker(w) = route {
+            if w >= n_next {
+                // Validated at submit, so out of range is a bug of this engine.
+                let why = format!(
+                    "internal error: a task was routed to next-level worker {} of {n_next}",
+                    r.route
+                );
+                self.link.set_unusable(why.clone());
+                self.fail_task(r.task, &why);
+                return;
+            }
         }
         let q = self.queues.entry(r.run).or_insert_with(|| RunQueues {
             workers: (0..n_next).map(|_| VecDeque::new()).collect(),
             ..RunQueues::default()
         });
-        match r.route {
-            ROUTE_SUB => q.subs.push_back(r.task),
-            ROUTE_GROUP => q.groups.push_back(r.task),
-            w => q.workers[w as usize].push_back(r.task),
+        match route {
+            Route::Sub => q.subs.push_back(r.task),
+            Route::Group => q.groups.push_back(r.task),
+            Route::Worker(w) => q.workers[w].push_back(r.task),
         }
     }
 
@@ -336,7 +374,7 @@ impl SchedLoop {
     /// their process label); next-level lanes add their worker id, and a message that
     /// names nobody gets the lane's full label.
     fn attribute(&self, lane: usize, message: String) -> String {
-        let own = self.children.lanes()[lane].label();
+        let own = self.endpoints[lane].label();
         match (message.starts_with(own), lane < self.n_next) {
             (true, true) => format!("worker {lane}: {message}"),
             (true, false) => message,
@@ -400,18 +438,10 @@ impl SchedLoop {
                 if self.lanes[lane].frames[slot.index()].is_none() {
                     continue;
                 }
-                let polled = self.children.lane(lane).parent().poll(slot);
-                match polled {
-                    Ok(p) => {
-                        let Some(done) = p.completion else {
-                            continue;
-                        };
-                        if let Err(e) = self.children.lane(lane).parent().reset(slot) {
-                            self.lane_died(lane, format!("mailbox protocol error: {e}"));
-                            progress = true;
-                            break;
-                        }
-                        let outcome = done.outcome.map_err(|f| {
+                match self.endpoints[lane].poll(slot) {
+                    Ok(None) => {}
+                    Ok(Some(outcome)) => {
+                        let outcome = outcome.map_err(|f| {
                             let message = self.attribute(lane, f.message);
                             Failure::with_code(FailureKind::Task, f.code, message)
                         });
@@ -419,7 +449,7 @@ impl SchedLoop {
                         progress = true;
                     }
                     Err(e) => {
-                        self.lane_died(lane, format!("mailbox protocol error: {e}"));
+                        self.lane_died(lane, e.to_string());
                         progress = true;
                         break;
                     }
@@ -436,26 +466,13 @@ impl SchedLoop {
             if self.lanes[lane].dead.is_some() {
                 continue;
             }
-            if let Err(e) = self.children.lane(lane).check_alive() {
+            if let Err(e) = self.endpoints[lane].check_alive() {
                 // A completion published just before the child died still counts (the
                 // lane is dead all the same).
                 if self.lanes[lane].is_busy() {
                     self.poll_lanes();
                 }
-                let why = match e {
-                    HostError::ChildDied {
-                        ref label,
-                        ref exit,
-                        ..
-                    } if label.starts_with(crate::programs::CHIP_LABEL)
-                        && exit.code() == Some(strata_chip::EXIT_ORCHESTRATION_STALLED) =>
-                    {
-                        format!("{e}: its chip orchestration made no progress for the run's budget (SCHEDULER_TIMEOUT, orchestrator-starvation), so the chip process ended itself")
-                    }
-                    HostError::ChildDied { .. } => format!("{e}"),
-                    other => format!("liveness check failed: {other}"),
-                };
-                self.lane_died(lane, why);
+                self.lane_died(lane, e.to_string());
             }
         }
     }
@@ -476,14 +493,9 @@ impl SchedLoop {
             } else if lane >= self.lanes.len() {
                 Err(format!("no child {lane}"))
             } else {
-                let req = ControlRequest {
-                    command: job.command,
-                    arg0: job.arg0,
-                    payload: &job.payload,
-                };
-                self.children
-                    .lane(lane)
-                    .control(&req, None)
+                // No deadline: the child is idle and liveness-checked while it answers.
+                self.endpoints[lane]
+                    .control(&job.command, None)
                     .map_err(|e| e.to_string())
             };
             let _ = job.reply.send(result);
@@ -522,13 +534,8 @@ impl SchedLoop {
             member,
             group,
         });
-        let r = self
-            .children
-            .lane(lane)
-            .parent()
-            .publish(slot, &publication);
-        if let Err(e) = r {
-            let f = self.endpoint_failure(lane, &format!("could not publish the task: {e}"));
+        if let Err(e) = self.endpoints[lane].publish(slot, &publication) {
+            let f = self.endpoint_failure(lane, &e.to_string());
             self.finish(lane, slot, Err(f));
         }
     }
@@ -766,12 +773,12 @@ impl Driver {
             let seen = self.link.doorbell.seq();
             let step = match self.lock().as_mut() {
                 Some(lp) => lp.step(),
-                None => None,
+                None => Step::Stopped,
             };
             match step {
-                None => break,
-                Some((true, _)) => {}
-                Some((false, busy)) => {
+                Step::Stopped => break,
+                Step::Progressed => {}
+                Step::Idle { busy } => {
                     let slice = if busy { BUSY_SLICE } else { IDLE_SLICE };
                     self.link.doorbell.wait(seen, SPIN, slice);
                 }
@@ -797,9 +804,9 @@ impl Driver {
         while !done() {
             let seen = self.link.doorbell.seq();
             match lp.step() {
-                None => return,
-                Some((true, _)) => idle_since = None,
-                Some((false, _)) => {
+                Step::Stopped => return,
+                Step::Progressed => idle_since = None,
+                Step::Idle { .. } => {
                     let now = Instant::now();
                     let since = *idle_since.get_or_insert(now);
                     let mut left = SPIN.saturating_sub(now.duration_since(since));

@@ -6,10 +6,42 @@ use std::sync::Arc;
 use strata_mailbox::EncodedConfig;
 use strata_types::CallableId;
 
-/// Route word of a sub-worker task.
-pub(crate) const ROUTE_SUB: u64 = u64::MAX;
-/// Route word of a next-level group (targets are in the payload).
-pub(crate) const ROUTE_GROUP: u64 = u64::MAX - 1;
+/// Which scheduler FIFO a ready task joins. The graph carries it as a `u64` route word
+/// ([`Route::word`], [`Route::from_word`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Route {
+    /// A single task for the next-level child with this worker id.
+    Worker(usize),
+    /// A next-level group of two or more members (the targets are in the payload).
+    Group,
+    /// A sub-worker task or sub group.
+    Sub,
+}
+
+impl Route {
+    const SUB: u64 = u64::MAX;
+    const GROUP: u64 = u64::MAX - 1;
+
+    /// The route word the graph carries.
+    pub(crate) fn word(self) -> u64 {
+        match self {
+            Route::Worker(w) => w as u64,
+            Route::Group => Self::GROUP,
+            Route::Sub => Self::SUB,
+        }
+    }
+
+    /// The route a word written by [`Route::word`] names.
+    pub(crate) fn from_word(word: u64) -> Route {
+        match word {
+            Self::SUB => Route::Sub,
+            Self::GROUP => Route::Group,
+            // Worker ids are lane indices, far below the two reserved words; a word that
+            // does not fit a usize is out of range like any other unknown worker.
+            w => Route::Worker(usize::try_from(w).unwrap_or(usize::MAX)),
+        }
+    }
+}
 
 /// Where one member runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,5 +77,22 @@ impl DistTask {
                 Target::Sub => None,
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Route;
+
+    #[test]
+    fn route_words_round_trip() {
+        for r in [
+            Route::Sub,
+            Route::Group,
+            Route::Worker(0),
+            Route::Worker(17),
+        ] {
+            assert_eq!(Route::from_word(r.word()), r);
+        }
     }
 }

@@ -2,6 +2,8 @@
 //! device-memory control outside runs.
 
 use crate::config::{DistConfig, Level};
+use crate::ctx::Ctx;
+use crate::endpoint::{ChildKind, Endpoint, LocalEndpoint};
 use crate::error::{DistError, OrchError};
 use crate::orch::{ChildTensor, Orch};
 use crate::programs::{ChipChild, NestedChild};
@@ -21,42 +23,8 @@ use strata_host::{
 };
 use strata_mailbox::EncodedConfig;
 use strata_types::{
-    BufferIdentity, CallConfig, CallableDescriptor, CallableKind, DataType, Element,
-    IdentityMinter, TaskArgs,
+    CallConfig, CallableDescriptor, CallableKind, DataType, Element, IdentityMinter, TaskArgs,
 };
-
-/// What a next-level child is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum ChildKind {
-    /// A chip child (runs chip orchestrations).
-    Chip,
-    /// A level-3 worker child (runs host orchestrations).
-    Worker,
-}
-
-/// What the orchestration facade and the control paths need of a running worker.
-pub(crate) struct Ctx {
-    pub(crate) link: Arc<Link>,
-    pub(crate) next: Vec<ChildKind>,
-    pub(crate) labels: Vec<String>,
-    pub(crate) n_subs: usize,
-    /// Shared-memory regions with ids up to this one (ids start at 1) existed when the
-    /// children started, so every child maps them.
-    pub(crate) visible_regions: u64,
-    pub(crate) heap_regions: [u64; RING_COUNT],
-    pub(crate) shared: Arc<SharedMemory>,
-    /// The chips' comm arena (level 3 with chips).
-    pub(crate) comm: Option<crate::comm::CommCtx>,
-    pub(crate) minter: Arc<IdentityMinter>,
-    pub(crate) programs: Arc<Programs>,
-    pub(crate) child_tensors: Mutex<HashMap<BufferIdentity, (usize, u64)>>,
-}
-
-impl Ctx {
-    pub(crate) fn region_visible(&self, region: u64) -> bool {
-        (1..=self.visible_regions).contains(&region)
-    }
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
@@ -370,7 +338,8 @@ impl DistWorker {
         let visible_regions = self.shared.regions() as u64;
 
         let mut programs: Vec<Box<dyn ChildProgram>> = Vec::new();
-        let mut next = Vec::new();
+        // What each child is, in lane order: it travels with the child's endpoint.
+        let mut kinds = Vec::new();
         match cfg.level {
             Level::L3 => {
                 for (i, c) in cfg.chips.iter().enumerate() {
@@ -383,14 +352,14 @@ impl DistWorker {
                         self.programs.chip.clone(),
                         rank,
                     )));
-                    next.push(ChildKind::Chip);
+                    kinds.push(ChildKind::Chip);
                 }
             }
             Level::L4 => {
                 for (i, mut child) in std::mem::take(&mut self.children).into_iter().enumerate() {
                     child.programs.absorb(&self.programs)?;
                     programs.push(Box::new(NestedChild::new(i, child)));
-                    next.push(ChildKind::Worker);
+                    kinds.push(ChildKind::Worker);
                 }
             }
         }
@@ -398,6 +367,7 @@ impl DistWorker {
             programs.push(Box::new(
                 SubProgram::new(self.programs.subs.clone()).with_index(i),
             ));
+            kinds.push(ChildKind::Sub);
         }
         let labels: Vec<String> = programs.iter().map(|p| p.label()).collect();
         let doorbell = Doorbell::new()?;
@@ -424,9 +394,19 @@ impl DistWorker {
             pipeline_depth: cfg.pipeline_depth,
         })?;
         let link = Arc::new(Link::new(doorbell));
-        let n_next = next.len();
+        let endpoints: Vec<LocalEndpoint> = children
+            .into_lanes()
+            .into_iter()
+            .zip(kinds)
+            .map(|(lane, kind)| LocalEndpoint::new(lane, kind, cfg.exec_mode))
+            .collect();
+        let next: Vec<ChildKind> = endpoints
+            .iter()
+            .map(|e| e.kind())
+            .take_while(|k| *k != ChildKind::Sub)
+            .collect();
         let waiter = orch.run_waiter();
-        let driver = Driver::new(SchedLoop::new(sched, children, link.clone(), n_next));
+        let driver = Driver::new(SchedLoop::new(sched, endpoints, link.clone(), next.len()));
         let handle = driver
             .spawn()
             .map_err(|e| DistError::Internal(format!("cannot start the scheduler thread: {e}")))?;
@@ -627,7 +607,8 @@ impl DistWorker {
     /// # Errors
     /// A run in flight, size mismatch, a freed tensor.
     pub fn copy_to(&mut self, dst: &ChildTensor, src: &SharedTensor) -> Result<(), DistError> {
-        self.idle_control("copy_to")?.copy(dst, src, true)
+        self.idle_control("copy_to")?
+            .copy(dst, src, crate::control::CopyDirection::ToDevice)
     }
 
     /// Copies a chip tensor into a shared tensor.
@@ -635,7 +616,8 @@ impl DistWorker {
     /// # Errors
     /// As [`DistWorker::copy_to`].
     pub fn copy_from(&mut self, dst: &SharedTensor, src: &ChildTensor) -> Result<(), DistError> {
-        self.idle_control("copy_from")?.copy(src, dst, false)
+        self.idle_control("copy_from")?
+            .copy(src, dst, crate::control::CopyDirection::FromDevice)
     }
 
     /// Bytes chip `worker`'s allocator holds.

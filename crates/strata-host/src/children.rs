@@ -907,6 +907,23 @@ impl Children {
         &self.lanes
     }
 
+    /// Takes every lane out, e.g. for a scheduler that wraps each in an endpoint of its
+    /// own; the children keep running. Give them back with [`Children::from_lanes`] to
+    /// shut them down together (nothing shuts them down otherwise).
+    pub fn into_lanes(mut self) -> Vec<Lane> {
+        std::mem::take(&mut self.lanes)
+    }
+
+    /// The children behind `lanes` (taken out with [`Children::into_lanes`], in lane
+    /// order), spawned in `mode`: shutting down and dropping work as for the original.
+    pub fn from_lanes(mode: ExecMode, lanes: Vec<Lane>) -> Children {
+        Children {
+            mode,
+            lanes,
+            report: None,
+        }
+    }
+
     /// The pids of the child processes (empty in threads mode).
     pub fn pids(&self) -> Vec<i32> {
         self.lanes.iter().filter_map(|l| l.pid()).collect()

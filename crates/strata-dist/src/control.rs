@@ -1,0 +1,323 @@
+//! Control requests a scheduler sends a child outside task dispatch (chip device memory),
+//! typed, with the one encoding into a mailbox control frame that both ends use: the
+//! engine encodes ([`ControlCommand::to_request`], in the local endpoint) and the chip
+//! child decodes ([`ControlCommand::from_request`], in its handler).
+//!
+//! Wire form (`command`, `arg0`, payload):
+//!
+//! | request | command | arg0 | payload |
+//! |---|---|---|---|
+//! | [`ControlCommand::Allocate`] | 1 | bytes | empty |
+//! | [`ControlCommand::Free`] | 2 | device address | empty |
+//! | [`ControlCommand::Copy`] to the device | 3 | 0 | device address, region, offset, length (4 × `u64` LE) |
+//! | [`ControlCommand::Copy`] from the device | 4 | 0 | as 3 |
+//! | [`ControlCommand::CommittedBytes`] | 5 | 0 | empty |
+//!
+//! The reply is the result word: the device address for `Allocate`, the bytes the chip's
+//! allocator holds for `CommittedBytes`, 0 otherwise.
+
+use strata_mailbox::ControlRequest;
+
+/// Which way a [`ControlCommand::Copy`] moves bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CopyDirection {
+    /// Shared host memory → device memory.
+    ToDevice,
+    /// Device memory → shared host memory.
+    FromDevice,
+}
+
+/// One control request for a child.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ControlCommand {
+    /// Allocate `bytes` of device memory; the reply is the allocation's device address.
+    Allocate {
+        /// Bytes to allocate.
+        bytes: u64,
+    },
+    /// Free the allocation that starts at device address `addr`.
+    Free {
+        /// The allocation's base address.
+        addr: u64,
+    },
+    /// Copy `len` bytes between the allocation at device address `addr` and shared-memory
+    /// region `region` at `offset` (both ranges are bounds-checked by the child).
+    Copy {
+        /// Which way.
+        direction: CopyDirection,
+        /// The device allocation's base address.
+        addr: u64,
+        /// The shared-memory region id (`BufferLocation::HostShared::region`).
+        region: u64,
+        /// The byte offset in the region.
+        offset: u64,
+        /// Bytes to copy.
+        len: u64,
+    },
+    /// How many bytes the chip's device allocator holds; the reply is that count.
+    CommittedBytes,
+}
+
+/// Payload bytes of a [`ControlCommand::Copy`].
+pub const COPY_PAYLOAD_BYTES: usize = 32;
+
+/// Command words of the wire form.
+mod word {
+    pub(super) const ALLOCATE: u64 = 1;
+    pub(super) const FREE: u64 = 2;
+    pub(super) const COPY_TO_DEVICE: u64 = 3;
+    pub(super) const COPY_FROM_DEVICE: u64 = 4;
+    pub(super) const COMMITTED_BYTES: u64 = 5;
+}
+
+/// Why a control frame does not decode to a [`ControlCommand`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ControlDecodeError {
+    /// The command word names no request.
+    #[error("control command {0} is not a request this engine sends")]
+    UnknownCommand(u64),
+    /// The payload has the wrong length for the command.
+    #[error("control command {command}: payload is {len} bytes, expected {expected}")]
+    PayloadLength {
+        /// The command word.
+        command: u64,
+        /// The payload's length.
+        len: usize,
+        /// The length the command takes.
+        expected: usize,
+    },
+    /// `arg0` is set for a command that takes none.
+    #[error("control command {command}: arg0 is {arg0}, expected 0")]
+    UnexpectedArgument {
+        /// The command word.
+        command: u64,
+        /// The argument found.
+        arg0: u64,
+    },
+}
+
+impl ControlCommand {
+    /// The request in a mailbox control frame; a copy's payload is written into `payload`
+    /// (which the request borrows).
+    pub fn to_request<'p>(&self, payload: &'p mut [u8; COPY_PAYLOAD_BYTES]) -> ControlRequest<'p> {
+        let (command, arg0, words) = match *self {
+            ControlCommand::Allocate { bytes } => (word::ALLOCATE, bytes, None),
+            ControlCommand::Free { addr } => (word::FREE, addr, None),
+            ControlCommand::Copy {
+                direction,
+                addr,
+                region,
+                offset,
+                len,
+            } => {
+                let command = match direction {
+                    CopyDirection::ToDevice => word::COPY_TO_DEVICE,
+                    CopyDirection::FromDevice => word::COPY_FROM_DEVICE,
+                };
+                (command, 0, Some([addr, region, offset, len]))
+            }
+            ControlCommand::CommittedBytes => (word::COMMITTED_BYTES, 0, None),
+        };
+        let len = match words {
+            Some(w) => {
+                for (chunk, v) in payload.chunks_exact_mut(8).zip(w) {
+                    chunk.copy_from_slice(&v.to_le_bytes());
+                }
+                COPY_PAYLOAD_BYTES
+            }
+            None => 0,
+        };
+        ControlRequest {
+            command,
+            arg0,
+            payload: &payload[..len],
+        }
+    }
+
+    /// Decodes a control frame written by [`ControlCommand::to_request`].
+    ///
+    /// # Errors
+    /// An unknown command word, a payload of the wrong length, or an `arg0` for a command
+    /// that takes none ([`ControlDecodeError`]); never a panic.
+    pub fn from_request(req: &ControlRequest<'_>) -> Result<ControlCommand, ControlDecodeError> {
+        let expect_len = |expected: usize| {
+            if req.payload.len() == expected {
+                Ok(())
+            } else {
+                Err(ControlDecodeError::PayloadLength {
+                    command: req.command,
+                    len: req.payload.len(),
+                    expected,
+                })
+            }
+        };
+        let no_arg = || {
+            if req.arg0 == 0 {
+                Ok(())
+            } else {
+                Err(ControlDecodeError::UnexpectedArgument {
+                    command: req.command,
+                    arg0: req.arg0,
+                })
+            }
+        };
+        match req.command {
+            word::ALLOCATE => {
+                expect_len(0)?;
+                Ok(ControlCommand::Allocate { bytes: req.arg0 })
+            }
+            word::FREE => {
+                expect_len(0)?;
+                Ok(ControlCommand::Free { addr: req.arg0 })
+            }
+            word::COPY_TO_DEVICE | word::COPY_FROM_DEVICE => {
+                expect_len(COPY_PAYLOAD_BYTES)?;
+                no_arg()?;
+                let mut w = [0u64; 4];
+                for (v, chunk) in w.iter_mut().zip(req.payload.chunks_exact(8)) {
+                    let mut b = [0u8; 8];
+                    b.copy_from_slice(chunk);
+                    *v = u64::from_le_bytes(b);
+                }
+                let [addr, region, offset, len] = w;
+                let direction = if req.command == word::COPY_TO_DEVICE {
+                    CopyDirection::ToDevice
+                } else {
+                    CopyDirection::FromDevice
+                };
+                Ok(ControlCommand::Copy {
+                    direction,
+                    addr,
+                    region,
+                    offset,
+                    len,
+                })
+            }
+            word::COMMITTED_BYTES => {
+                expect_len(0)?;
+                no_arg()?;
+                Ok(ControlCommand::CommittedBytes)
+            }
+            other => Err(ControlDecodeError::UnknownCommand(other)),
+        }
+    }
+
+    /// The request's name in messages.
+    pub fn name(&self) -> &'static str {
+        match self {
+            ControlCommand::Allocate { .. } => "allocate",
+            ControlCommand::Free { .. } => "free",
+            ControlCommand::Copy {
+                direction: CopyDirection::ToDevice,
+                ..
+            } => "copy to device",
+            ControlCommand::Copy {
+                direction: CopyDirection::FromDevice,
+                ..
+            } => "copy from device",
+            ControlCommand::CommittedBytes => "committed bytes",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn every_variant() -> Vec<ControlCommand> {
+        let mut v = vec![
+            ControlCommand::Allocate { bytes: 0 },
+            ControlCommand::Allocate { bytes: u64::MAX },
+            ControlCommand::Free { addr: 0x1000 },
+            ControlCommand::CommittedBytes,
+        ];
+        for direction in [CopyDirection::ToDevice, CopyDirection::FromDevice] {
+            v.push(ControlCommand::Copy {
+                direction,
+                addr: 0xdead_beef_0000,
+                region: 7,
+                offset: u64::MAX - 1,
+                len: 4096,
+            });
+        }
+        v
+    }
+
+    #[test]
+    fn every_variant_round_trips() {
+        for c in every_variant() {
+            let mut buf = [0u8; COPY_PAYLOAD_BYTES];
+            let req = c.to_request(&mut buf);
+            assert_eq!(ControlCommand::from_request(&req), Ok(c), "{c:?}");
+        }
+    }
+
+    #[test]
+    fn wire_form_is_the_documented_one() {
+        let mut buf = [0u8; COPY_PAYLOAD_BYTES];
+        let req = ControlCommand::Copy {
+            direction: CopyDirection::FromDevice,
+            addr: 1,
+            region: 2,
+            offset: 3,
+            len: 4,
+        }
+        .to_request(&mut buf);
+        assert_eq!((req.command, req.arg0), (4, 0));
+        let mut expected = Vec::new();
+        for v in [1u64, 2, 3, 4] {
+            expected.extend_from_slice(&v.to_le_bytes());
+        }
+        assert_eq!(req.payload, &expected[..]);
+        let req = ControlCommand::Allocate { bytes: 64 }.to_request(&mut buf);
+        assert_eq!((req.command, req.arg0, req.payload.len()), (1, 64, 0));
+    }
+
+    #[test]
+    fn malformed_requests_are_typed_errors() {
+        let req = |command, arg0, payload: &'static [u8]| ControlRequest {
+            command,
+            arg0,
+            payload,
+        };
+        assert_eq!(
+            ControlCommand::from_request(&req(0, 0, &[])),
+            Err(ControlDecodeError::UnknownCommand(0))
+        );
+        assert_eq!(
+            ControlCommand::from_request(&req(99, 1, &[1, 2])),
+            Err(ControlDecodeError::UnknownCommand(99))
+        );
+        for command in [3, 4] {
+            assert_eq!(
+                ControlCommand::from_request(&req(command, 0, &[0; 31])),
+                Err(ControlDecodeError::PayloadLength {
+                    command,
+                    len: 31,
+                    expected: 32
+                })
+            );
+            assert_eq!(
+                ControlCommand::from_request(&req(command, 5, &[0; 32])),
+                Err(ControlDecodeError::UnexpectedArgument { command, arg0: 5 })
+            );
+        }
+        for command in [1, 2, 5] {
+            assert_eq!(
+                ControlCommand::from_request(&req(command, 0, &[0; 8])),
+                Err(ControlDecodeError::PayloadLength {
+                    command,
+                    len: 8,
+                    expected: 0
+                })
+            );
+        }
+        assert_eq!(
+            ControlCommand::from_request(&req(5, 1, &[])),
+            Err(ControlDecodeError::UnexpectedArgument {
+                command: 5,
+                arg0: 1
+            })
+        );
+    }
+}

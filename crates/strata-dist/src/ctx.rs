@@ -1,0 +1,186 @@
+//! What the orchestration facade and the device-memory control paths need of a running
+//! worker, on the caller's side of the scheduler: the children's kinds and labels, the
+//! shared memory, the registries, and the chip tensors allocated so far.
+
+use crate::control::{ControlCommand, CopyDirection};
+use crate::endpoint::ChildKind;
+use crate::error::DistError;
+use crate::orch::ChildTensor;
+use crate::registry::Programs;
+use crate::sched::{ControlJob, Link};
+use std::collections::HashMap;
+use std::sync::{mpsc, Arc, Mutex};
+use strata_graph::RING_COUNT;
+use strata_host::{SharedMemory, SharedTensor};
+use strata_types::{
+    BufferDesc, BufferIdentity, BufferLocation, DataType, IdentityMinter, TensorView,
+};
+
+/// A running worker, as its orchestrations and control calls see it.
+pub(crate) struct Ctx {
+    pub(crate) link: Arc<Link>,
+    /// The next-level children's kinds (index = worker id), as their endpoints carry them.
+    pub(crate) next: Vec<ChildKind>,
+    pub(crate) labels: Vec<String>,
+    pub(crate) n_subs: usize,
+    /// Shared-memory regions with ids up to this one (ids start at 1) existed when the
+    /// children started, so every child maps them.
+    pub(crate) visible_regions: u64,
+    pub(crate) heap_regions: [u64; RING_COUNT],
+    pub(crate) shared: Arc<SharedMemory>,
+    /// The chips' comm arena (level 3 with chips).
+    pub(crate) comm: Option<crate::comm::CommCtx>,
+    pub(crate) minter: Arc<IdentityMinter>,
+    pub(crate) programs: Arc<Programs>,
+    pub(crate) child_tensors: Mutex<HashMap<BufferIdentity, (usize, u64)>>,
+}
+
+impl Ctx {
+    pub(crate) fn region_visible(&self, region: u64) -> bool {
+        (1..=self.visible_regions).contains(&region)
+    }
+
+    /// Runs a control request on lane `lane` through the scheduler; the reply word.
+    pub(crate) fn control(&self, lane: usize, command: ControlCommand) -> Result<u64, DistError> {
+        let (tx, rx) = mpsc::channel();
+        self.link.push_control(ControlJob {
+            lane,
+            command,
+            reply: tx,
+        });
+        let r = rx.recv().map_err(|_| DistError::Control {
+            worker: self.labels.get(lane).cloned().unwrap_or_default(),
+            message: "the scheduler stopped before answering".into(),
+        })?;
+        r.map_err(|message| DistError::Control {
+            worker: self.labels.get(lane).cloned().unwrap_or_default(),
+            message,
+        })
+    }
+
+    fn chip_lane(&self, worker: usize) -> Result<usize, DistError> {
+        match self.next.get(worker) {
+            Some(ChildKind::Chip) => Ok(worker),
+            Some(ChildKind::Worker | ChildKind::Sub) => Err(DistError::InvalidArgs(format!(
+                "worker {worker} is a level-3 worker, not a chip; device memory belongs to chips"
+            ))),
+            None => Err(DistError::UnknownWorker {
+                id: worker,
+                count: self.next.len(),
+            }),
+        }
+    }
+
+    pub(crate) fn alloc_child_tensor(
+        &self,
+        worker: usize,
+        shape: &[u64],
+        dtype: DataType,
+    ) -> Result<ChildTensor, DistError> {
+        let lane = self.chip_lane(worker)?;
+        let view = TensorView::contiguous(dtype, shape)?;
+        let addr = self.control(
+            lane,
+            ControlCommand::Allocate {
+                bytes: view.nbytes(),
+            },
+        )?;
+        let identity = self.minter.mint();
+        let t = ChildTensor {
+            worker,
+            addr,
+            buffer: BufferDesc {
+                identity,
+                nbytes: view.nbytes(),
+                location: BufferLocation::Device {
+                    worker: worker as u32,
+                    addr,
+                },
+            },
+            view,
+        };
+        self.child_tensors
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(identity, (worker, addr));
+        Ok(t)
+    }
+
+    pub(crate) fn free_child_tensor(&self, t: ChildTensor) -> Result<(), DistError> {
+        let lane = self.chip_lane(t.worker)?;
+        let removed = self
+            .child_tensors
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&t.buffer.identity);
+        if removed != Some((t.worker, t.addr)) {
+            return Err(DistError::InvalidArgs(format!(
+                "the tensor at device address {:#x} of worker {} is not a live allocation of this worker (double free, or allocated elsewhere)",
+                t.addr, t.worker
+            )));
+        }
+        self.control(lane, ControlCommand::Free { addr: t.addr })?;
+        Ok(())
+    }
+
+    pub(crate) fn copy(
+        &self,
+        dev: &ChildTensor,
+        host: &SharedTensor,
+        direction: CopyDirection,
+    ) -> Result<(), DistError> {
+        let lane = self.chip_lane(dev.worker)?;
+        if !self.child_tensor_live(&dev.buffer.identity, dev.worker, dev.addr) {
+            return Err(DistError::InvalidArgs(format!(
+                "device tensor {:#x} of worker {} was freed",
+                dev.addr, dev.worker
+            )));
+        }
+        let hb = host.buffer();
+        let BufferLocation::HostShared { region, offset } = hb.location else {
+            return Err(DistError::InvalidArgs(
+                "the host end must be a SharedTensor".into(),
+            ));
+        };
+        if !self.region_visible(region) {
+            return Err(DistError::InvalidArgs(
+                "the shared tensor was created after this worker started its children; create it before init()".into(),
+            ));
+        }
+        self.shared.ptr(region, offset, host.nbytes())?;
+        let n = dev.view.nbytes();
+        if host.nbytes() != n {
+            return Err(DistError::InvalidArgs(format!(
+                "copy between tensors of different sizes: device {n} bytes, host {} bytes",
+                host.nbytes()
+            )));
+        }
+        let command = ControlCommand::Copy {
+            direction,
+            addr: dev.addr,
+            region,
+            offset,
+            len: n,
+        };
+        self.control(lane, command)?;
+        Ok(())
+    }
+
+    pub(crate) fn committed_device_memory(&self, worker: usize) -> Result<u64, DistError> {
+        let lane = self.chip_lane(worker)?;
+        self.control(lane, ControlCommand::CommittedBytes)
+    }
+
+    pub(crate) fn child_tensor_live(
+        &self,
+        identity: &BufferIdentity,
+        worker: usize,
+        addr: u64,
+    ) -> bool {
+        self.child_tensors
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(identity)
+            .is_some_and(|&(w, base)| w == worker && addr == base)
+    }
+}
