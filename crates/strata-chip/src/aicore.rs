@@ -4,8 +4,9 @@
 use crate::config::CoreType;
 use crate::device::Arena;
 use crate::kernel::KernelCtx;
-use crate::link::{Completion, CoreLink, CoreMsg, Doorbell, Idle};
-use crate::sync::Ordering;
+use crate::link::{Completion, CoreLink, CoreMsg};
+use strata_sync::sync::Ordering;
+use strata_sync::{panic_message, Idle, ThreadBell};
 use crate::task::{RunEnv, TaskDesc};
 use std::sync::Arc;
 use std::time::Duration;
@@ -33,24 +34,14 @@ pub(crate) struct CoreEnv {
     pub(crate) id: u32,
     pub(crate) ty: CoreType,
     pub(crate) link: Arc<CoreLink>,
-    pub(crate) sched_bell: Arc<Doorbell>,
+    pub(crate) sched_bell: Arc<ThreadBell>,
     pub(crate) arena: Arc<Arena>,
     pub(crate) idle_spin: Duration,
 }
 
-fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
-    if let Some(s) = p.downcast_ref::<&str>() {
-        (*s).to_owned()
-    } else if let Some(s) = p.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "(non-string panic payload)".to_owned()
-    }
-}
-
 fn run_one(env: &CoreEnv, run: &RunEnv, d: Dispatch) -> Completion {
     let start_ns = if d.timing {
-        crate::strace::mono_ns()
+        strata_sync::mono_ns()
     } else {
         0
     };
@@ -79,7 +70,7 @@ fn run_one(env: &CoreEnv, run: &RunEnv, d: Dispatch) -> Completion {
         }
     };
     let end_ns = if d.timing {
-        crate::strace::mono_ns()
+        strata_sync::mono_ns()
     } else {
         0
     };

@@ -42,14 +42,10 @@ mod sched;
 mod stall;
 mod strace;
 mod swimlane;
-mod sync;
 mod task;
 mod tensor;
 mod worker;
 pub mod workloads;
-
-#[cfg(all(test, loom))]
-mod loom_tests;
 
 pub use config::{
     ChipConfig, CoreType, OrchestratorPlacement, RingSizing, DEFAULT_RING_HEAP_BYTES,

@@ -1201,7 +1201,7 @@ impl ChipWorker {
         let sched = if reply.sched_used {
             // The scheduler ran tasks of this run, which is over: take its part of the
             // report (under the scheduler's lock, so after its last pass).
-            live.sched.lock().take_report(run_seq)
+            live.sched.take_report(run_seq)
         } else {
             SchedReport::default()
         };

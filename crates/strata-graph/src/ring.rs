@@ -7,7 +7,7 @@
 //! dependency-pool counters.
 
 use crate::slot::TaskRef;
-use crate::sync::{AtomicU64, Ordering};
+use strata_sync::sync::{AtomicU64, Ordering};
 use std::collections::VecDeque;
 
 /// Number of rings (scope depth ≥ 3 shares the last).

@@ -3,7 +3,7 @@
 
 use crate::access::FxHashMap;
 use crate::error::{Failure, GraphError};
-use crate::sync::{wait_timeout, AtomicBool, AtomicU64, Condvar, Mutex, MutexGuard, Ordering};
+use strata_sync::sync::{wait_timeout, AtomicBool, AtomicU64, Condvar, Mutex, MutexGuard, Ordering};
 use crossbeam_utils::CachePadded;
 use std::collections::VecDeque;
 use std::fmt;

@@ -5,7 +5,7 @@ use crate::core::{Core, ReadyTask, Scratch};
 use crate::error::{Failure, FailureKind, GraphError};
 use crate::run::RunId;
 use crate::slot::{MemberState, TaskRef, TaskState};
-use crate::sync::{Arc, Ordering};
+use strata_sync::sync::{Arc, Ordering};
 use std::time::{Duration, Instant};
 
 /// A task the scheduler claimed for dispatch.

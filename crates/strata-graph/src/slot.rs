@@ -9,7 +9,7 @@
 //! group bookkeeping.
 
 use crate::error::Failure;
-use crate::sync::{AtomicBool, AtomicU64, Mutex, Ordering};
+use strata_sync::sync::{AtomicBool, AtomicU64, Mutex, Ordering};
 use std::fmt;
 use std::sync::OnceLock;
 
