@@ -5,11 +5,11 @@ use crate::config::CoreType;
 use crate::device::Arena;
 use crate::kernel::KernelCtx;
 use crate::link::{Completion, CoreLink, CoreMsg};
-use strata_sync::sync::Ordering;
-use strata_sync::{panic_message, Idle, ThreadBell};
 use crate::task::{RunEnv, TaskDesc};
 use std::sync::Arc;
 use std::time::Duration;
+use strata_sync::sync::Ordering;
+use strata_sync::{panic_message, Idle, ThreadBell};
 
 /// One (task, block, subtask) handed to a core.
 pub(crate) struct Dispatch {
@@ -40,11 +40,7 @@ pub(crate) struct CoreEnv {
 }
 
 fn run_one(env: &CoreEnv, run: &RunEnv, d: Dispatch) -> Completion {
-    let start_ns = if d.timing {
-        strata_sync::mono_ns()
-    } else {
-        0
-    };
+    let start_ns = if d.timing { strata_sync::mono_ns() } else { 0 };
     let failure = match run.registry.kernel_by_func(d.func) {
         None => Some(format!("no kernel in lane {} of task {}", d.lane, d.task_id).into()),
         Some(k) => {
@@ -69,11 +65,7 @@ fn run_one(env: &CoreEnv, run: &RunEnv, d: Dispatch) -> Completion {
             }
         }
     };
-    let end_ns = if d.timing {
-        strata_sync::mono_ns()
-    } else {
-        0
-    };
+    let end_ns = if d.timing { strata_sync::mono_ns() } else { 0 };
     Completion {
         seq: d.seq,
         desc: d.desc,

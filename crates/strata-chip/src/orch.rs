@@ -4,7 +4,6 @@
 use crate::config::RingSizing;
 use crate::device::Arena;
 use crate::error::{codes, ChipError};
-use strata_sync::{CpuHint, Driven, Slot};
 use crate::registry::{OrchestrationFn, Registry};
 use crate::sched::{RunCtl, SchedCell, SchedMsg, SchedShared, Topology, BROKEN_CHECK};
 use crate::task::{KTensor, Meta, Shape, TaskDesc};
@@ -16,6 +15,7 @@ use strata_graph::{
     Access, BufferKey, Failure, FailureKind, Footprint, GraphError, KeySpace, Orchestrator,
     Overlap, RingConfig, TaskRef, TaskSpec,
 };
+use strata_sync::{CpuHint, Driven, Slot};
 use strata_types::{ArgTag, CallableId, DataType, Element, IdentityMinter, Scalar, RING_COUNT};
 
 /// The arguments of a run as the orchestration sees them: entry tensors (already in device
@@ -1060,8 +1060,7 @@ impl ChipOrch {
     fn wait_handed_back(
         &self,
         run: strata_graph::RunId,
-    ) -> Result<Result<Result<(), Failure>, GraphError>, Option<strata_sync::Broken>>
-    {
+    ) -> Result<Result<Result<(), Failure>, GraphError>, Option<strata_sync::Broken>> {
         loop {
             match self.graph.wait_run(run, Some(BROKEN_CHECK)) {
                 Ok(Some(o)) => return Ok(Ok(o)),

@@ -6,11 +6,11 @@ use crate::arena::layout::MAX_RANKS;
 use crate::arena::CommArena;
 use crate::error::CommError;
 use crate::signal::{self, NotifyOp, Patience, WaitCmp};
-use strata_sync::sync::AtomicI32;
 use crate::tensor::DistributedTensor;
 use std::sync::atomic::{AtomicI16, AtomicI8, AtomicU16, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+use strata_sync::sync::AtomicI32;
 use strata_sync::WakeCounter;
 use strata_types::{bf16, f16, DataType, Element};
 

@@ -6,12 +6,12 @@
 //! Run: `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=3 cargo test --release -p strata-comm --lib loom`
 
 use crate::signal::{credit_barrier, notify_cell, wait_cell, NotifyOp, Patience, WaitCmp};
-use strata_sync::sync::{AtomicI32, Ordering};
 use loom::cell::UnsafeCell;
 use loom::sync::atomic::AtomicU32;
 use loom::sync::Arc;
 use loom::thread;
 use std::time::Duration;
+use strata_sync::sync::{AtomicI32, Ordering};
 use strata_sync::WakeCounter;
 
 /// One rank's wake counter.

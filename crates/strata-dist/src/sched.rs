@@ -298,7 +298,11 @@ impl SchedLoop {
     #[cold]
     fn fire_fault(&mut self) {
         let on_scheduler = std::thread::current().name() == Some(SCHED_THREAD);
-        if self.fault.as_ref().is_some_and(|f| f.on_caller != on_scheduler) {
+        if self
+            .fault
+            .as_ref()
+            .is_some_and(|f| f.on_caller != on_scheduler)
+        {
             if let Some(f) = self.fault.take() {
                 panic!("{}", f.message);
             }

@@ -542,7 +542,9 @@ impl DistWorker {
             config: encoded,
         };
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&mut o, args)))
-            .unwrap_or_else(|p| Err(format!("panicked: {}", strata_sync::panic_message(&*p)).into()));
+            .unwrap_or_else(|p| {
+                Err(format!("panicked: {}", strata_sync::panic_message(&*p)).into())
+            });
         o.flush();
         match result {
             Ok(()) => {

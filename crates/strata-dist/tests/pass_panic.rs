@@ -17,10 +17,8 @@ const TASK: Duration = Duration::from_millis(300);
 const PATIENCE: Option<Duration> = Some(Duration::from_secs(30));
 
 fn worker() -> (DistWorker, HostOrchHandle) {
-    let mut w = DistWorker::new(
-        DistConfig::l3(Vec::new(), 1).with_exec_mode(ExecMode::Threads),
-    )
-    .unwrap();
+    let mut w =
+        DistWorker::new(DistConfig::l3(Vec::new(), 1).with_exec_mode(ExecMode::Threads)).unwrap();
     let slow = w.register_sub("slow", |_| {
         std::thread::sleep(TASK);
         Ok(())

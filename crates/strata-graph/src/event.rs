@@ -4,8 +4,8 @@
 //! Bumping is one atomic increment plus a load; the kernel is entered only when a waiter
 //! may be asleep. Waiters spin briefly before parking, so a busy hand-off costs no wake-up.
 
-use strata_sync::sync::{wait_timeout, AtomicU32, AtomicU64, Condvar, Mutex, Ordering};
 use std::time::{Duration, Instant};
+use strata_sync::sync::{wait_timeout, AtomicU32, AtomicU64, Condvar, Mutex, Ordering};
 
 /// Spin iterations before a waiter parks.
 #[cfg(not(loom))]

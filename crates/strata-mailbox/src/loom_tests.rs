@@ -7,12 +7,12 @@
 //! Run: `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=3 cargo test --release -p strata-mailbox --lib loom`
 
 use crate::state::MailboxState;
-use strata_sync::sync::{AtomicU32, Ordering};
 use crate::wait::{wait_until, WaitOptions, WaitWord};
 use loom::cell::UnsafeCell;
 use loom::sync::Arc;
 use loom::thread;
 use std::time::Duration;
+use strata_sync::sync::{AtomicU32, Ordering};
 
 const IDLE: u32 = MailboxState::Idle as u32;
 const TASK_READY: u32 = MailboxState::TaskReady as u32;
@@ -170,4 +170,3 @@ fn loom_shutdown_racing_a_control_completion_is_not_lost() {
         assert_eq!(ctrl.w().load(), SHUTDOWN, "no child write erases SHUTDOWN");
     });
 }
-

@@ -36,8 +36,8 @@ pub const FALLBACK_SLICE: Duration = Duration::from_millis(1);
 
 #[cfg(not(loom))]
 mod imp {
-    use super::FALLBACK_SLICE;
     use super::FutexError;
+    use super::FALLBACK_SLICE;
     use std::io;
     use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
     use std::time::Duration;
@@ -139,10 +139,7 @@ mod imp {
         wait_result(ret, "waitv")
     }
 
-    pub fn wait_any(
-        words: &[(&AtomicU32, u32)],
-        timeout: Duration,
-    ) -> Result<(), FutexError> {
+    pub fn wait_any(words: &[(&AtomicU32, u32)], timeout: Duration) -> Result<(), FutexError> {
         match words {
             [] => Ok(()),
             [(w, v)] => wait_one(w, *v, timeout),
@@ -206,10 +203,7 @@ mod imp {
         w as *const AtomicU32 as usize
     }
 
-    pub fn wait_any(
-        words: &[(&AtomicU32, u32)],
-        _timeout: Duration,
-    ) -> Result<(), FutexError> {
+    pub fn wait_any(words: &[(&AtomicU32, u32)], _timeout: Duration) -> Result<(), FutexError> {
         let (lock, cv) = &*BUCKET;
         let mut q = lock.lock().unwrap();
         // The kernel compares the words with the expected values under the bucket lock.

@@ -138,7 +138,6 @@ fn loom_a_bump_wakes_a_parked_wake_counter_waiter() {
     });
 }
 
-
 /// The scheduler posts a running and a pending dispatch; the core runs both and reports
 /// each completion; the scheduler waits for both and then sends EXIT. Every interleaving
 /// must deliver both completions in order and let both threads finish: a lost wake-up
@@ -264,7 +263,6 @@ fn loom_run_request_and_reply_never_lose_a_wakeup() {
     });
 }
 
-
 /// A caller and the loop's thread contend for the seat while two units of work are done
 /// (each pass does one). Whoever holds the seat does the pass; the loop's thread parks
 /// while the caller drives and must be woken when the caller leaves: a lost wake-up would
@@ -350,7 +348,10 @@ fn loom_seat_a_panicking_pass_is_seen_by_every_waiter() {
         };
         assert_eq!(b.message, "pass exploded");
         assert_eq!(lp.join().unwrap(), "pass exploded");
-        assert_eq!(seat.drive(|| None::<()>, |_| Turn::Again), Driven::Broken(b.clone()));
+        assert_eq!(
+            seat.drive(|| None::<()>, |_| Turn::Again),
+            Driven::Broken(b.clone())
+        );
         assert_eq!(seat.pass(|n| *n), Err(b));
     });
 }

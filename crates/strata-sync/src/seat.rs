@@ -284,7 +284,10 @@ mod tests {
         assert_eq!(b.message, "pass exploded");
         assert_eq!(seat.pass(|n| *n += 1), Err(b.clone()));
         assert_eq!(seat.with(|n| *n), Err(b.clone()));
-        assert_eq!(seat.drive(|| None::<()>, |_| Turn::Again), Driven::Broken(b));
+        assert_eq!(
+            seat.drive(|| None::<()>, |_| Turn::Again),
+            Driven::Broken(b)
+        );
         assert_eq!(seat.take(), Some(0), "the state can still be torn down");
     }
 
@@ -303,7 +306,10 @@ mod tests {
     #[test]
     fn handing_back_and_taking_out() {
         let seat = DriverSeat::new(5u32);
-        assert_eq!(seat.drive(|| None::<()>, |_| Turn::HandBack), Driven::HandedBack);
+        assert_eq!(
+            seat.drive(|| None::<()>, |_| Turn::HandBack),
+            Driven::HandedBack
+        );
         assert_eq!(seat.drive(|| None::<()>, |_| Turn::Over), Driven::Over);
         assert_eq!(seat.take(), Some(5));
         assert_eq!(seat.drive(|| None::<()>, |_| Turn::Again), Driven::Over);
