@@ -1343,6 +1343,14 @@ impl ChipWorker {
         if let Some(h) = live.sched_thread.take() {
             let _ = h.join();
         }
+        if live.sched.broken().is_some() {
+            // A broken scheduler loop (a pass panicked) never handled `Exit`, so it never
+            // told the cores: tell them here.
+            for l in &live.links {
+                let _ = l.dispatch.push(crate::link::CoreMsg::Exit);
+                l.bell.unpark();
+            }
+        }
         for (c, slot) in live.core_threads.iter_mut().enumerate() {
             let Some(h) = slot.take() else { continue };
             let lost = live.shared.lost[c].load(Ordering::Acquire);
