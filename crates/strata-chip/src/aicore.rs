@@ -98,18 +98,10 @@ pub(crate) fn core_main(env: CoreEnv) {
                         .unwrap_or_else(|e| e.into_inner())
                         .clone();
                 }
-                let mut c = run_one(&env, &run, d);
+                let c = run_one(&env, &run, d);
                 // The scheduler keeps at most two dispatches outstanding and the ring holds
-                // four completions, so this never spins in practice.
-                loop {
-                    match env.link.completions.push(c) {
-                        Ok(()) => break,
-                        Err(back) => {
-                            c = back;
-                            std::thread::yield_now();
-                        }
-                    }
-                }
+                // four completions, so this never retries in practice.
+                strata_sync::push_retry(c, |c| env.link.completions.push(c), || {});
                 env.sched_bell.ring();
             }
             Some(CoreMsg::Exit) => break,
