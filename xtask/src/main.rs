@@ -114,26 +114,15 @@ fn ci() -> Result<(), String> {
         cargo().args(["test", "--workspace"]),
     )?;
     // Loom models in their own build (cfg(loom) swaps the sync primitives), with bounded
-    // preemptions so the step stays within minutes.
+    // preemptions so the step stays within minutes: every crate that has models.
+    let mut loom = cargo();
+    loom.args(["test", "--release", "--target-dir", "target/loom"]);
+    for krate in loom_crates()? {
+        loom.args(["-p", &krate]);
+    }
     run_step(
         "loom models",
-        cargo()
-            .args([
-                "test",
-                "--release",
-                "--target-dir",
-                "target/loom",
-                "-p",
-                "strata-graph",
-                "-p",
-                "strata-mailbox",
-                "-p",
-                "strata-chip",
-                "-p",
-                "strata-comm",
-                "--lib",
-                "loom",
-            ])
+        loom.args(["--lib", "loom"])
             .env("RUSTFLAGS", "--cfg loom")
             .env("LOOM_MAX_PREEMPTIONS", "3"),
     )?;
@@ -144,6 +133,58 @@ fn ci() -> Result<(), String> {
             .env("RUSTDOCFLAGS", "-D warnings"),
     )?;
     Ok(())
+}
+
+/// The workspace crates that have loom models: a `crates/*` package whose manifest has
+/// `[target.'cfg(loom)'.dependencies]` and whose `src/` holds a `#[cfg(all(test, loom))]`
+/// module. Found, not listed, so a crate that gains models is checked without editing
+/// this file.
+fn loom_crates() -> Result<Vec<String>, String> {
+    let dir = workspace_root().join("crates");
+    let entries = std::fs::read_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let mut found = Vec::new();
+    for entry in entries.flatten() {
+        let manifest = entry.path().join("Cargo.toml");
+        let Ok(toml) = std::fs::read_to_string(&manifest) else {
+            continue;
+        };
+        if !toml.contains("[target.'cfg(loom)'.dependencies]") {
+            continue;
+        }
+        if !dir_has_loom_tests(&entry.path().join("src")) {
+            continue;
+        }
+        let name = toml
+            .lines()
+            .find_map(|l| {
+                let v = l.strip_prefix("name")?.trim_start().strip_prefix('=')?;
+                Some(v.trim().trim_matches('"').to_owned())
+            })
+            .ok_or_else(|| format!("{}: no package name", manifest.display()))?;
+        found.push(name);
+    }
+    found.sort();
+    if found.is_empty() {
+        return Err("no crate with loom models found under crates/".into());
+    }
+    Ok(found)
+}
+
+/// Whether a `.rs` file under `dir` declares loom tests.
+fn dir_has_loom_tests(dir: &Path) -> bool {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return false;
+    };
+    entries.flatten().any(|e| {
+        let p = e.path();
+        if p.is_dir() {
+            dir_has_loom_tests(&p)
+        } else {
+            p.extension().is_some_and(|x| x == "rs")
+                && std::fs::read_to_string(&p)
+                    .is_ok_and(|src| src.contains("#[cfg(all(test, loom))]"))
+        }
+    })
 }
 
 fn bench(name: &str) -> Result<(), String> {
@@ -305,5 +346,25 @@ fn main() -> ExitCode {
             eprintln!("xtask: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod loom_discovery_tests {
+    #[test]
+    fn crates_with_loom_models_are_found_and_others_are_not() {
+        let found = super::loom_crates().unwrap();
+        for krate in [
+            "strata-sync",
+            "strata-mailbox",
+            "strata-graph",
+            "strata-comm",
+        ] {
+            assert!(
+                found.iter().any(|c| c == krate),
+                "{krate} missing from {found:?}"
+            );
+        }
+        assert!(!found.iter().any(|c| c == "strata-types"), "{found:?}");
     }
 }

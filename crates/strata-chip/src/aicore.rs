@@ -4,11 +4,12 @@
 use crate::config::CoreType;
 use crate::device::Arena;
 use crate::kernel::KernelCtx;
-use crate::link::{Completion, CoreLink, CoreMsg, Doorbell, Idle};
-use crate::sync::Ordering;
+use crate::link::{Completion, CoreLink, CoreMsg};
 use crate::task::{RunEnv, TaskDesc};
 use std::sync::Arc;
 use std::time::Duration;
+use strata_sync::sync::Ordering;
+use strata_sync::{panic_message, Idle, ThreadBell};
 
 /// One (task, block, subtask) handed to a core.
 pub(crate) struct Dispatch {
@@ -33,27 +34,13 @@ pub(crate) struct CoreEnv {
     pub(crate) id: u32,
     pub(crate) ty: CoreType,
     pub(crate) link: Arc<CoreLink>,
-    pub(crate) sched_bell: Arc<Doorbell>,
+    pub(crate) sched_bell: Arc<ThreadBell>,
     pub(crate) arena: Arc<Arena>,
     pub(crate) idle_spin: Duration,
 }
 
-fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
-    if let Some(s) = p.downcast_ref::<&str>() {
-        (*s).to_owned()
-    } else if let Some(s) = p.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "(non-string panic payload)".to_owned()
-    }
-}
-
 fn run_one(env: &CoreEnv, run: &RunEnv, d: Dispatch) -> Completion {
-    let start_ns = if d.timing {
-        crate::strace::mono_ns()
-    } else {
-        0
-    };
+    let start_ns = if d.timing { strata_sync::mono_ns() } else { 0 };
     let failure = match run.registry.kernel_by_func(d.func) {
         None => Some(format!("no kernel in lane {} of task {}", d.lane, d.task_id).into()),
         Some(k) => {
@@ -78,11 +65,7 @@ fn run_one(env: &CoreEnv, run: &RunEnv, d: Dispatch) -> Completion {
             }
         }
     };
-    let end_ns = if d.timing {
-        crate::strace::mono_ns()
-    } else {
-        0
-    };
+    let end_ns = if d.timing { strata_sync::mono_ns() } else { 0 };
     Completion {
         seq: d.seq,
         desc: d.desc,
@@ -115,18 +98,10 @@ pub(crate) fn core_main(env: CoreEnv) {
                         .unwrap_or_else(|e| e.into_inner())
                         .clone();
                 }
-                let mut c = run_one(&env, &run, d);
+                let c = run_one(&env, &run, d);
                 // The scheduler keeps at most two dispatches outstanding and the ring holds
-                // four completions, so this never spins in practice.
-                loop {
-                    match env.link.completions.push(c) {
-                        Ok(()) => break,
-                        Err(back) => {
-                            c = back;
-                            std::thread::yield_now();
-                        }
-                    }
-                }
+                // four completions, so this never retries in practice.
+                strata_sync::push_retry(c, |c| env.link.completions.push(c), || {});
                 env.sched_bell.ring();
             }
             Some(CoreMsg::Exit) => break,

@@ -3,9 +3,9 @@
 
 use crate::config::CoreType;
 use crate::device::{Arena, ClaimError, SharedTensor, TensorMut, TensorRef};
-use crate::sync::{AtomicU64, Ordering};
 use crate::task::{RunEnv, TaskDesc};
 use std::any::Any;
+use strata_sync::sync::{AtomicU64, Ordering};
 use strata_types::{ArgTag, Element, Scalar, TensorView};
 
 /// The error a kernel returns; it fails the task (downstream tasks are poisoned and the

@@ -40,14 +40,10 @@ mod sched;
 mod stall;
 mod strace;
 mod swimlane;
-mod sync;
 mod task;
 mod task_args;
 mod tensor;
 mod worker;
-
-#[cfg(all(test, loom))]
-mod loom_tests;
 
 pub use config::{
     ChipConfig, CoreType, OrchestratorPlacement, RingSizing, DEFAULT_RING_HEAP_BYTES,

@@ -4,9 +4,8 @@
 use crate::config::RingSizing;
 use crate::device::Arena;
 use crate::error::{codes, ChipError};
-use crate::link::{CpuHint, Slot};
 use crate::registry::{OrchestrationFn, Registry};
-use crate::sched::{Driven, RunCtl, SchedCell, SchedMsg, SchedShared, Topology};
+use crate::sched::{RunCtl, SchedCell, SchedMsg, SchedShared, Topology, BROKEN_CHECK};
 use crate::task::{KTensor, Meta, Shape, TaskDesc};
 use crate::tensor::{ArgTensor, ChipTensor, CoreArgs, MixedKernels, TaskOutputs, TensorCreateInfo};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -16,6 +15,7 @@ use strata_graph::{
     Access, BufferKey, Failure, FailureKind, Footprint, GraphError, KeySpace, Orchestrator,
     Overlap, RingConfig, TaskRef, TaskSpec,
 };
+use strata_sync::{CpuHint, Driven, Slot};
 use strata_types::{ArgTag, CallableId, DataType, Element, IdentityMinter, Scalar, RING_COUNT};
 
 /// The arguments of a run as the orchestration sees them: entry tensors (already in device
@@ -934,7 +934,7 @@ impl ChipOrch {
     // ----- the orchestrator thread -------------------------------------------------------
 
     pub(crate) fn run_request(&mut self, req: &OrchRequest) -> OrchReply {
-        let t_thread_start = crate::strace::mono_ns();
+        let t_thread_start = strata_sync::mono_ns();
         let mut reply = OrchReply {
             fatal: None,
             orch_error: None,
@@ -972,10 +972,10 @@ impl ChipOrch {
                 return reply;
             }
         };
-        reply.t_orch_start = crate::strace::mono_ns();
+        reply.t_orch_start = strata_sync::mono_ns();
         let f = &req.f;
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(self, &req.args)));
-        reply.t_orch_end = crate::strace::mono_ns();
+        reply.t_orch_end = strata_sync::mono_ns();
         let name = || {
             req.registry
                 .orch_entry(&req.id)
@@ -1003,13 +1003,7 @@ impl ChipOrch {
                 ))
             }
             (None, Err(p)) => {
-                let msg = if let Some(s) = p.downcast_ref::<&str>() {
-                    (*s).to_owned()
-                } else if let Some(s) = p.downcast_ref::<String>() {
-                    s.clone()
-                } else {
-                    "(non-string panic payload)".into()
-                };
+                let msg = strata_sync::panic_message(&*p);
                 let e = ChipError::OrchestrationFailed {
                     orchestration: name(),
                     message: format!("panicked: {msg}"),
@@ -1038,21 +1032,46 @@ impl ChipOrch {
             Driven::HandedBack
         };
         let outcome = match driven {
-            Driven::Done(o) => Some(o),
-            Driven::HandedBack => self.graph.wait_run(run, None).transpose(),
-            Driven::Over => None,
+            Driven::Done(o) => Ok(o),
+            Driven::HandedBack => self.wait_handed_back(run),
+            Driven::Over => Err(None),
+            Driven::Broken(b) => Err(Some(b)),
         };
         reply.graph = match outcome {
-            Some(Ok(r)) => r,
-            None => Err(Failure::new(
+            Ok(Ok(r)) => r,
+            Err(None) => Err(Failure::new(
                 FailureKind::Fatal,
-                "the chip's scheduler stopped before the run finished (the chip is closing, or an internal error)",
+                "the chip's scheduler stopped before the run finished (the chip is closing)",
             )),
-            Some(Err(e)) => Err(Failure::new(FailureKind::Fatal, e.to_string())),
+            Err(Some(b)) => Err(Failure::new(
+                FailureKind::Fatal,
+                format!("the chip's scheduler failed (an internal error): {b}"),
+            )),
+            Ok(Err(e)) => Err(Failure::new(FailureKind::Fatal, e.to_string())),
         };
         let _ = self.graph.release_run(run);
-        reply.t_done = crate::strace::mono_ns();
+        reply.t_done = strata_sync::mono_ns();
         reply
+    }
+
+    /// Waits for run `run` once the scheduler thread drives it again, checking every
+    /// [`BROKEN_CHECK`] whether the loop broke (then nothing will finish the run).
+    #[allow(clippy::type_complexity)]
+    fn wait_handed_back(
+        &self,
+        run: strata_graph::RunId,
+    ) -> Result<Result<Result<(), Failure>, GraphError>, Option<strata_sync::Broken>> {
+        loop {
+            match self.graph.wait_run(run, Some(BROKEN_CHECK)) {
+                Ok(Some(o)) => return Ok(Ok(o)),
+                Err(e) => return Ok(Err(e)),
+                Ok(None) => {
+                    if let Some(b) = self.sched.broken() {
+                        return Err(Some(b));
+                    }
+                }
+            }
+        }
     }
 
     /// The orchestrator thread's loop: wait for a request (spin up to `idle_spin`, then

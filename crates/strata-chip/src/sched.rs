@@ -6,16 +6,16 @@
 use crate::aicore::Dispatch;
 use crate::config::CoreType;
 use crate::error::{codes, ChipError};
-use crate::link::{CoreLink, CoreMsg, Doorbell, Idle};
+use crate::link::{CoreLink, CoreMsg};
 use crate::swimlane::SwimRecord;
-use crate::sync::Ordering as SyncOrdering;
 use crate::task::{Meta, RunEnv, Shape, TaskDesc};
-use crossbeam_queue::ArrayQueue;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use strata_graph::{Failure, FailureKind, ReadyTask, Scheduler, TaskRef};
+use strata_sync::sync::Ordering as SyncOrdering;
+use strata_sync::{Broken, Driven, DriverSeat, Idle, Queue, Spin, ThreadBell, Turn};
 
 /// Messages to the scheduler thread (from the orchestrator thread and the host).
 pub(crate) enum SchedMsg {
@@ -54,11 +54,11 @@ pub(crate) struct SchedReport {
 
 /// State shared with the other threads.
 pub(crate) struct SchedShared {
-    pub(crate) incoming: ArrayQueue<SchedMsg>,
+    pub(crate) incoming: Queue<SchedMsg>,
     /// Finished task payloads on their way back to the orchestrator for reuse.
     pub(crate) recycled: std::sync::Mutex<Vec<Arc<TaskDesc>>>,
     pub(crate) recycled_pending: AtomicBool,
-    pub(crate) bell: Arc<Doorbell>,
+    pub(crate) bell: Arc<ThreadBell>,
     /// Cores taken out of service (with `completed`, a liveness counter for the host's
     /// watchdog).
     pub(crate) progress: AtomicU64,
@@ -67,26 +67,23 @@ pub(crate) struct SchedShared {
     /// The orchestrator wants to be woken once `completed` reaches this (`u64::MAX`: no).
     pub(crate) orch_wake_at: AtomicU64,
     /// The orchestrator thread's doorbell.
-    pub(crate) orch_bell: Doorbell,
+    pub(crate) orch_bell: ThreadBell,
     /// Per core: taken out of service by a timeout.
     pub(crate) lost: Vec<AtomicBool>,
-    /// Threads driving the scheduler loop themselves (the scheduler thread parks meanwhile).
-    pub(crate) drivers: AtomicUsize,
 }
 
 impl SchedShared {
     pub(crate) fn new(cores: usize) -> Self {
         SchedShared {
-            incoming: ArrayQueue::new(INCOMING),
+            incoming: Queue::new(INCOMING),
             recycled: std::sync::Mutex::new(Vec::new()),
             recycled_pending: AtomicBool::new(false),
-            bell: Arc::new(Doorbell::default()),
+            bell: Arc::new(ThreadBell::default()),
             progress: AtomicU64::new(0),
             completed: AtomicU64::new(0),
             orch_wake_at: AtomicU64::new(u64::MAX),
-            orch_bell: Doorbell::default(),
+            orch_bell: ThreadBell::default(),
             lost: (0..cores).map(|_| AtomicBool::new(false)).collect(),
-            drivers: AtomicUsize::new(0),
         }
     }
 
@@ -98,32 +95,14 @@ impl SchedShared {
 
     /// Queues a message without waking the scheduler (for a message that the next rung
     /// one follows, such as `Begin` before a run's first `Ready`).
-    pub(crate) fn post_quiet(&self, mut m: SchedMsg) {
-        loop {
-            match self.incoming.push(m) {
-                Ok(()) => return,
-                Err(back) => {
-                    m = back;
-                    self.bell.ring();
-                    std::thread::yield_now();
-                }
-            }
-        }
+    pub(crate) fn post_quiet(&self, m: SchedMsg) {
+        strata_sync::push_retry(m, |m| self.incoming.push(m), || self.bell.ring());
     }
 
     /// Sends a message (waiting while the bounded queue is full: the scheduler drains it
     /// on every loop iteration).
-    pub(crate) fn send(&self, mut m: SchedMsg) {
-        loop {
-            match self.incoming.push(m) {
-                Ok(()) => break,
-                Err(back) => {
-                    m = back;
-                    self.bell.ring();
-                    std::thread::yield_now();
-                }
-            }
-        }
+    pub(crate) fn send(&self, m: SchedMsg) {
+        strata_sync::push_retry(m, |m| self.incoming.push(m), || self.bell.ring());
         self.bell.ring();
     }
 }
@@ -253,47 +232,48 @@ const DRIVE_SPIN: Duration = Duration::from_micros(50);
 /// How long the scheduler thread parks at a time while a caller drives.
 const DRIVEN_SLICE: Duration = Duration::from_millis(1);
 
-/// The scheduler, stepped by the scheduler thread — or, while a caller waits for its run,
-/// by that caller ("caller-runs", as the level-3 engine does): the waiting thread completes
-/// and dispatches the run's tasks itself and the scheduler thread parks, so a short run
-/// hands over between two threads (caller and core) instead of three or four, which
-/// matters on machines with no more cores than spinning threads.
-pub(crate) struct SchedCell {
-    sched: std::sync::Mutex<Sched>,
-    shared: Arc<SchedShared>,
-    thread: std::sync::OnceLock<std::thread::Thread>,
-    /// A pass panicked (an internal error): nobody steps the loop again, so the run
-    /// waiting for it ends at its stall budget instead of stepping half-updated state.
-    broken: AtomicBool,
-}
+/// How often a caller waiting for a run whose loop was handed back checks whether the
+/// loop broke (a pass panicked), so the run fails with the panic instead of waiting for
+/// its stall budget.
+pub(crate) const BROKEN_CHECK: Duration = Duration::from_millis(10);
 
-/// How [`SchedCell::drive`] ended.
-pub(crate) enum Driven<R> {
-    /// `done` returned this.
-    Done(R),
-    /// No progress for a while: the scheduler thread took over; block for the rest.
-    HandedBack,
-    /// The loop is over (the chip is closing, or a pass panicked): nothing will finish.
-    Over,
+/// The scheduler, stepped by the scheduler thread — or, while a caller waits for its run,
+/// by that caller ("caller-runs", as the level-3 engine does, through the same
+/// [`DriverSeat`]): the waiting thread completes and dispatches the run's tasks itself and
+/// the scheduler thread parks, so a short run hands over between two threads (caller and
+/// core) instead of three or four, which matters on machines with no more cores than
+/// spinning threads. A pass that panics (an internal error), on either thread, breaks the
+/// loop: nobody steps the half-updated state again, and waiting runs fail naming the panic.
+pub(crate) struct SchedCell {
+    seat: DriverSeat<Sched>,
+    shared: Arc<SchedShared>,
 }
 
 impl SchedCell {
     pub(crate) fn new(sched: Sched) -> Arc<SchedCell> {
         Arc::new(SchedCell {
             shared: sched.shared.clone(),
-            sched: std::sync::Mutex::new(sched),
-            thread: std::sync::OnceLock::new(),
-            broken: AtomicBool::new(false),
+            seat: DriverSeat::new(sched),
         })
     }
 
-    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, Sched> {
-        self.sched.lock().unwrap_or_else(|e| e.into_inner())
+    /// The scheduler's part of the report of run `run` (call it once the run is done);
+    /// empty if the loop broke.
+    pub(crate) fn take_report(&self, run: u64) -> SchedReport {
+        match self.seat.with(|s| s.take_report(run)) {
+            Ok(Some(r)) => r,
+            Ok(None) | Err(_) => SchedReport::default(),
+        }
+    }
+
+    /// Why the loop is broken (a pass panicked), if it is.
+    pub(crate) fn broken(&self) -> Option<Broken> {
+        self.seat.broken()
     }
 
     /// The scheduler thread's loop.
     pub(crate) fn thread_main(&self) {
-        let _ = self.thread.set(std::thread::current());
+        self.seat.register_loop_thread();
         let shared = &self.shared;
         shared.bell.register_current();
         // The scheduler spins (about 20 µs) but does not yield-spin: with kernels running it
@@ -302,35 +282,35 @@ impl SchedCell {
         let mut iter: u32 = 0;
         let mut watch: Vec<Arc<CoreLink>> = Vec::new();
         loop {
-            if shared.drivers.load(Ordering::Acquire) > 0 {
-                std::thread::park_timeout(DRIVEN_SLICE);
+            if self.seat.park_while_driven(DRIVEN_SLICE) {
                 idle.reset();
                 continue;
             }
-            if self.broken.load(Ordering::Acquire) {
-                return;
-            }
-            // A pass that panicked poisoned the lock: the loop is over.
-            let Ok(mut s) = self.sched.lock() else {
-                self.broken.store(true, Ordering::Release);
+            let pass = self.seat.pass(|s| {
+                let step = s.step(&mut iter);
+                if let Step::Idle {
+                    spin_only: false, ..
+                } = step
+                {
+                    watch.clear();
+                    watch.extend(s.busy.iter().map(|&c| s.links[c as usize].clone()));
+                }
+                step
+            });
+            // A broken loop (a pass panicked here or on a caller) is over for everyone.
+            let Ok(Some(step)) = pass else {
                 return;
             };
-            match s.step(&mut iter) {
+            match step {
                 Step::Exit => return,
                 Step::Busy => idle.reset(),
                 Step::Idle {
                     spin_only: true, ..
-                } => {
-                    drop(s);
-                    std::thread::yield_now();
-                }
+                } => std::thread::yield_now(),
                 Step::Idle { timeout, .. } => {
-                    watch.clear();
-                    watch.extend(s.busy.iter().map(|&c| s.links[c as usize].clone()));
-                    drop(s);
                     idle.step(&shared.bell, timeout, || {
                         !shared.incoming.is_empty()
-                            || shared.drivers.load(Ordering::Acquire) > 0
+                            || self.seat.is_driven()
                             || watch.iter().any(|l| !l.completions.is_empty())
                     });
                 }
@@ -340,74 +320,26 @@ impl SchedCell {
 
     /// Drives the loop on the calling thread until `done()` returns a value, or until it
     /// made no progress for [`DRIVE_SPIN`] (then the scheduler thread takes over and the
-    /// caller should block). A pass that panics (an internal error) is caught here, on the
-    /// caller's thread, and ends the loop for everyone.
-    pub(crate) fn drive<R>(&self, mut done: impl FnMut() -> Option<R>) -> Driven<R> {
-        self.shared.drivers.fetch_add(1, Ordering::AcqRel);
-        let _seat = Seat(self);
+    /// caller should block). A pass that panics is caught on the caller's thread and
+    /// breaks the loop for everyone ([`Driven::Broken`]).
+    pub(crate) fn drive<R>(&self, done: impl FnMut() -> Option<R>) -> Driven<R> {
         let mut iter: u32 = 0;
-        let mut quiet_since: Option<std::time::Instant> = None;
-        let mut polls: u32 = 0;
-        loop {
-            if let Some(r) = done() {
-                return Driven::Done(r);
+        // Pause-only: the caller would otherwise take a CPU from the kernels it waits for.
+        let mut quiet = Spin::new(DRIVE_SPIN).without_yield();
+        self.seat.drive(done, |s| match s.step(&mut iter) {
+            Step::Busy => {
+                quiet.reset();
+                Turn::Again
             }
-            if self.broken.load(Ordering::Acquire) {
-                return Driven::Over;
-            }
-            // The scheduler thread may be finishing a pass; never wait for it.
-            let step = match self.sched.try_lock() {
-                Ok(mut s) => {
-                    let pass = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        s.step(&mut iter)
-                    }));
-                    match pass {
-                        Ok(step) => step,
-                        Err(_) => {
-                            self.broken.store(true, Ordering::Release);
-                            return Driven::Over;
-                        }
-                    }
-                }
-                Err(std::sync::TryLockError::Poisoned(_)) => {
-                    self.broken.store(true, Ordering::Release);
-                    return Driven::Over;
-                }
-                Err(std::sync::TryLockError::WouldBlock) => Step::Idle {
-                    timeout: None,
-                    spin_only: true,
-                },
-            };
-            match step {
-                Step::Busy => {
-                    quiet_since = None;
-                    polls = 0;
-                }
-                Step::Exit => return Driven::Over,
-                Step::Idle { .. } => {
-                    polls += 1;
-                    if polls % 64 == 0 {
-                        let now = std::time::Instant::now();
-                        if now.duration_since(*quiet_since.get_or_insert(now)) >= DRIVE_SPIN {
-                            return Driven::HandedBack;
-                        }
-                    }
-                    std::hint::spin_loop();
+            Step::Exit => Turn::Over,
+            Step::Idle { .. } => {
+                if quiet.spin() {
+                    Turn::Again
+                } else {
+                    Turn::HandBack
                 }
             }
-        }
-    }
-}
-
-/// Leaves the driver seat (also on unwind) and hands the loop back to the scheduler thread.
-struct Seat<'a>(&'a SchedCell);
-
-impl Drop for Seat<'_> {
-    fn drop(&mut self) {
-        self.0.shared.drivers.fetch_sub(1, Ordering::AcqRel);
-        if let Some(t) = self.0.thread.get() {
-            t.unpark();
-        }
+        })
     }
 }
 
@@ -482,7 +414,7 @@ impl Sched {
     }
 
     fn now_ns(&self) -> u64 {
-        crate::strace::mono_ns()
+        strata_sync::mono_ns()
     }
 
     /// One pass of the scheduler loop: completions, messages, arming, dispatch, timeout

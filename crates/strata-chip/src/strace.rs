@@ -7,8 +7,6 @@
 //! Spans are listed children first, as the reference emits them on scope exit.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::OnceLock;
-use std::time::Instant;
 
 /// One parsed (or recorded) span.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -193,11 +191,8 @@ fn find_parent<'a>(nodes: &'a mut [SpanTree], s: &Span) -> Option<&'a mut SpanTr
     None
 }
 
-/// Process-wide monotonic clock for host spans.
-pub(crate) fn mono_ns() -> u64 {
-    static EPOCH: OnceLock<Instant> = OnceLock::new();
-    EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
-}
+/// The monotonic clock of host spans (`CLOCK_MONOTONIC`, the same in every process).
+pub(crate) use strata_sync::mono_ns;
 
 /// The next run invocation id of this process.
 pub(crate) fn next_invocation() -> u64 {

@@ -1201,7 +1201,7 @@ impl ChipWorker {
         let sched = if reply.sched_used {
             // The scheduler ran tasks of this run, which is over: take its part of the
             // report (under the scheduler's lock, so after its last pass).
-            live.sched.lock().take_report(run_seq)
+            live.sched.take_report(run_seq)
         } else {
             SchedReport::default()
         };
@@ -1342,6 +1342,14 @@ impl ChipWorker {
         live.shared.send(SchedMsg::Exit);
         if let Some(h) = live.sched_thread.take() {
             let _ = h.join();
+        }
+        if live.sched.broken().is_some() {
+            // A broken scheduler loop (a pass panicked) never handled `Exit`, so it never
+            // told the cores: tell them here.
+            for l in &live.links {
+                let _ = l.dispatch.push(crate::link::CoreMsg::Exit);
+                l.bell.unpark();
+            }
         }
         for (c, slot) in live.core_threads.iter_mut().enumerate() {
             let Some(h) = slot.take() else { continue };

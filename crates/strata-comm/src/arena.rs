@@ -4,7 +4,7 @@
 use crate::error::CommError;
 use std::ptr::NonNull;
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
-use strata_mailbox::WakeCounter;
+use strata_sync::WakeCounter;
 
 /// The arena's byte map (see `docs/comm.md`). Offsets are from the arena base; only
 /// offsets are meaningful across processes.

@@ -6,12 +6,12 @@ use crate::arena::layout::MAX_RANKS;
 use crate::arena::CommArena;
 use crate::error::CommError;
 use crate::signal::{self, NotifyOp, Patience, WaitCmp};
-use crate::sync::AtomicI32;
 use crate::tensor::DistributedTensor;
 use std::sync::atomic::{AtomicI16, AtomicI8, AtomicU16, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use strata_mailbox::WakeCounter;
+use strata_sync::sync::AtomicI32;
+use strata_sync::WakeCounter;
 use strata_types::{bf16, f16, DataType, Element};
 
 /// What a chip child installs for its kernels:
@@ -51,7 +51,7 @@ impl RankContext {
     }
 
     /// Sets how long a wait spins before it parks (zero parks at once). Spin-waits yield
-    /// the CPU every 64 polls after `strata_mailbox::YIELD_AFTER`.
+    /// the CPU every 64 polls after `strata_sync::YIELD_AFTER`.
     pub fn with_spin(mut self, spin: Duration) -> Self {
         self.spin = spin;
         self

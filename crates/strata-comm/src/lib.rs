@@ -61,7 +61,6 @@
 #![cfg_attr(loom, allow(dead_code, unused_imports))]
 
 mod signal;
-mod sync;
 
 #[cfg(not(loom))]
 mod alloc;

@@ -1,18 +1,18 @@
 //! Loom models of the signal hand-off. They drive the real `notify_cell`, `wait_cell` and
-//! `credit_barrier` (see `signal.rs`) over loom atomics, with strata-mailbox's
+//! `credit_barrier` (see `signal.rs`) over loom atomics, with strata-sync's
 //! `WakeCounter` (loom atomics and loom's futex model under `--cfg loom`, which ignores
 //! timeouts: a lost wake-up shows up as a deadlock). Waits park at once (zero spin).
 //!
 //! Run: `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=3 cargo test --release -p strata-comm --lib loom`
 
 use crate::signal::{credit_barrier, notify_cell, wait_cell, NotifyOp, Patience, WaitCmp};
-use crate::sync::{AtomicI32, Ordering};
 use loom::cell::UnsafeCell;
 use loom::sync::atomic::AtomicU32;
 use loom::sync::Arc;
 use loom::thread;
 use std::time::Duration;
-use strata_mailbox::WakeCounter;
+use strata_sync::sync::{AtomicI32, Ordering};
+use strata_sync::WakeCounter;
 
 /// One rank's wake counter.
 struct Wake {

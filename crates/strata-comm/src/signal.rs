@@ -7,8 +7,8 @@
 //!   [`NotifyOp::Set`], a `fetch_add` for [`NotifyOp::AtomicAdd`]), then bumps the peer's
 //!   wake counter ([`WakeCounter::bump`]: a release `fetch_add`, a `SeqCst` fence, and a
 //!   futex wake only if the peer is parked).
-//! * **wait** `Acquire`-loads its own cell. It spins (pause hint; yielding every 64 polls
-//!   after [`YIELD_AFTER`]) for the spin budget, then loops: read its wake counter, re-check
+//! * **wait** `Acquire`-loads its own cell. It spins (strata-sync's [`Spin`]: pause hint;
+//!   yielding every 64 polls after `YIELD_AFTER`) for the spin budget, then loops: read its wake counter, re-check
 //!   the cell, and [`WakeCounter::wait_change`] from the value read, until the deadline.
 //!
 //! No wake-up is lost: the notifier's cell operation is sequenced before its release bump.
@@ -18,10 +18,10 @@
 //! value the waiter read and `wait_change` does not sleep through it (the mailbox's
 //! fence-based no-lost-wake protocol, model-checked in strata-mailbox and here).
 
-use crate::sync::{os_yield, spin_hint, AtomicI32, Ordering};
 use std::fmt;
 use std::time::{Duration, Instant};
-use strata_mailbox::{WakeCounter, YIELD_AFTER};
+use strata_sync::sync::{AtomicI32, Ordering};
+use strata_sync::{Spin, SpinStep, WakeCounter};
 
 /// How [`crate::Window::notify`] changes the peer's signal cell.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -138,40 +138,19 @@ pub(crate) fn wait_cell(
     if cmp.holds(v, expected) {
         return Ok(v);
     }
-    let start = if p.spin.is_zero() {
-        Instant::now()
-    } else {
-        // The clock is first read after 64 polls: a hand-off that completes sooner (the
-        // common busy case) never pays for it.
-        for _ in 0..64 {
-            spin_hint();
-            let v = cell.load(Ordering::Acquire);
-            if cmp.holds(v, expected) {
-                return Ok(v);
-            }
+    // The clock is first read after 64 polls: a hand-off that completes sooner (the common
+    // busy case) never pays for it.
+    let mut spin = Spin::new(p.spin.min(p.timeout));
+    loop {
+        if let SpinStep::Spent = spin.step() {
+            break;
         }
-        let start = Instant::now();
-        let budget = p.spin.min(p.timeout);
-        let mut i: u32 = 0;
-        loop {
-            spin_hint();
-            let v = cell.load(Ordering::Acquire);
-            if cmp.holds(v, expected) {
-                return Ok(v);
-            }
-            i = i.wrapping_add(1);
-            if i % 64 == 0 {
-                let spun = start.elapsed();
-                if spun >= budget {
-                    break;
-                }
-                if spun >= YIELD_AFTER {
-                    os_yield();
-                }
-            }
+        let v = cell.load(Ordering::Acquire);
+        if cmp.holds(v, expected) {
+            return Ok(v);
         }
-        start
-    };
+    }
+    let start = spin.started().unwrap_or_else(Instant::now);
     let deadline = start.checked_add(p.timeout);
     loop {
         // Read the counter first, then the cell: a notify whose cell operation the

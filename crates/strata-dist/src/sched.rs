@@ -15,12 +15,13 @@ use crate::control::ControlCommand;
 use crate::endpoint::{Endpoint, LocalEndpoint};
 use crate::task::{DistTask, Route, Target};
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc, Mutex, OnceLock};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 use strata_graph::{Claimed, Failure, FailureKind, ReadyTask, RunId, Scheduler, TaskRef};
 use strata_host::{Children, Doorbell};
 use strata_mailbox::{FrameIdentity, TaskPublication, TaskSlot};
+use strata_sync::{Broken, Driven, DriverSeat, Turn};
 
 /// Spin before parking on the doorbell.
 const SPIN: Duration = Duration::from_micros(50);
@@ -43,6 +44,17 @@ struct Inbox {
     controls: Vec<ControlJob>,
     /// Stop once every child is idle, or at this deadline (failing what still runs).
     stop: Option<std::time::Instant>,
+    /// A test-only fault (see [`Link::inject_pass_panic`]).
+    fault: Option<PassFault>,
+}
+
+/// A test-only fault: a later scheduler pass panics with `message` after its intake
+/// (mid-pass, with the intake's state changes made), on a caller's pass or on the
+/// scheduler thread's.
+#[derive(Debug, Clone)]
+pub(crate) struct PassFault {
+    pub(crate) message: String,
+    pub(crate) on_caller: bool,
 }
 
 /// What the orchestrator side and the scheduler thread share.
@@ -54,8 +66,6 @@ pub(crate) struct Link {
     unusable_flag: AtomicBool,
     /// The scheduler ran out of work: hand ready tasks over at once rather than batching.
     hungry: AtomicBool,
-    /// Callers driving the loop themselves (the scheduler thread parks meanwhile).
-    drivers: AtomicUsize,
 }
 
 impl Link {
@@ -67,7 +77,6 @@ impl Link {
             unusable: Mutex::new(None),
             unusable_flag: AtomicBool::new(false),
             hungry: AtomicBool::new(true),
-            drivers: AtomicUsize::new(0),
         }
     }
 
@@ -106,6 +115,13 @@ impl Link {
         self.doorbell.ring();
     }
 
+    /// Test hook: a later scheduler pass panics (see [`PassFault`]).
+    pub(crate) fn inject_pass_panic(&self, fault: PassFault) {
+        self.inbox().fault = Some(fault);
+        self.pending.store(true, Ordering::Release);
+        self.doorbell.ring();
+    }
+
     /// Wakes the scheduler (a run changed phase).
     pub(crate) fn nudge(&self) {
         self.doorbell.ring();
@@ -122,7 +138,7 @@ impl Link {
             .clone()
     }
 
-    fn set_unusable(&self, why: String) {
+    pub(crate) fn set_unusable(&self, why: String) {
         let mut u = self.unusable.lock().unwrap_or_else(|e| e.into_inner());
         if u.is_none() {
             *u = Some(why);
@@ -207,6 +223,8 @@ pub(crate) struct SchedLoop<E: Endpoint = LocalEndpoint> {
     labels: Vec<String>,
     stopping: Option<std::time::Instant>,
     last_liveness: std::time::Instant,
+    /// A test-only fault taken from the inbox, not yet fired.
+    fault: Option<PassFault>,
 }
 
 /// What the scheduler thread hands back when it stops: the children, still running, for
@@ -264,12 +282,16 @@ impl<E: Endpoint> SchedLoop<E> {
             labels,
             stopping: None,
             last_liveness: std::time::Instant::now(),
+            fault: None,
         }
     }
 
     /// One pass: intake, completions, control requests, dispatch, liveness.
     fn step(&mut self) -> Step {
         let mut progress = self.intake();
+        if self.fault.is_some() {
+            self.fire_fault();
+        }
         progress |= self.poll_lanes();
         progress |= self.run_controls();
         if self.stopping.is_none() {
@@ -307,6 +329,21 @@ impl<E: Endpoint> SchedLoop<E> {
         Step::Idle { busy }
     }
 
+    /// Panics with the injected fault if this pass runs where it should fire.
+    #[cold]
+    fn fire_fault(&mut self) {
+        let on_scheduler = std::thread::current().name() == Some(SCHED_THREAD);
+        if self
+            .fault
+            .as_ref()
+            .is_some_and(|f| f.on_caller != on_scheduler)
+        {
+            if let Some(f) = self.fault.take() {
+                panic!("{}", f.message);
+            }
+        }
+    }
+
     /// Refuses the queued control requests and takes the endpoints out (the loop is
     /// over).
     fn take_endpoints(&mut self) -> Vec<E> {
@@ -324,6 +361,9 @@ impl<E: Endpoint> SchedLoop<E> {
         self.link.hungry.store(false, Ordering::Relaxed);
         let (mut ready, controls, stop) = {
             let mut inbox = self.link.inbox();
+            if let Some(f) = inbox.fault.take() {
+                self.fault = Some(f);
+            }
             (
                 std::mem::take(&mut inbox.ready),
                 std::mem::take(&mut inbox.controls),
@@ -715,113 +755,139 @@ impl<E: Endpoint> SchedLoop<E> {
     }
 }
 
+/// The scheduler thread's name.
+const SCHED_THREAD: &str = "strata-scheduler";
+
+/// How often a caller waiting for a run checks whether the loop broke (a pass panicked).
+pub(crate) const BROKEN_CHECK: Duration = Duration::from_millis(10);
+
 /// The scheduler loop, driven by the scheduler thread — or, while a caller waits for a
-/// run, by that caller ("caller-runs"): the waiting thread polls the children and
-/// completes and dispatches tasks itself, and the scheduler thread parks. A round trip
-/// then involves two parties (the caller and the child) instead of three, which matters
-/// when there are no more cores than spinning parties: with three spinners on two cores a
-/// hand-off can wait for another spinner's whole budget.
+/// run, by that caller ("caller-runs", through strata-sync's [`DriverSeat`], as the chip
+/// does): the waiting thread polls the children and completes and dispatches tasks
+/// itself, and the scheduler thread parks. A round trip then involves two parties (the
+/// caller and the child) instead of three, which matters when there are no more cores
+/// than spinning parties: with three spinners on two cores a hand-off can wait for another
+/// spinner's whole budget. A pass that panics, on either thread, breaks the loop: nobody
+/// steps it again, the worker becomes unusable, and every waiting run fails naming the
+/// panic.
 pub(crate) struct Driver {
-    lp: Mutex<Option<SchedLoop>>,
+    seat: DriverSeat<SchedLoop>,
     link: Arc<Link>,
-    thread: OnceLock<std::thread::Thread>,
-}
-
-/// Leaves the driver seat (also on unwind) and wakes the scheduler thread.
-struct Seat<'a>(&'a Driver);
-
-impl Drop for Seat<'_> {
-    fn drop(&mut self) {
-        self.0.link.drivers.fetch_sub(1, Ordering::AcqRel);
-        if let Some(t) = self.0.thread.get() {
-            t.unpark();
-        }
-    }
 }
 
 impl Driver {
     pub(crate) fn new(lp: SchedLoop) -> Arc<Driver> {
         Arc::new(Driver {
             link: lp.link.clone(),
-            lp: Mutex::new(Some(lp)),
-            thread: OnceLock::new(),
+            seat: DriverSeat::new(lp),
         })
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Option<SchedLoop>> {
-        self.lp.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Starts the scheduler thread.
     pub(crate) fn spawn(self: &Arc<Self>) -> std::io::Result<std::thread::JoinHandle<SchedExit>> {
         let me = self.clone();
-        let h = std::thread::Builder::new()
-            .name("strata-scheduler".into())
-            .spawn(move || me.thread_main())?;
-        let _ = self.thread.set(h.thread().clone());
-        Ok(h)
+        std::thread::Builder::new()
+            .name(SCHED_THREAD.into())
+            .spawn(move || me.thread_main())
     }
 
-    /// The scheduler thread: runs the loop until it stops, parking while a caller
-    /// drives it.
+    /// Why the loop is broken (a pass panicked), if it is.
+    pub(crate) fn broken(&self) -> Option<Broken> {
+        self.seat.broken()
+    }
+
+    /// The loop broke: nothing more is admitted, with the panic as the reason.
+    fn broke(&self, b: &Broken) {
+        self.link.set_unusable(format!("internal error: {b}"));
+    }
+
+    /// The scheduler thread: runs the loop until it stops (or breaks), parking while a
+    /// caller drives it, and hands the children back for shutdown.
     fn thread_main(&self) -> SchedExit {
+        self.seat.register_loop_thread();
         loop {
-            if self.link.drivers.load(Ordering::Acquire) > 0 {
-                std::thread::park_timeout(BUSY_SLICE);
+            if self.seat.park_while_driven(BUSY_SLICE) {
                 continue;
             }
             let seen = self.link.doorbell.seq();
-            let step = match self.lock().as_mut() {
-                Some(lp) => lp.step(),
-                None => Step::Stopped,
-            };
-            match step {
-                Step::Stopped => break,
-                Step::Progressed => {}
-                Step::Idle { busy } => {
+            match self.seat.pass(SchedLoop::step) {
+                Err(b) => {
+                    self.broke(&b);
+                    break;
+                }
+                Ok(None | Some(Step::Stopped)) => break,
+                Ok(Some(Step::Progressed)) => {}
+                Ok(Some(Step::Idle { busy })) => {
                     let slice = if busy { BUSY_SLICE } else { IDLE_SLICE };
                     self.link.doorbell.wait(seen, SPIN, slice);
                 }
             }
         }
-        let lp = self.lock().take();
+        // Teardown only (a broken loop is never stepped again): the children are shut
+        // down by the worker.
+        let lp = self.seat.take();
         lp.map(SchedLoop::into_exit)
             .unwrap_or_else(|| unreachable!("only this thread takes the loop"))
     }
 
     /// Drives the loop on the calling thread until `done()`, `deadline`, or a spin budget
     /// without progress (then the caller parks and the scheduler thread takes over).
-    pub(crate) fn drive_until(&self, deadline: Option<Instant>, mut done: impl FnMut() -> bool) {
-        self.link.drivers.fetch_add(1, Ordering::AcqRel);
-        let _seat = Seat(self);
-        // Get the scheduler thread out of its spin on the doorbell: it parks.
-        self.link.doorbell.ring();
-        let mut g = self.lock();
-        let Some(lp) = g.as_mut() else {
-            return;
-        };
+    ///
+    /// # Errors
+    /// The loop is broken: a pass panicked (now, on this caller, or before).
+    pub(crate) fn drive_until(
+        &self,
+        deadline: Option<Instant>,
+        mut done: impl FnMut() -> bool,
+    ) -> Result<(), Broken> {
+        let mut entered = false;
         let mut idle_since: Option<Instant> = None;
-        while !done() {
-            let seen = self.link.doorbell.seq();
-            match lp.step() {
-                Step::Stopped => return,
-                Step::Progressed => idle_since = None,
-                Step::Idle { .. } => {
-                    let now = Instant::now();
-                    let since = *idle_since.get_or_insert(now);
-                    let mut left = SPIN.saturating_sub(now.duration_since(since));
-                    if let Some(d) = deadline {
-                        left = left.min(d.saturating_duration_since(now));
-                    }
-                    if left.is_zero() {
-                        return;
-                    }
-                    self.link.doorbell.wait(seen, left, left);
+        let link = &self.link;
+        let driven = self.seat.drive(
+            || {
+                if !entered {
+                    // In the seat: get the scheduler thread out of its spin on the
+                    // doorbell, so it parks.
+                    entered = true;
+                    link.doorbell.ring();
                 }
+                done().then_some(())
+            },
+            |lp| {
+                let seen = link.doorbell.seq();
+                let turn = match lp.step() {
+                    Step::Stopped => Turn::Over,
+                    Step::Progressed => {
+                        idle_since = None;
+                        Turn::Again
+                    }
+                    Step::Idle { .. } => {
+                        let now = Instant::now();
+                        let since = *idle_since.get_or_insert(now);
+                        let mut left = SPIN.saturating_sub(now.duration_since(since));
+                        if let Some(d) = deadline {
+                            left = left.min(d.saturating_duration_since(now));
+                        }
+                        if left.is_zero() {
+                            Turn::HandBack
+                        } else {
+                            link.doorbell.wait(seen, left, left);
+                            Turn::Again
+                        }
+                    }
+                };
+                if turn == Turn::Again && deadline.is_some_and(|d| Instant::now() >= d) {
+                    return Turn::HandBack;
+                }
+                turn
+            },
+        );
+        match driven {
+            Driven::Broken(b) => {
+                self.broke(&b);
+                Err(b)
             }
-            if deadline.is_some_and(|d| Instant::now() >= d) {
-                return;
-            }
+            Driven::Done(()) | Driven::HandedBack | Driven::Over => Ok(()),
         }
     }
 }

@@ -8,7 +8,7 @@ use crate::error::{DistError, OrchError};
 use crate::orch::{ChildTensor, Orch};
 use crate::programs::{ChipChild, NestedChild};
 use crate::registry::{HostOrchHandle, Programs, SubHandle};
-use crate::sched::{Driver, Link, SchedExit, SchedLoop};
+use crate::sched::{Driver, Link, PassFault, SchedExit, SchedLoop, BROKEN_CHECK};
 use crate::task::DistTask;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -522,7 +522,9 @@ impl DistWorker {
             config: encoded,
         };
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&mut o, args)))
-            .unwrap_or_else(|p| Err(format!("panicked: {}", panic_message(&p)).into()));
+            .unwrap_or_else(|p| {
+                Err(format!("panicked: {}", strata_sync::panic_message(&*p)).into())
+            });
         o.flush();
         match result {
             Ok(()) => {
@@ -629,6 +631,26 @@ impl DistWorker {
             .committed_device_memory(worker)
     }
 
+    /// Test-only fault injection: a later pass of the scheduler loop panics with
+    /// `message` (after its intake, so mid-pass) — on a caller's pass (a thread driving
+    /// the loop while it waits for a run) if `on_caller`, else on the scheduler thread's.
+    /// No user code runs inside a pass, so this is how the engine's handling of an
+    /// internal panic there is tested. Not part of the API.
+    ///
+    /// # Errors
+    /// A worker that is not initialised or already unusable.
+    #[doc(hidden)]
+    pub fn inject_pass_panic(&mut self, message: &str, on_caller: bool) -> Result<(), DistError> {
+        self.runtime("inject_pass_panic")?
+            .ctx
+            .link
+            .inject_pass_panic(PassFault {
+                message: message.to_owned(),
+                on_caller,
+            });
+        Ok(())
+    }
+
     // ----- close -------------------------------------------------------------------------
 
     /// Waits for runs in flight (up to the close grace), stops the scheduler, shuts every
@@ -694,16 +716,6 @@ impl Drop for DistWorker {
     }
 }
 
-fn panic_message(p: &Box<dyn std::any::Any + Send>) -> String {
-    if let Some(s) = p.downcast_ref::<&str>() {
-        (*s).to_owned()
-    } else if let Some(s) = p.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "a non-string panic payload".into()
-    }
-}
-
 /// A run in flight (see [`DistWorker::submit`]).
 pub struct RunHandle {
     run: RunId,
@@ -749,19 +761,34 @@ impl RunHandle {
         // no progress for the spin budget.
         let (waiter, run) = (&self.waiter, self.run);
         let deadline = timeout.map(|t| Instant::now() + t);
-        self.driver.drive_until(deadline, || {
-            matches!(
-                waiter.phase(run),
-                Some(RunPhase::Completed | RunPhase::Failed)
-            )
-        });
-        let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
-        match self.waiter.wait(self.run, left)? {
-            None => Err(DistError::WaitTimeout(timeout.unwrap_or_default())),
-            Some(outcome) => {
-                let _ = self.waiter.release(self.run);
-                self.outcome = Some(outcome.clone());
-                outcome.map_err(DistError::TaskFailed)
+        let broken = |b: strata_sync::Broken| DistError::Internal(b.to_string());
+        self.driver
+            .drive_until(deadline, || {
+                matches!(
+                    waiter.phase(run),
+                    Some(RunPhase::Completed | RunPhase::Failed)
+                )
+            })
+            .map_err(broken)?;
+        // Block for the rest, in slices: a loop that breaks meanwhile (a pass panicked on
+        // the scheduler thread) finishes nothing, and the run fails naming the panic.
+        loop {
+            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            let slice = left.map_or(BROKEN_CHECK, |l| l.min(BROKEN_CHECK));
+            match self.waiter.wait(self.run, Some(slice))? {
+                Some(outcome) => {
+                    let _ = self.waiter.release(self.run);
+                    self.outcome = Some(outcome.clone());
+                    return outcome.map_err(DistError::TaskFailed);
+                }
+                None => {
+                    if let Some(b) = self.driver.broken() {
+                        return Err(broken(b));
+                    }
+                    if left.is_some_and(|l| l <= slice) {
+                        return Err(DistError::WaitTimeout(timeout.unwrap_or_default()));
+                    }
+                }
             }
         }
     }

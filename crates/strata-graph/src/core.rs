@@ -7,7 +7,7 @@ use crate::event::Progress;
 use crate::ring::DepPools;
 use crate::run::{RunId, Runs};
 use crate::slot::{SlotArena, SlotInner, TaskRef, TaskState};
-use crate::sync::{AtomicBool, AtomicU32, Mutex, MutexGuard, Ordering};
+use strata_sync::sync::{AtomicBool, AtomicU32, Mutex, MutexGuard, Ordering};
 
 /// A task that became ready to dispatch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -4,8 +4,8 @@
 //! Bumping is one atomic increment plus a load; the kernel is entered only when a waiter
 //! may be asleep. Waiters spin briefly before parking, so a busy hand-off costs no wake-up.
 
-use crate::sync::{wait_timeout, AtomicU32, AtomicU64, Condvar, Mutex, Ordering};
 use std::time::{Duration, Instant};
+use strata_sync::sync::{wait_timeout, AtomicU32, AtomicU64, Condvar, Mutex, Ordering};
 
 /// Spin iterations before a waiter parks.
 #[cfg(not(loom))]
@@ -43,12 +43,12 @@ impl Progress {
     /// Waits until the sequence number differs from `seen` or `deadline` passes. Returns
     /// the new sequence number (equal to `seen` on timeout).
     pub(crate) fn wait(&self, seen: u64, deadline: Option<Instant>) -> u64 {
-        for _ in 0..SPIN_ITERS {
-            let s = self.seq.load(Ordering::Acquire);
-            if s != seen {
-                return s;
-            }
-            std::hint::spin_loop();
+        let mut now = seen;
+        if strata_sync::spin_polls(SPIN_ITERS, || {
+            now = self.seq.load(Ordering::Acquire);
+            now != seen
+        }) {
+            return now;
         }
         self.sleepers.fetch_add(1, Ordering::SeqCst);
         let mut g = self.mu.lock();

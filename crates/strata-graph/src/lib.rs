@@ -60,7 +60,6 @@ mod run;
 mod scheduler;
 mod scope;
 mod slot;
-mod sync;
 mod tensormap;
 
 #[cfg(test)]

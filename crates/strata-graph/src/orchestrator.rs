@@ -11,9 +11,9 @@ use crate::run::{run_word, RunId, RunPhase, MAX_PIPELINE_DEPTH};
 use crate::scheduler::Scheduler;
 use crate::scope::ScopeStack;
 use crate::slot::{TaskRef, TaskState};
-use crate::sync::{Arc, Ordering};
 use crate::tensormap::{JournalEntry, TensorMap};
 use std::time::{Duration, Instant};
+use strata_sync::sync::{Arc, Ordering};
 
 /// Configuration of a graph.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

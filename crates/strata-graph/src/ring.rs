@@ -7,8 +7,8 @@
 //! dependency-pool counters.
 
 use crate::slot::TaskRef;
-use crate::sync::{AtomicU64, Ordering};
 use std::collections::VecDeque;
+use strata_sync::sync::{AtomicU64, Ordering};
 
 /// Number of rings (scope depth ≥ 3 shares the last).
 pub const RING_COUNT: usize = 4;

@@ -3,11 +3,13 @@
 
 use crate::access::FxHashMap;
 use crate::error::{Failure, GraphError};
-use crate::sync::{wait_timeout, AtomicBool, AtomicU64, Condvar, Mutex, MutexGuard, Ordering};
 use crossbeam_utils::CachePadded;
 use std::collections::VecDeque;
 use std::fmt;
 use std::time::{Duration, Instant};
+use strata_sync::sync::{
+    wait_timeout, AtomicBool, AtomicU64, Condvar, Mutex, MutexGuard, Ordering,
+};
 
 /// Maximum number of runs in flight (one executing while the next one is being built).
 pub const MAX_PIPELINE_DEPTH: usize = 2;

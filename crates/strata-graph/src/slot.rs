@@ -9,9 +9,9 @@
 //! group bookkeeping.
 
 use crate::error::Failure;
-use crate::sync::{AtomicBool, AtomicU64, Mutex, Ordering};
 use std::fmt;
 use std::sync::OnceLock;
+use strata_sync::sync::{AtomicBool, AtomicU64, Mutex, Ordering};
 
 /// The lifecycle state of a task slot.
 ///

@@ -270,15 +270,7 @@ impl Liveness for Watch {
     }
 }
 
-pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
-    if let Some(s) = payload.downcast_ref::<&str>() {
-        (*s).to_owned()
-    } else if let Some(s) = payload.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "non-string panic payload".to_owned()
-    }
-}
+pub(crate) use strata_sync::panic_message;
 
 // -------------------------------------------------------------------------------------
 // Lane

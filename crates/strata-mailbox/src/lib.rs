@@ -62,9 +62,7 @@
 #![cfg_attr(loom, allow(dead_code, unused_imports))]
 
 mod error;
-mod futex;
 mod state;
-mod sync;
 mod wait;
 
 #[cfg(not(loom))]

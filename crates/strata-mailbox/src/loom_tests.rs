@@ -1,17 +1,18 @@
-//! Loom models of the wait/wake protocol. They drive the real `wait_until`, `publish`,
-//! `compare_publish` and `store_silent` code (see `wait.rs`) with loom's atomics and a
-//! loom model of the futex (see `futex.rs`), which ignores timeouts: a lost wake-up shows
-//! up as a deadlock.
+//! Loom models of the mailbox's own transitions (round trips, the ACTIVATE compare-exchange,
+//! SHUTDOWN racing a control completion). They drive strata-sync's real `wait_until`,
+//! `publish`, `compare_publish` and `store_silent` with loom's atomics and strata-sync's
+//! loom model of the futex, which ignores timeouts: a lost wake-up shows up as a deadlock.
+//! The generic wait/wake models (a parked waiter is woken, the fences) are in strata-sync.
 //!
 //! Run: `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=3 cargo test --release -p strata-mailbox --lib loom`
 
 use crate::state::MailboxState;
-use crate::sync::{AtomicU32, Ordering};
 use crate::wait::{wait_until, WaitOptions, WaitWord};
 use loom::cell::UnsafeCell;
 use loom::sync::Arc;
 use loom::thread;
 use std::time::Duration;
+use strata_sync::sync::{AtomicU32, Ordering};
 
 const IDLE: u32 = MailboxState::Idle as u32;
 const TASK_READY: u32 = MailboxState::TaskReady as u32;
@@ -60,32 +61,6 @@ fn wait_for<const N: usize>(
         String::new,
     )
     .expect("a wait without deadline or liveness check cannot fail")
-}
-
-#[test]
-fn loom_parked_waiter_is_woken_by_a_publication() {
-    loom::model(|| {
-        let w = Arc::new(Word::new(IDLE));
-        let w2 = w.clone();
-        let waiter = thread::spawn(move || wait_for([w2.w()], |s| s[0] == TASK_READY)[0]);
-        w.w().publish(TASK_READY);
-        assert_eq!(waiter.join().unwrap(), TASK_READY);
-        assert_eq!(w.waiters.load(Ordering::SeqCst), 0);
-    });
-}
-
-#[test]
-fn loom_waiter_on_two_words_sees_a_publication_on_either() {
-    loom::model(|| {
-        let a = Arc::new(Word::new(IDLE));
-        let b = Arc::new(Word::new(IDLE));
-        let (a2, b2) = (a.clone(), b.clone());
-        let waiter = thread::spawn(move || wait_for([a2.w(), b2.w()], |s| s[1] == TASK_READY));
-        b.w().publish(TASK_READY);
-        assert_eq!(waiter.join().unwrap(), [IDLE, TASK_READY]);
-        assert_eq!(a.waiters.load(Ordering::SeqCst), 0);
-        assert_eq!(b.waiters.load(Ordering::SeqCst), 0);
-    });
 }
 
 /// A task frame: the state word plus payload the protocol hands back and forth.
@@ -193,62 +168,5 @@ fn loom_shutdown_racing_a_control_completion_is_not_lost() {
         ctrl.w().swap_publish(SHUTDOWN);
         child.join().unwrap();
         assert_eq!(ctrl.w().load(), SHUTDOWN, "no child write erases SHUTDOWN");
-    });
-}
-
-/// The store-buffering core of the protocol, with the writer's fence (as in
-/// `WaitWord::notify`) and the waiter's fence (as in `wait.rs::park`): it is impossible
-/// that the waiter misses the new state *and* the writer misses the waiter.
-#[test]
-fn loom_fences_forbid_the_lost_wakeup_interleaving() {
-    lost_wakeup_model(true);
-}
-
-/// The same without the writer's fence: loom must find the interleaving in which the
-/// waiter goes to sleep on the old state and the writer skips the wake.
-#[test]
-#[should_panic(expected = "lost wake-up")]
-fn loom_writer_without_fence_loses_wakeups() {
-    lost_wakeup_model(false);
-}
-
-fn lost_wakeup_model(writer_fence: bool) {
-    loom::model(move || {
-        let w = Arc::new(Word::new(IDLE));
-        let w2 = w.clone();
-        let waiter = thread::spawn(move || {
-            w2.waiters.fetch_add(1, Ordering::SeqCst);
-            crate::sync::fence(Ordering::SeqCst);
-            w2.state.load(Ordering::Acquire)
-        });
-        w.state.store(TASK_READY, Ordering::Release);
-        if writer_fence {
-            crate::sync::fence(Ordering::SeqCst);
-        }
-        let count = w.waiters.load(Ordering::Relaxed);
-        let waiter_saw = waiter.join().unwrap();
-        assert!(
-            waiter_saw == TASK_READY || count != 0,
-            "lost wake-up: the waiter sleeps on IDLE and the writer skips the wake"
-        );
-    });
-}
-
-#[test]
-fn loom_a_bump_wakes_a_parked_wake_counter_waiter() {
-    use crate::wait::WakeCounter;
-    loom::model(|| {
-        let w = Arc::new(Word::new(7));
-        let w2 = w.clone();
-        let waiter = thread::spawn(move || {
-            WakeCounter::new(&w2.state, &w2.waiters).wait_change(
-                7,
-                std::time::Duration::ZERO,
-                std::time::Duration::from_secs(3600),
-            )
-        });
-        WakeCounter::new(&w.state, &w.waiters).bump();
-        assert_eq!(waiter.join().unwrap(), 8);
-        assert_eq!(w.waiters.load(Ordering::SeqCst), 0);
     });
 }

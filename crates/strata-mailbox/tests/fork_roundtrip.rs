@@ -813,13 +813,7 @@ mod scenarios {
         println!("\nrunning {} tests", selected.len());
         let (mut passed, mut failed) = (0usize, 0usize);
         for (name, scenario) in &selected {
-            let r = catch_unwind(scenario).unwrap_or_else(|p| {
-                Err(p
-                    .downcast_ref::<String>()
-                    .cloned()
-                    .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-                    .unwrap_or_else(|| "panicked".into()))
-            });
+            let r = catch_unwind(scenario).unwrap_or_else(|p| Err(strata_sync::panic_message(&*p)));
             match r {
                 Ok(()) => {
                     println!("test {name} ... ok");

@@ -88,13 +88,7 @@ pub fn run(scenarios: &[Scenario]) {
         let start = Instant::now();
         let result = match catch_unwind(AssertUnwindSafe(f)) {
             Ok(r) => r,
-            Err(p) => Err(format!(
-                "panicked: {}",
-                p.downcast_ref::<String>()
-                    .cloned()
-                    .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-                    .unwrap_or_default()
-            )),
+            Err(p) => Err(format!("panicked: {}", strata_sync::panic_message(&*p))),
         };
         // Detached threads (a threads-mode child stuck past its grace period) finish
         // shortly; give them a bounded moment.
@@ -144,15 +138,7 @@ pub fn run(scenarios: &[Scenario]) {
 }
 
 /// Nanoseconds of CLOCK_MONOTONIC (the same clock in every process).
-pub fn mono_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
+pub use strata_sync::mono_ns;
 
 /// Spins (with short sleeps) until `cond` holds, at most `BOUND`.
 pub fn wait_for(what: &str, mut cond: impl FnMut() -> bool) -> Outcome {

@@ -10,20 +10,34 @@
 //! kernel's contract: the value check and the enqueue happen atomically with respect to
 //! a wake, and a wake reaches exactly the waiters queued on that word. The model ignores
 //! timeouts, so a lost wake-up shows up as a deadlock.
+//!
+//! These are the only futex calls of strata (strata-mailbox's state words, strata-comm's
+//! signals and strata-host's doorbell all wait through [`crate::WakeCounter`] or
+//! [`crate::wait_until`]).
 
-use crate::error::MailboxError;
 use crate::sync::AtomicU32;
 use std::time::Duration;
+
+/// A futex call (or the clock read `futex_waitv` needs) failed in an unexpected way.
+#[derive(Debug, thiserror::Error)]
+#[error("futex {op} failed: {source}")]
+pub struct FutexError {
+    /// `wait`, `waitv`, or the clock call.
+    pub op: &'static str,
+    /// The OS error.
+    #[source]
+    pub source: std::io::Error,
+}
 
 /// Longest sleep on one word when `futex_waitv` is unavailable and several words are
 /// watched.
 #[cfg_attr(loom, allow(dead_code))]
-pub(crate) const FALLBACK_SLICE: Duration = Duration::from_millis(1);
+pub const FALLBACK_SLICE: Duration = Duration::from_millis(1);
 
 #[cfg(not(loom))]
 mod imp {
+    use super::FutexError;
     use super::FALLBACK_SLICE;
-    use crate::error::MailboxError;
     use std::io;
     use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
     use std::time::Duration;
@@ -52,7 +66,7 @@ mod imp {
 
     /// Maps the outcome of a futex wait: success, value changed, timeout and signal are
     /// all normal returns (the caller re-checks); anything else is a bug worth reporting.
-    fn wait_result(ret: libc::c_long, op: &'static str) -> Result<bool, MailboxError> {
+    fn wait_result(ret: libc::c_long, op: &'static str) -> Result<bool, FutexError> {
         if ret != -1 {
             return Ok(true);
         }
@@ -60,11 +74,11 @@ mod imp {
         match err.raw_os_error() {
             Some(libc::EAGAIN) | Some(libc::ETIMEDOUT) | Some(libc::EINTR) => Ok(true),
             Some(libc::ENOSYS) => Ok(false),
-            _ => Err(MailboxError::Futex { op, source: err }),
+            _ => Err(FutexError { op, source: err }),
         }
     }
 
-    fn wait_one(word: &AtomicU32, expected: u32, timeout: Duration) -> Result<(), MailboxError> {
+    fn wait_one(word: &AtomicU32, expected: u32, timeout: Duration) -> Result<(), FutexError> {
         let ts = timespec(timeout);
         // SAFETY: `word` is a live, 4-byte-aligned atomic (in a mapping that outlives
         // this call); FUTEX_WAIT only reads it, compares it with `expected` and sleeps for
@@ -83,7 +97,7 @@ mod imp {
         wait_result(ret, "wait").map(|_| ())
     }
 
-    fn wait_v(words: &[(&AtomicU32, u32)], timeout: Duration) -> Result<bool, MailboxError> {
+    fn wait_v(words: &[(&AtomicU32, u32)], timeout: Duration) -> Result<bool, FutexError> {
         let mut v: [FutexWaitv; 4] = std::array::from_fn(|_| FutexWaitv {
             val: 0,
             uaddr: 0,
@@ -103,7 +117,7 @@ mod imp {
         };
         // SAFETY: `now` is a valid, writable timespec; CLOCK_MONOTONIC always exists.
         if unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) } != 0 {
-            return Err(MailboxError::Os {
+            return Err(FutexError {
                 op: "clock_gettime(CLOCK_MONOTONIC)",
                 source: io::Error::last_os_error(),
             });
@@ -125,10 +139,7 @@ mod imp {
         wait_result(ret, "waitv")
     }
 
-    pub(crate) fn wait_any(
-        words: &[(&AtomicU32, u32)],
-        timeout: Duration,
-    ) -> Result<(), MailboxError> {
+    pub fn wait_any(words: &[(&AtomicU32, u32)], timeout: Duration) -> Result<(), FutexError> {
         match words {
             [] => Ok(()),
             [(w, v)] => wait_one(w, *v, timeout),
@@ -146,7 +157,7 @@ mod imp {
         }
     }
 
-    pub(crate) fn wake_all(word: &AtomicU32) {
+    pub fn wake_all(word: &AtomicU32) {
         // SAFETY: `word` is a live, aligned atomic; FUTEX_WAKE only uses its address as
         // the futex key. The return value (number woken, or an error for an invalid
         // address) needs no handling: waiters sleep in bounded slices, so even a failed
@@ -167,7 +178,7 @@ mod imp {
 
 #[cfg(loom)]
 mod imp {
-    use crate::error::MailboxError;
+    use super::FutexError;
     use crate::sync::{AtomicU32, Ordering};
     use loom::sync::{Condvar, Mutex};
     use std::time::Duration;
@@ -192,10 +203,7 @@ mod imp {
         w as *const AtomicU32 as usize
     }
 
-    pub(crate) fn wait_any(
-        words: &[(&AtomicU32, u32)],
-        _timeout: Duration,
-    ) -> Result<(), MailboxError> {
+    pub fn wait_any(words: &[(&AtomicU32, u32)], _timeout: Duration) -> Result<(), FutexError> {
         let (lock, cv) = &*BUCKET;
         let mut q = lock.lock().unwrap();
         // The kernel compares the words with the expected values under the bucket lock.
@@ -218,7 +226,7 @@ mod imp {
         }
     }
 
-    pub(crate) fn wake_all(word: &AtomicU32) {
+    pub fn wake_all(word: &AtomicU32) {
         let (lock, cv) = &*BUCKET;
         let mut q = lock.lock().unwrap();
         let a = addr(word);
@@ -235,11 +243,11 @@ mod imp {
 
 /// Sleeps until one of `words` is woken, or one of them no longer holds its expected
 /// value, or `timeout` passes (or a signal arrives). The caller always re-checks.
-pub(crate) fn wait_any(words: &[(&AtomicU32, u32)], timeout: Duration) -> Result<(), MailboxError> {
+pub fn wait_any(words: &[(&AtomicU32, u32)], timeout: Duration) -> Result<(), FutexError> {
     imp::wait_any(words, timeout)
 }
 
 /// Wakes every waiter sleeping on `word`.
-pub(crate) fn wake_all(word: &AtomicU32) {
+pub fn wake_all(word: &AtomicU32) {
     imp::wake_all(word)
 }

@@ -1,0 +1,357 @@
+//! Loom models of the building blocks: the futex-based wait/wake protocol (`wait.rs`,
+//! with the futex modelled in `futex.rs`, which ignores timeouts: a lost wake-up shows up
+//! as a deadlock), the in-process hand-offs (`handoff.rs`: announce sleep, fence,
+//! re-check, park / publish, fence, unpark if asleep), and the driver seat (`seat.rs`).
+//!
+//! Run: `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=3 cargo test --release -p strata-sync --lib loom`
+
+use crate::sync::{fence, AtomicU32, Ordering};
+use crate::{
+    wait_until, Driven, DriverSeat, Idle, Queue, Slot, ThreadBell, Turn, WaitOptions, WaitWord,
+    WakeCounter,
+};
+use loom::sync::Arc;
+use loom::thread;
+use std::time::Duration;
+
+const IDLE: u32 = 0;
+const TASK_READY: u32 = 1;
+
+/// A state word and its waiter count.
+struct Word {
+    state: AtomicU32,
+    waiters: AtomicU32,
+}
+
+impl Word {
+    fn new(v: u32) -> Word {
+        Word {
+            state: AtomicU32::new(v),
+            waiters: AtomicU32::new(0),
+        }
+    }
+    fn w(&self) -> WaitWord<'_> {
+        WaitWord {
+            state: &self.state,
+            waiters: &self.waiters,
+        }
+    }
+}
+
+/// Park at once (no spinning: spinning only adds re-reads, and a zero budget keeps the
+/// model deterministic), never time out, never tick.
+fn wait_for<const N: usize>(
+    words: [WaitWord<'_>; N],
+    mut ready: impl FnMut(&[u32; N]) -> bool,
+) -> [u32; N] {
+    let opts = WaitOptions::new().with_spin(Duration::ZERO);
+    wait_until(
+        words,
+        &opts,
+        Duration::from_secs(3600),
+        |s| Ok::<_, crate::FutexError>(ready(s).then_some(*s)),
+        || Ok(()),
+        |_| unreachable!("no deadline"),
+    )
+    .expect("a wait without deadline or liveness check cannot fail")
+}
+
+#[test]
+fn loom_parked_waiter_is_woken_by_a_publication() {
+    loom::model(|| {
+        let w = Arc::new(Word::new(IDLE));
+        let w2 = w.clone();
+        let waiter = thread::spawn(move || wait_for([w2.w()], |s| s[0] == TASK_READY)[0]);
+        w.w().publish(TASK_READY);
+        assert_eq!(waiter.join().unwrap(), TASK_READY);
+        assert_eq!(w.waiters.load(Ordering::SeqCst), 0);
+    });
+}
+
+#[test]
+fn loom_waiter_on_two_words_sees_a_publication_on_either() {
+    loom::model(|| {
+        let a = Arc::new(Word::new(IDLE));
+        let b = Arc::new(Word::new(IDLE));
+        let (a2, b2) = (a.clone(), b.clone());
+        let waiter = thread::spawn(move || wait_for([a2.w(), b2.w()], |s| s[1] == TASK_READY));
+        b.w().publish(TASK_READY);
+        assert_eq!(waiter.join().unwrap(), [IDLE, TASK_READY]);
+        assert_eq!(a.waiters.load(Ordering::SeqCst), 0);
+        assert_eq!(b.waiters.load(Ordering::SeqCst), 0);
+    });
+}
+
+/// The store-buffering core of the protocol, with the writer's fence (as in
+/// `WaitWord::notify`) and the waiter's fence (as in `wait.rs::park`): it is impossible
+/// that the waiter misses the new state *and* the writer misses the waiter.
+#[test]
+fn loom_fences_forbid_the_lost_wakeup_interleaving() {
+    lost_wakeup_model(true);
+}
+
+/// The same without the writer's fence: loom must find the interleaving in which the
+/// waiter goes to sleep on the old state and the writer skips the wake.
+#[test]
+#[should_panic(expected = "lost wake-up")]
+fn loom_writer_without_fence_loses_wakeups() {
+    lost_wakeup_model(false);
+}
+
+fn lost_wakeup_model(writer_fence: bool) {
+    loom::model(move || {
+        let w = Arc::new(Word::new(IDLE));
+        let w2 = w.clone();
+        let waiter = thread::spawn(move || {
+            w2.waiters.fetch_add(1, Ordering::SeqCst);
+            fence(Ordering::SeqCst);
+            w2.state.load(Ordering::Acquire)
+        });
+        w.state.store(TASK_READY, Ordering::Release);
+        if writer_fence {
+            fence(Ordering::SeqCst);
+        }
+        let count = w.waiters.load(Ordering::Relaxed);
+        let waiter_saw = waiter.join().unwrap();
+        assert!(
+            waiter_saw == TASK_READY || count != 0,
+            "lost wake-up: the waiter sleeps on IDLE and the writer skips the wake"
+        );
+    });
+}
+
+#[test]
+fn loom_a_bump_wakes_a_parked_wake_counter_waiter() {
+    loom::model(|| {
+        let w = Arc::new(Word::new(7));
+        let w2 = w.clone();
+        let waiter = thread::spawn(move || {
+            WakeCounter::new(&w2.state, &w2.waiters).wait_change(
+                7,
+                std::time::Duration::ZERO,
+                std::time::Duration::from_secs(3600),
+            )
+        });
+        WakeCounter::new(&w.state, &w.waiters).bump();
+        assert_eq!(waiter.join().unwrap(), 8);
+        assert_eq!(w.waiters.load(Ordering::SeqCst), 0);
+    });
+}
+
+/// The scheduler posts a running and a pending dispatch; the core runs both and reports
+/// each completion; the scheduler waits for both and then sends EXIT. Every interleaving
+/// must deliver both completions in order and let both threads finish: a lost wake-up
+/// would leave one parked forever, which loom reports as a deadlock.
+#[test]
+fn loom_dispatch_and_completion_never_lose_a_wakeup() {
+    loom::model(|| {
+        let dispatch = Arc::new(Queue::<u64>::new(3));
+        let completions = Arc::new(Queue::<u64>::new(4));
+        let core_bell = Arc::new(ThreadBell::default());
+        let sched_bell = Arc::new(ThreadBell::default());
+        let core = {
+            let (dispatch, completions) = (dispatch.clone(), completions.clone());
+            let (core_bell, sched_bell) = (core_bell.clone(), sched_bell.clone());
+            thread::spawn(move || {
+                core_bell.register_current();
+                let mut idle = Idle::new(Duration::ZERO);
+                loop {
+                    match dispatch.pop() {
+                        Some(0) => break, // EXIT
+                        Some(seq) => {
+                            completions
+                                .push(seq)
+                                .expect("never more than two outstanding");
+                            sched_bell.ring();
+                        }
+                        None => idle.step(&core_bell, None, || !dispatch.is_empty()),
+                    }
+                }
+            })
+        };
+        // The scheduler runs on its own thread too: loom's `join` must not be entered by a
+        // thread that may still hold an unpark token from a doorbell.
+        let sched = thread::spawn(move || {
+            sched_bell.register_current();
+            // Running + pending.
+            dispatch.push(1).unwrap();
+            core_bell.ring();
+            dispatch.push(2).unwrap();
+            core_bell.ring();
+            let mut got = Vec::new();
+            let mut idle = Idle::new(Duration::ZERO);
+            while got.len() < 2 {
+                match completions.pop() {
+                    Some(seq) => got.push(seq),
+                    None => idle.step(&sched_bell, None, || !completions.is_empty()),
+                }
+            }
+            assert_eq!(got, vec![1, 2]);
+            dispatch.push(0).unwrap();
+            core_bell.ring();
+        });
+        sched.join().unwrap();
+        core.join().unwrap();
+    });
+}
+
+/// A producer that publishes while the consumer is between its re-check and its park
+/// still wakes it (park/unpark carry a token).
+#[test]
+fn loom_doorbell_wakes_a_thread_that_is_about_to_park() {
+    loom::model(|| {
+        let q = Arc::new(Queue::<u64>::new(1));
+        let bell = Arc::new(ThreadBell::default());
+        let consumer = {
+            let (q, bell) = (q.clone(), bell.clone());
+            thread::spawn(move || {
+                bell.register_current();
+                loop {
+                    if q.pop().is_some() {
+                        return;
+                    }
+                    bell.sleep(None, || !q.is_empty());
+                }
+            })
+        };
+        let producer = thread::spawn(move || {
+            q.push(7).unwrap();
+            bell.ring();
+        });
+        producer.join().unwrap();
+        consumer.join().unwrap();
+    });
+}
+
+/// A run's hand-off: the host posts a request into one slot and waits for the reply in
+/// another; the orchestrator thread waits for requests and then for EXIT. The two runs
+/// come from two different host threads (the caller of `ChipWorker::run` may change, so
+/// the host registers itself on the reply slot's doorbell before each park). Every
+/// interleaving must deliver each reply to its run and let every thread finish: a lost
+/// wake-up would leave one parked forever, which loom reports as a deadlock.
+#[test]
+fn loom_run_request_and_reply_never_lose_a_wakeup() {
+    loom::model(|| {
+        let request = Arc::new(Slot::<u64>::default());
+        let reply = Arc::new(Slot::<u64>::default());
+        let orch = {
+            let (request, reply) = (request.clone(), reply.clone());
+            thread::spawn(move || {
+                request.bell.register_current();
+                loop {
+                    let Some(m) = request.wait(Duration::ZERO, None, None, || true) else {
+                        continue;
+                    };
+                    if m == 0 {
+                        break; // EXIT
+                    }
+                    reply.post(m * 10);
+                }
+            })
+        };
+        for run in 1..=2u64 {
+            let (request, reply) = (request.clone(), reply.clone());
+            let host = thread::spawn(move || {
+                request.post(run);
+                let got = reply.wait(Duration::ZERO, None, None, || true);
+                assert_eq!(got, Some(run * 10));
+            });
+            host.join().unwrap();
+        }
+        request.post(0);
+        orch.join().unwrap();
+    });
+}
+
+/// A caller and the loop's thread contend for the seat while two units of work are done
+/// (each pass does one). Whoever holds the seat does the pass; the loop's thread parks
+/// while the caller drives and must be woken when the caller leaves: a lost wake-up would
+/// leave it parked forever, which loom reports as a deadlock. Every unit is done once.
+#[test]
+fn loom_seat_caller_and_loop_thread_share_the_work_without_lost_wakeups() {
+    loom::model(|| {
+        let seat = Arc::new(DriverSeat::new(0u32));
+        let done = Arc::new(AtomicU32::new(0));
+        let lp = {
+            let (seat, done) = (seat.clone(), done.clone());
+            thread::spawn(move || {
+                seat.register_loop_thread();
+                loop {
+                    if seat.park_while_driven(Duration::from_secs(3600)) {
+                        continue;
+                    }
+                    let more = seat
+                        .pass(|n| {
+                            if *n < 2 {
+                                *n += 1;
+                                done.store(*n, Ordering::Release);
+                            }
+                            *n < 2
+                        })
+                        .expect("no pass panics");
+                    if more != Some(true) {
+                        return;
+                    }
+                }
+            })
+        };
+        let caller = {
+            let (seat, done) = (seat.clone(), done.clone());
+            thread::spawn(move || {
+                seat.drive(
+                    || (done.load(Ordering::Acquire) >= 2).then_some(()),
+                    |n| {
+                        if *n < 2 {
+                            *n += 1;
+                            done.store(*n, Ordering::Release);
+                        }
+                        Turn::Again
+                    },
+                )
+            })
+        };
+        assert_eq!(caller.join().unwrap(), Driven::Done(()));
+        lp.join().unwrap();
+        assert_eq!(seat.with(|n| *n), Ok(Some(2)), "each unit done once");
+    });
+}
+
+/// A caller's pass panics while the loop's thread runs its own passes (parking on its
+/// own, and while driven). The loop's thread must end with the panic's message (woken
+/// when the caller leaves), and every later pass or drive must see it too.
+#[test]
+fn loom_seat_a_panicking_pass_is_seen_by_every_waiter() {
+    loom::model(|| {
+        let seat = Arc::new(DriverSeat::new(0u32));
+        let lp = {
+            let seat = seat.clone();
+            thread::spawn(move || {
+                seat.register_loop_thread();
+                loop {
+                    if seat.park_while_driven(Duration::from_secs(3600)) {
+                        continue;
+                    }
+                    match seat.pass(|n| *n += 1) {
+                        Err(b) => return b.message,
+                        // Nothing to do: park until a caller leaves the seat.
+                        Ok(_) => thread::park(),
+                    }
+                }
+            })
+        };
+        let caller = {
+            let seat = seat.clone();
+            thread::spawn(move || seat.drive(|| None::<()>, |_| panic!("pass exploded")))
+        };
+        let Driven::Broken(b) = caller.join().unwrap() else {
+            panic!("the caller's drive must report the broken loop")
+        };
+        assert_eq!(b.message, "pass exploded");
+        assert_eq!(lp.join().unwrap(), "pass exploded");
+        assert_eq!(
+            seat.drive(|| None::<()>, |_| Turn::Again),
+            Driven::Broken(b.clone())
+        );
+        assert_eq!(seat.pass(|n| *n), Err(b));
+    });
+}
