@@ -1,7 +1,10 @@
 //! Distributed memory for the chips of a level-3 worker (strata-comm, `docs/comm.md`): the
-//! comm arena every chip child maps, window buffers allocated by host orchestrations,
-//! window tensors as task arguments, and the host-level collectives (builtin chip
-//! orchestrations submitted as groups).
+//! comm arena every chip child maps, the window buffers of a run and the rules for keeping
+//! them ([`WindowLifetime`]), window tensors as task arguments, and the builtin chip
+//! orchestrations behind the host-level collectives. The orchestration's window API
+//! (`Orch::alloc_window_buffer`, `Orch::allreduce`, …) is in `orch/windows.rs`: it waits
+//! for the run's turn and submits the builtins, and reaches this state only through
+//! [`CommCtx::claim`], so the comm state knows nothing of the orchestration.
 //!
 //! Windows reach kernels by name: a [`WindowTensor`] pushes the four scalars of its
 //! [`DistributedTensor`] into a task's arguments, and the kernel opens it with
@@ -13,7 +16,6 @@
 
 use crate::config::WindowLifetime;
 use crate::error::DistError;
-use crate::orch::Orch;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use strata_chip::{ChipError, CoreArgs, KernelCtx, KernelError, OrchHandle};
@@ -24,7 +26,7 @@ use strata_comm::{
 use strata_graph::RunId;
 use strata_types::{
     ArgTag, BufferDesc, BufferIdentity, BufferLocation, CallableDescriptor, CallableKind, DataType,
-    Element, TaskArgs, TensorArg, TensorView,
+    Element, IdentityMinter, TaskArgs, TensorArg, TensorView,
 };
 
 impl From<CommError> for DistError {
@@ -36,14 +38,14 @@ impl From<CommError> for DistError {
 /// The builtin chip orchestrations behind the host-level collectives and staging.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Builtins {
-    allreduce: OrchHandle,
-    broadcast: OrchHandle,
-    allgather: OrchHandle,
-    reduce_scatter: OrchHandle,
-    all_to_all: OrchHandle,
-    barrier: OrchHandle,
-    stage_in: OrchHandle,
-    stage_out: OrchHandle,
+    pub(crate) allreduce: OrchHandle,
+    pub(crate) broadcast: OrchHandle,
+    pub(crate) allgather: OrchHandle,
+    pub(crate) reduce_scatter: OrchHandle,
+    pub(crate) all_to_all: OrchHandle,
+    pub(crate) barrier: OrchHandle,
+    pub(crate) stage_in: OrchHandle,
+    pub(crate) stage_out: OrchHandle,
 }
 
 /// The comm side of a running level-3 worker with chips.
@@ -105,6 +107,34 @@ impl CommCtx {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The builtin chip orchestrations.
+    pub(crate) fn builtins(&self) -> Builtins {
+        self.builtins
+    }
+
+    /// The run whose window buffers are allocated, if any.
+    pub(crate) fn owner(&self) -> Option<RunId> {
+        self.lock().owner
+    }
+
+    /// The window state for `run`. A run's first window operation frees the window
+    /// buffers of the run that owned them (keeping persistent ones): the caller claims for
+    /// a new run only once the [`owner`](CommCtx::owner) has finished, since that run's
+    /// tasks may still be using its windows.
+    pub(crate) fn claim(&self, run: RunId) -> RunWindows<'_> {
+        let mut st = self.lock();
+        if st.owner != Some(run) {
+            if st.owner.is_some() {
+                st.alloc.end_run();
+                let kept: Vec<WindowBuffer> = st.kept.iter().map(|k| k.2).collect();
+                st.identities.retain(|b, _| kept.contains(b));
+            }
+            st.owner = Some(run);
+            st.ordinal = 0;
+        }
+        RunWindows { comm: self, st }
+    }
+
     /// What the allocator did so far.
     pub(crate) fn stats(&self) -> CommStats {
         self.lock().alloc.stats()
@@ -118,6 +148,108 @@ impl CommCtx {
         st.kept.clear();
         st.identities.clear();
         st.owner = None;
+    }
+}
+
+/// The comm state as one run holds it ([`CommCtx::claim`]): its domains, window buffers
+/// and window tensors. Holds the state's lock; drop it before submitting tasks.
+pub(crate) struct RunWindows<'a> {
+    comm: &'a CommCtx,
+    st: MutexGuard<'a, CommState>,
+}
+
+impl RunWindows<'_> {
+    /// A domain over next-level workers `workers` (their order is its rank numbering).
+    pub(crate) fn domain(&mut self, workers: &[usize]) -> Result<Domain, DistError> {
+        let members: Vec<u32> = workers.iter().map(|&w| w as u32).collect();
+        Ok(self.st.alloc.domain(&members)?)
+    }
+
+    /// The domain of every chip.
+    pub(crate) fn world(&mut self) -> Result<Domain, DistError> {
+        Ok(self.st.alloc.world()?)
+    }
+
+    /// The next-level worker ids of `domain`'s ranks, in rank order.
+    pub(crate) fn workers(&self, domain: &Domain) -> Result<Vec<usize>, DistError> {
+        Ok(self
+            .st
+            .alloc
+            .members(domain)?
+            .iter()
+            .map(|&w| w as usize)
+            .collect())
+    }
+
+    /// The run's next window buffer: a fresh one, or under
+    /// [`WindowLifetime::Persistent`] the buffer the first run allocated at this position
+    /// (which must have the same members and size).
+    pub(crate) fn alloc_window_buffer(
+        &mut self,
+        domain: &Domain,
+        bytes: u64,
+        minter: &IdentityMinter,
+    ) -> Result<WindowBuffer, DistError> {
+        let st = &mut *self.st;
+        let ordinal = st.ordinal;
+        let members = st.alloc.members(domain)?.to_vec();
+        let buf = match self.comm.lifetime {
+            WindowLifetime::PerRun => st.alloc.alloc_window_buffer(domain, bytes)?,
+            WindowLifetime::Persistent { zero_between_runs } => {
+                match st.kept.get(ordinal).cloned() {
+                    Some((m, b, kept)) => {
+                        if m != members || b != bytes {
+                            return Err(DistError::InvalidArgs(format!(
+                                "persistent windows: window buffer {ordinal} of this run is {bytes} bytes over ranks {members:?}, but the first run allocated {b} bytes over ranks {m:?}; a worker that keeps its windows must allocate the same buffers in the same order every run"
+                            )));
+                        }
+                        let _ = zero_between_runs; // zero-filled by the allocator's end_run
+                        kept
+                    }
+                    None => {
+                        let buf = st.alloc.alloc_window_buffer(domain, bytes)?;
+                        st.alloc.make_persistent(&buf, zero_between_runs)?;
+                        st.kept.push((members, bytes, buf));
+                        buf
+                    }
+                }
+            }
+        };
+        st.ordinal += 1;
+        st.identities.entry(buf).or_insert_with(|| minter.mint());
+        Ok(buf)
+    }
+
+    /// A typed, row-major view at byte `offset` of window buffer `buf` of this run.
+    pub(crate) fn window(
+        &self,
+        buf: &WindowBuffer,
+        offset: u64,
+        shape: &[u64],
+        dtype: DataType,
+    ) -> Result<WindowTensor, DistError> {
+        let tensor = self.st.alloc.window(buf, offset, shape, dtype)?;
+        let placement = self.st.alloc.placement(buf)?;
+        let identity = *self.st.identities.get(buf).ok_or_else(|| {
+            DistError::InvalidArgs("the window buffer is not one of this run's".into())
+        })?;
+        Ok(WindowTensor {
+            tensor,
+            domain: buf.domain(),
+            identity,
+            region: self.comm.region,
+            placement,
+        })
+    }
+
+    /// Writes `data` into domain rank `rank`'s copy of `w`, now.
+    pub(crate) fn write<T: Element>(
+        &self,
+        w: &WindowTensor,
+        rank: u32,
+        data: &[T],
+    ) -> Result<(), DistError> {
+        Ok(self.st.alloc.host_write(&w.tensor, rank, 0, data)?)
     }
 }
 
@@ -151,6 +283,11 @@ impl WindowTensor {
     /// Its shape (on each rank).
     pub fn shape(&self) -> &[u64] {
         self.tensor.shape()
+    }
+
+    /// The domain whose ranks hold it.
+    pub(crate) fn domain(&self) -> Domain {
+        self.domain
     }
 
     fn buffer(&self) -> BufferDesc {
@@ -215,391 +352,6 @@ impl WindowTensor {
     /// Too many scalars.
     pub fn push_to(&self, args: &mut TaskArgs) -> Result<(), DistError> {
         Ok(self.tensor.push_to(args)?)
-    }
-}
-
-// ----- the orchestration's API ------------------------------------------------------------
-
-impl<'w> Orch<'w> {
-    fn comm(&self) -> Result<&'w CommCtx, DistError> {
-        let ctx: &'w crate::ctx::Ctx = self.ctx;
-        ctx.comm.as_ref().ok_or_else(|| {
-            DistError::InvalidArgs(
-                "this worker has no comm arena: window buffers are for the chips of a level-3 worker (configure chips)".into(),
-            )
-        })
-    }
-
-    /// The comm state for this run: a run's first window operation waits until the run
-    /// that owns the allocated windows has finished, then frees them (keeping persistent
-    /// ones).
-    fn comm_state(&mut self) -> Result<MutexGuard<'w, CommState>, DistError> {
-        let run = self.run;
-        let comm: &'w CommCtx = self.comm()?;
-        let owner = comm.lock().owner;
-        if owner == Some(run) {
-            return Ok(comm.lock());
-        }
-        if owner.is_some() {
-            // Runs finish in order: once this run is the oldest, every earlier one is done.
-            self.flush();
-            while self.graph.dispatchable_run() != Some(run) {
-                if let Some(why) = self.ctx.link.unusable() {
-                    return Err(DistError::Unusable(why));
-                }
-                self.graph
-                    .wait_progress(std::time::Duration::from_millis(5));
-            }
-        }
-        let mut st = comm.lock();
-        if st.owner.is_some() {
-            st.alloc.end_run();
-            let kept: Vec<WindowBuffer> = st.kept.iter().map(|k| k.2).collect();
-            st.identities.retain(|b, _| kept.contains(b));
-        }
-        st.owner = Some(run);
-        st.ordinal = 0;
-        Ok(st)
-    }
-
-    /// Number of chips (world ranks 0..n: world rank = next-level worker id).
-    pub fn world_size(&self) -> usize {
-        if self.ctx.comm.is_some() {
-            self.ctx.next.len()
-        } else {
-            0
-        }
-    }
-
-    /// A comm domain over chips `workers` (their order is the domain's rank numbering).
-    ///
-    /// # Errors
-    /// No comm arena; workers repeated or out of range.
-    pub fn comm_domain(&mut self, workers: &[usize]) -> Result<Domain, DistError> {
-        let members: Vec<u32> = workers.iter().map(|&w| w as u32).collect();
-        let mut st = self.comm_state()?;
-        Ok(st.alloc.domain(&members)?)
-    }
-
-    /// A window buffer of `bytes` per chip over every chip (the world domain).
-    ///
-    /// # Errors
-    /// As [`Orch::alloc_window_buffer_in`].
-    pub fn alloc_window_buffer(&mut self, bytes: u64) -> Result<WindowBuffer, DistError> {
-        let world = {
-            let mut st = self.comm_state()?;
-            st.alloc.world()?
-        };
-        self.alloc_window_buffer_in(&world, bytes)
-    }
-
-    /// A window buffer of `bytes` per rank (in bytes, not elements) on every rank of
-    /// `domain`, zero-filled. It lives for this run (freed once a later run allocates
-    /// windows) unless the worker keeps windows ([`WindowLifetime::Persistent`]): then the
-    /// `k`-th buffer of every run is the `k`-th buffer of the first.
-    ///
-    /// # Errors
-    /// No comm arena; the arena is full (`DistConfig::comm_arena_bytes`); a persistent
-    /// run that allocates a different sequence of buffers.
-    pub fn alloc_window_buffer_in(
-        &mut self,
-        domain: &Domain,
-        bytes: u64,
-    ) -> Result<WindowBuffer, DistError> {
-        let lifetime = self.comm()?.lifetime;
-        let minter = self.ctx.minter.clone();
-        let mut st = self.comm_state()?;
-        let ordinal = st.ordinal;
-        let members = st.alloc.members(domain)?.to_vec();
-        let buf = match lifetime {
-            WindowLifetime::PerRun => st.alloc.alloc_window_buffer(domain, bytes)?,
-            WindowLifetime::Persistent { zero_between_runs } => {
-                match st.kept.get(ordinal).cloned() {
-                    Some((m, b, kept)) => {
-                        if m != members || b != bytes {
-                            return Err(DistError::InvalidArgs(format!(
-                                "persistent windows: window buffer {ordinal} of this run is {bytes} bytes over ranks {members:?}, but the first run allocated {b} bytes over ranks {m:?}; a worker that keeps its windows must allocate the same buffers in the same order every run"
-                            )));
-                        }
-                        let _ = zero_between_runs; // zero-filled by the allocator's end_run
-                        kept
-                    }
-                    None => {
-                        let buf = st.alloc.alloc_window_buffer(domain, bytes)?;
-                        st.alloc.make_persistent(&buf, zero_between_runs)?;
-                        st.kept.push((members, bytes, buf));
-                        buf
-                    }
-                }
-            }
-        };
-        st.ordinal += 1;
-        st.identities.entry(buf).or_insert_with(|| minter.mint());
-        Ok(buf)
-    }
-
-    /// A typed, row-major view at byte `offset` of a window buffer, the same on every rank.
-    ///
-    /// # Errors
-    /// A freed buffer, a view that does not fit.
-    pub fn window(
-        &mut self,
-        buf: &WindowBuffer,
-        offset: u64,
-        shape: &[u64],
-        dtype: DataType,
-    ) -> Result<WindowTensor, DistError> {
-        let region = self.comm()?.region;
-        let st = self.comm_state()?;
-        let tensor = st.alloc.window(buf, offset, shape, dtype)?;
-        let placement = st.alloc.placement(buf)?;
-        let identity = *st.identities.get(buf).ok_or_else(|| {
-            DistError::InvalidArgs("the window buffer is not one of this run's".into())
-        })?;
-        Ok(WindowTensor {
-            tensor,
-            domain: buf.domain(),
-            identity,
-            region,
-            placement,
-        })
-    }
-
-    /// Writes `data` into domain rank `rank`'s copy of `w` now (synchronously): stage
-    /// every rank before submitting the tasks that use the window (submission is
-    /// asynchronous; a write after a submit races with it).
-    ///
-    /// # Errors
-    /// A freed window, a rank outside the domain, a type or length mismatch.
-    pub fn window_write<T: Element>(
-        &mut self,
-        w: &WindowTensor,
-        rank: u32,
-        data: &[T],
-    ) -> Result<(), DistError> {
-        let st = self.comm_state()?;
-        Ok(st.alloc.host_write(&w.tensor, rank, 0, data)?)
-    }
-
-    /// Submits a builtin collective as a group over the window's domain.
-    fn collective(
-        &mut self,
-        which: fn(&Builtins) -> OrchHandle,
-        windows: &[(&WindowTensor, ArgTag)],
-        extra: &[u64],
-    ) -> Result<(), DistError> {
-        let builtins = self.comm()?.builtins;
-        let first = windows[0].0;
-        let members: Vec<usize> = {
-            let st = self.comm_state()?;
-            st.alloc
-                .members(&first.domain)?
-                .iter()
-                .map(|&w| w as usize)
-                .collect()
-        };
-        let mut args = TaskArgs::new();
-        for (w, tag) in windows {
-            if w.domain != first.domain {
-                return Err(DistError::InvalidArgs(
-                    "the windows of a collective must belong to one domain".into(),
-                ));
-            }
-            args.push_tensor(w.arg(*tag))?;
-        }
-        for (w, _) in windows {
-            w.push_to(&mut args)?;
-        }
-        for &s in extra {
-            args.push_scalar_bits(s)?;
-        }
-        let per_rank = vec![args; members.len()];
-        self.submit_next_level_group(which(&builtins), &per_rank, &members)
-    }
-
-    /// Allreduce of `data` in place on every rank of its domain, synchronised through
-    /// `signal` (I32, at least `strata_comm::signal_cells(nranks, algo)` cells; reusable
-    /// run after run): a group task of the builtin collective kernel, ordered after
-    /// earlier tasks that touch either window.
-    ///
-    /// # Errors
-    /// No comm arena; windows of different domains; the group's submit errors.
-    pub fn allreduce(
-        &mut self,
-        data: &WindowTensor,
-        signal: &WindowTensor,
-        op: ReduceOp,
-        algo: AllreduceAlgo,
-    ) -> Result<(), DistError> {
-        self.collective(
-            |b| b.allreduce,
-            &[(data, ArgTag::InOut), (signal, ArgTag::InOut)],
-            &[op.code(), algo.code()],
-        )
-    }
-
-    /// Broadcast of `root`'s copy of `data` to every rank of its domain.
-    ///
-    /// # Errors
-    /// As [`Orch::allreduce`].
-    pub fn broadcast(
-        &mut self,
-        data: &WindowTensor,
-        signal: &WindowTensor,
-        root: u32,
-    ) -> Result<(), DistError> {
-        self.collective(
-            |b| b.broadcast,
-            &[(data, ArgTag::InOut), (signal, ArgTag::InOut)],
-            &[u64::from(root)],
-        )
-    }
-
-    /// Allgather: `target[src, :]` = `stage` of rank `src`, on every rank.
-    ///
-    /// # Errors
-    /// As [`Orch::allreduce`].
-    pub fn allgather(
-        &mut self,
-        stage: &WindowTensor,
-        target: &WindowTensor,
-        signal: &WindowTensor,
-    ) -> Result<(), DistError> {
-        self.collective(
-            |b| b.allgather,
-            &[
-                (stage, ArgTag::Input),
-                (target, ArgTag::InOut),
-                (signal, ArgTag::InOut),
-            ],
-            &[],
-        )
-    }
-
-    /// Reduce-scatter: rank `r` ends with the reduction of chunk `r` in `data[r, :]`.
-    ///
-    /// # Errors
-    /// As [`Orch::allreduce`].
-    pub fn reduce_scatter(
-        &mut self,
-        data: &WindowTensor,
-        signal: &WindowTensor,
-        op: ReduceOp,
-    ) -> Result<(), DistError> {
-        self.collective(
-            |b| b.reduce_scatter,
-            &[(data, ArgTag::InOut), (signal, ArgTag::InOut)],
-            &[op.code()],
-        )
-    }
-
-    /// All-to-all: `target[src, :]` = the chunk rank `src` prepared for this rank.
-    ///
-    /// # Errors
-    /// As [`Orch::allreduce`].
-    pub fn all_to_all(
-        &mut self,
-        stage: &WindowTensor,
-        target: &WindowTensor,
-        signal: &WindowTensor,
-    ) -> Result<(), DistError> {
-        self.collective(
-            |b| b.all_to_all,
-            &[
-                (stage, ArgTag::Input),
-                (target, ArgTag::InOut),
-                (signal, ArgTag::InOut),
-            ],
-            &[],
-        )
-    }
-
-    /// A barrier of every rank of `signal`'s domain (self-clearing; reusable).
-    ///
-    /// # Errors
-    /// As [`Orch::allreduce`].
-    pub fn barrier(&mut self, signal: &WindowTensor) -> Result<(), DistError> {
-        self.collective(|b| b.barrier, &[(signal, ArgTag::InOut)], &[])
-    }
-
-    /// A task on chip `rank`'s worker that copies `src` (a shared tensor with as many
-    /// elements and the same type) into domain rank `rank`'s copy of `dst`.
-    ///
-    /// # Errors
-    /// A rank outside the domain; the submit's errors.
-    pub fn copy_to_window(
-        &mut self,
-        src: TensorArg,
-        dst: &WindowTensor,
-        rank: u32,
-    ) -> Result<(), DistError> {
-        self.stage(
-            src.with_tag(ArgTag::Input),
-            dst,
-            rank,
-            ArgTag::OutputExisting,
-            true,
-        )
-    }
-
-    /// A task on chip `rank`'s worker that copies domain rank `rank`'s copy of `src` into
-    /// `dst` (a shared tensor with as many elements and the same type).
-    ///
-    /// # Errors
-    /// As [`Orch::copy_to_window`].
-    pub fn copy_from_window(
-        &mut self,
-        src: &WindowTensor,
-        rank: u32,
-        dst: TensorArg,
-    ) -> Result<(), DistError> {
-        self.stage(
-            dst.with_tag(ArgTag::OutputExisting),
-            src,
-            rank,
-            ArgTag::Input,
-            false,
-        )
-    }
-
-    fn stage(
-        &mut self,
-        host: TensorArg,
-        w: &WindowTensor,
-        rank: u32,
-        window_tag: ArgTag,
-        into_window: bool,
-    ) -> Result<(), DistError> {
-        if host.view.dtype() != w.dtype() || host.view.numel() != w.tensor.numel() {
-            return Err(DistError::InvalidArgs(format!(
-                "staging between a {} tensor of {} elements and a {} window of {} elements; they must match",
-                host.view.dtype(),
-                host.view.numel(),
-                w.dtype(),
-                w.tensor.numel()
-            )));
-        }
-        let builtins = self.comm()?.builtins;
-        let worker = {
-            let st = self.comm_state()?;
-            let members = st.alloc.members(&w.domain)?;
-            *members.get(rank as usize).ok_or_else(|| {
-                DistError::InvalidArgs(format!(
-                    "rank {rank} is outside the window's domain of {} ranks",
-                    members.len()
-                ))
-            })? as usize
-        };
-        let mut args = TaskArgs::new();
-        args.push_tensor(host)?;
-        args.push_tensor(w.arg_rank(rank, window_tag)?)?;
-        w.push_to(&mut args)?;
-        let which = if into_window {
-            builtins.stage_in
-        } else {
-            builtins.stage_out
-        };
-        self.submit_next_level(which, &args, worker)
     }
 }
 

@@ -1,13 +1,16 @@
 //! What the orchestration facade and the device-memory control paths need of a running
 //! worker, on the caller's side of the scheduler: the children's kinds and labels, the
-//! shared memory, the registries, and the chip tensors allocated so far.
+//! shared memory, the comm state, and the chip tensors allocated so far.
+//!
+//! The registered callables are not here: a host orchestration is a callable that takes
+//! an `Orch`, so holding them would tie this module into the orchestration ↔ registry
+//! knot; the worker hands them to each `Orch` beside this context.
 
 use crate::control::{ControlCommand, CopyDirection};
 use crate::endpoint::ChildKind;
 use crate::error::DistError;
-use crate::orch::ChildTensor;
-use crate::registry::Programs;
 use crate::sched::{ControlJob, Link};
+use crate::tensor::ChildTensor;
 use std::collections::HashMap;
 use std::sync::{mpsc, Arc, Mutex};
 use strata_graph::RING_COUNT;
@@ -31,7 +34,6 @@ pub(crate) struct Ctx {
     /// The chips' comm arena (level 3 with chips).
     pub(crate) comm: Option<crate::comm::CommCtx>,
     pub(crate) minter: Arc<IdentityMinter>,
-    pub(crate) programs: Arc<Programs>,
     pub(crate) child_tensors: Mutex<HashMap<BufferIdentity, (usize, u64)>>,
 }
 

@@ -26,6 +26,7 @@
 //!
 //! See `docs/dist.md` for the process tree, the lane state machine and the failure model.
 
+mod chip_child;
 mod comm;
 mod config;
 mod control;
@@ -33,10 +34,10 @@ mod ctx;
 mod endpoint;
 mod error;
 mod orch;
-mod programs;
 mod registry;
 mod sched;
 mod task;
+mod tensor;
 mod worker;
 
 pub use comm::WindowTensor;
@@ -44,7 +45,8 @@ pub use config::{DistConfig, Level, WindowLifetime};
 pub use control::{ControlCommand, ControlDecodeError, CopyDirection, COPY_PAYLOAD_BYTES};
 pub use endpoint::{ChildKind, Endpoint, EndpointError, TaskOutcome};
 pub use error::{DistError, OrchError};
-pub use orch::{ChildTensor, Orch, RunTensor};
+pub use orch::Orch;
 pub use registry::{HostOrchFn, HostOrchHandle, NextLevelCallable, SubHandle};
 pub use strata_comm::{AllreduceAlgo, CommStats, Domain, ReduceOp, WindowBuffer};
+pub use tensor::{ChildTensor, RunTensor};
 pub use worker::{DistWorker, RunHandle};

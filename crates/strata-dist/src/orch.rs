@@ -1,83 +1,22 @@
 //! The orchestration facade: what a host orchestration function uses to build its run.
+//! The window-buffer and collective part of its API is in [`windows`].
 
 use crate::ctx::Ctx;
 use crate::endpoint::ChildKind;
 use crate::error::{DistError, OrchError};
-use crate::registry::{NextLevelCallable, SubHandle};
+use crate::registry::{NextLevelCallable, Programs, SubHandle};
 use crate::task::{DistTask, Member, Route, Target};
+use crate::tensor::{ChildTensor, RunTensor};
 use std::sync::Arc;
 use strata_graph::{Access, BufferKey, KeySpace, Orchestrator, ReadyTask, RunId, TaskSpec};
 use strata_host::SharedTensor;
 use strata_mailbox::EncodedConfig;
 use strata_types::wire::encode_args;
 use strata_types::{
-    ArgTag, BufferDesc, BufferLocation, CallConfig, DataType, TaskArgs, TensorArg, TensorView,
+    BufferDesc, BufferLocation, CallConfig, DataType, TaskArgs, TensorArg, TensorView,
 };
 
-/// A tensor in the device memory of one chip child, allocated with
-/// [`Orch::alloc_child_tensor`] or [`crate::DistWorker::alloc_child_tensor`]. It stays
-/// resident across runs until freed; pass it to tasks of *that* chip only.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct ChildTensor {
-    pub(crate) worker: usize,
-    pub(crate) addr: u64,
-    pub(crate) buffer: BufferDesc,
-    pub(crate) view: TensorView,
-}
-
-impl ChildTensor {
-    /// The chip (next-level worker id) whose memory holds it.
-    pub fn worker(&self) -> usize {
-        self.worker
-    }
-
-    /// Its view.
-    pub fn view(&self) -> TensorView {
-        self.view
-    }
-
-    /// The whole tensor as a task argument.
-    pub fn arg(&self, tag: ArgTag) -> TensorArg {
-        TensorArg {
-            buffer: self.buffer,
-            view: self.view,
-            tag,
-        }
-    }
-
-    /// A sub-view of the tensor as a task argument.
-    ///
-    /// # Errors
-    /// If the view does not fit the tensor's buffer.
-    pub fn arg_view(&self, view: TensorView, tag: ArgTag) -> Result<TensorArg, DistError> {
-        Ok(TensorArg::new(self.buffer, view, tag)?)
-    }
-}
-
-/// A runtime-owned intermediate in shared memory, allocated with [`Orch::alloc`] from the
-/// current scope's heap ring. It lives until its scope ends and every task that uses it
-/// finished; every child can see it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct RunTensor {
-    buffer: BufferDesc,
-    view: TensorView,
-}
-
-impl RunTensor {
-    /// Its view.
-    pub fn view(&self) -> TensorView {
-        self.view
-    }
-
-    /// The whole tensor as a task argument.
-    pub fn arg(&self, tag: ArgTag) -> TensorArg {
-        TensorArg {
-            buffer: self.buffer,
-            view: self.view,
-            tag,
-        }
-    }
-}
+mod windows;
 
 /// The facade an orchestration function gets: submit tasks to next-level workers (chips,
 /// or level-3 workers under a level-4 worker) and to sub-workers, open scopes, allocate
@@ -89,6 +28,8 @@ impl RunTensor {
 pub struct Orch<'w> {
     pub(crate) graph: &'w mut Orchestrator<DistTask>,
     pub(crate) ctx: &'w Ctx,
+    /// The worker tree's registered callables (tasks are checked against them at submit).
+    pub(crate) programs: &'w Programs,
     pub(crate) run: RunId,
     pub(crate) ready: Vec<ReadyTask>,
     pub(crate) submitted: bool,
@@ -139,13 +80,13 @@ impl<'w> Orch<'w> {
         })?;
         let ok = match (kind, callable) {
             (ChildKind::Chip, NextLevelCallable::Chip(h)) => {
-                if self.ctx.programs.chip.orchestration(&h.id()).is_none() {
+                if self.programs.chip.orchestration(&h.id()).is_none() {
                     return Err(DistError::UnknownCallable(h.id().to_string()));
                 }
                 true
             }
             (ChildKind::Worker, NextLevelCallable::Host(h)) => {
-                if self.ctx.programs.host_name(&h.id).is_none() {
+                if self.programs.host_name(&h.id).is_none() {
                     return Err(DistError::UnknownCallable(h.id.to_string()));
                 }
                 true
@@ -393,7 +334,7 @@ impl<'w> Orch<'w> {
                 "this worker has no sub-workers; configure num_sub_workers".into(),
             ));
         }
-        if self.ctx.programs.subs.get(&h.id).is_none() {
+        if self.programs.subs.get(&h.id).is_none() {
             return Err(DistError::UnknownCallable(h.id.to_string()));
         }
         Ok(())
@@ -520,6 +461,12 @@ impl<'w> Orch<'w> {
                 "{op} cannot follow a task submission in the same run; do device-memory control before submitting"
             )));
         }
+        self.wait_until_oldest()
+    }
+
+    /// Waits until this run is the one executing: runs finish in order, so every earlier
+    /// run is done then.
+    fn wait_until_oldest(&mut self) -> Result<(), DistError> {
         while self.graph.dispatchable_run() != Some(self.run) {
             if let Some(why) = self.ctx.link.unusable() {
                 return Err(DistError::Unusable(why));

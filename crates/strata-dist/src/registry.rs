@@ -5,7 +5,7 @@
 //! callables by digest in the tables they inherited; function pointers and closures never
 //! cross a process boundary and nothing is serialized.
 
-use crate::error::OrchError;
+use crate::error::{DistError, OrchError};
 use crate::orch::Orch;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -119,7 +119,7 @@ impl Programs {
 
     /// Adds everything `other` has that `self` lacks (a parent's programs cascading into
     /// its level-3 children).
-    pub(crate) fn absorb(&mut self, other: &Programs) -> Result<(), crate::DistError> {
+    pub(crate) fn absorb(&mut self, other: &Programs) -> Result<(), DistError> {
         for (id, (name, f)) in &other.host {
             self.host
                 .entry(*id)

@@ -1,15 +1,20 @@
 //! The L3+ worker: lifecycle (register → init → submit/run → close), the run handle, and
-//! device-memory control outside runs.
+//! device-memory control outside runs. `nested` is the child program that runs a whole
+//! level-3 worker under a level-4 one.
 
+mod nested;
+
+use crate::chip_child::ChipChild;
 use crate::config::{DistConfig, Level};
 use crate::ctx::Ctx;
 use crate::endpoint::{ChildKind, Endpoint, LocalEndpoint};
 use crate::error::{DistError, OrchError};
-use crate::orch::{ChildTensor, Orch};
-use crate::programs::{ChipChild, NestedChild};
+use crate::orch::Orch;
 use crate::registry::{HostOrchHandle, Programs, SubHandle};
 use crate::sched::{Driver, Link, PassFault, SchedExit, SchedLoop, BROKEN_CHECK};
 use crate::task::DistTask;
+use crate::tensor::ChildTensor;
+use nested::NestedChild;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -49,6 +54,9 @@ struct Runtime {
     graph: Orchestrator<DistTask>,
     waiter: RunWaiter,
     ctx: Arc<Ctx>,
+    /// The registered callables the runs' orchestrations submit (a frozen copy: nothing
+    /// registers after init).
+    programs: Arc<Programs>,
     sched: Option<JoinHandle<SchedExit>>,
     driver: Arc<Driver>,
     config: Arc<EncodedConfig>,
@@ -128,7 +136,7 @@ impl DistWorker {
 
     /// Sets the execution mode before init (a level-3 child of a level-4 worker running
     /// its children as threads runs its own children as threads too).
-    pub(crate) fn set_exec_mode(&mut self, mode: strata_host::ExecMode) {
+    fn set_exec_mode(&mut self, mode: strata_host::ExecMode) {
         self.config.exec_mode = mode;
     }
 
@@ -420,13 +428,13 @@ impl DistWorker {
             shared: self.shared.clone(),
             comm,
             minter: self.minter.clone(),
-            programs: Arc::new(self.programs.clone()),
             child_tensors: Mutex::new(HashMap::new()),
         });
         Ok(Runtime {
             graph: orch,
             waiter,
             ctx,
+            programs: Arc::new(self.programs.clone()),
             sched: Some(handle),
             driver,
             config: Arc::new(EncodedConfig::new(&CallConfig::default())?),
@@ -499,7 +507,6 @@ impl DistWorker {
     ) -> Result<RunHandle, DistError> {
         let rt = self.runtime("submit")?;
         let f = rt
-            .ctx
             .programs
             .host
             .get(&orch.id)
@@ -516,6 +523,7 @@ impl DistWorker {
         let mut o = Orch {
             graph: &mut rt.graph,
             ctx: &ctx,
+            programs: &rt.programs,
             run,
             ready: Vec::new(),
             submitted: false,

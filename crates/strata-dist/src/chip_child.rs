@@ -1,10 +1,9 @@
-//! The child programs strata-dist supplies to strata-host: a chip child (a `ChipWorker`
-//! serving chip orchestrations and device-memory control) and a nested level-3 worker
-//! (serving host orchestrations for a level-4 parent).
+//! The chip child: the `ChildProgram` strata-dist gives strata-host for each chip of a
+//! level-3 worker — a `ChipWorker` serving chip orchestrations and device-memory control.
+//! (The other child program of the engine, a nested level-3 worker, runs a `DistWorker`
+//! and lives with it, in `worker/nested.rs`.)
 
 use crate::control::{ControlCommand, ControlDecodeError, CopyDirection};
-use crate::registry::HostOrchHandle;
-use crate::worker::DistWorker;
 use std::sync::Arc;
 use strata_chip::{ChipConfig, ChipWorker, OrchHandle, RunArgs};
 use strata_host::{ChildEnv, ChildProgram, SharedMemory};
@@ -171,64 +170,5 @@ impl ChipHandler {
             .device_tensor_at(addr, view)
             .map_err(|e| bad(e.to_string()))?;
         Ok((t.ptr(), t.nbytes()))
-    }
-}
-
-/// A level-3 worker child of a level-4 worker: the whole level-3 worker (with its own
-/// children, forked inside this child) serving host orchestrations.
-pub(crate) struct NestedChild {
-    index: usize,
-    worker: DistWorker,
-}
-
-impl NestedChild {
-    pub(crate) fn new(index: usize, worker: DistWorker) -> Self {
-        NestedChild { index, worker }
-    }
-}
-
-impl ChildProgram for NestedChild {
-    fn label(&self) -> String {
-        format!("child_worker level=3 id={}", self.index)
-    }
-
-    fn start(self: Box<Self>, env: &ChildEnv) -> Result<Box<dyn Handler + Send>, String> {
-        let mut worker = self.worker;
-        if env.mode == strata_host::ExecMode::Threads {
-            // Forking from a thread of a multi-threaded process is refused; a thread child
-            // runs its own children as threads too.
-            worker.set_exec_mode(strata_host::ExecMode::Threads);
-        }
-        worker.init().map_err(|e| e.to_string())?;
-        Ok(Box::new(NestedHandler { worker }))
-    }
-}
-
-struct NestedHandler {
-    worker: DistWorker,
-}
-
-impl Handler for NestedHandler {
-    fn task(&mut self, req: &TaskRequest<'_>) -> Result<(), Failure> {
-        let handle = HostOrchHandle { id: req.callable };
-        self.worker
-            .run_with(&handle, req.args, req.config)
-            .map_err(|e| Failure::new(codes::FAILED, e.to_string()))
-    }
-
-    fn control(&mut self, req: &ControlRequest<'_>) -> Result<ControlReply, Failure> {
-        Err(Failure::new(
-            codes::UNSUPPORTED,
-            format!(
-                "a level-3 worker child does not take control command {}; device memory belongs to its chips",
-                req.command
-            ),
-        ))
-    }
-}
-
-impl Drop for NestedHandler {
-    fn drop(&mut self) {
-        let _ = self.worker.close();
     }
 }

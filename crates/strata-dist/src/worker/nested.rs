@@ -1,0 +1,68 @@
+//! The nested level-3 worker: the `ChildProgram` a level-4 worker gives strata-host for
+//! each added level-3 worker — the whole `DistWorker` (with its own children, forked inside
+//! this child) serving host orchestrations for its parent. It lives with the worker it runs
+//! because it drives that worker's lifecycle (`init`, `run_with`, `close`).
+
+use super::DistWorker;
+use crate::registry::HostOrchHandle;
+use strata_host::{ChildEnv, ChildProgram};
+use strata_mailbox::{codes, ControlReply, ControlRequest, Failure, Handler, TaskRequest};
+
+/// A level-3 worker child of a level-4 worker: the whole level-3 worker (with its own
+/// children, forked inside this child) serving host orchestrations.
+pub(crate) struct NestedChild {
+    index: usize,
+    worker: DistWorker,
+}
+
+impl NestedChild {
+    pub(crate) fn new(index: usize, worker: DistWorker) -> Self {
+        NestedChild { index, worker }
+    }
+}
+
+impl ChildProgram for NestedChild {
+    fn label(&self) -> String {
+        format!("child_worker level=3 id={}", self.index)
+    }
+
+    fn start(self: Box<Self>, env: &ChildEnv) -> Result<Box<dyn Handler + Send>, String> {
+        let mut worker = self.worker;
+        if env.mode == strata_host::ExecMode::Threads {
+            // Forking from a thread of a multi-threaded process is refused; a thread child
+            // runs its own children as threads too.
+            worker.set_exec_mode(strata_host::ExecMode::Threads);
+        }
+        worker.init().map_err(|e| e.to_string())?;
+        Ok(Box::new(NestedHandler { worker }))
+    }
+}
+
+struct NestedHandler {
+    worker: DistWorker,
+}
+
+impl Handler for NestedHandler {
+    fn task(&mut self, req: &TaskRequest<'_>) -> Result<(), Failure> {
+        let handle = HostOrchHandle { id: req.callable };
+        self.worker
+            .run_with(&handle, req.args, req.config)
+            .map_err(|e| Failure::new(codes::FAILED, e.to_string()))
+    }
+
+    fn control(&mut self, req: &ControlRequest<'_>) -> Result<ControlReply, Failure> {
+        Err(Failure::new(
+            codes::UNSUPPORTED,
+            format!(
+                "a level-3 worker child does not take control command {}; device memory belongs to its chips",
+                req.command
+            ),
+        ))
+    }
+}
+
+impl Drop for NestedHandler {
+    fn drop(&mut self) {
+        let _ = self.worker.close();
+    }
+}
