@@ -22,31 +22,31 @@
 //! A short list is walked. A list of at least [`INDEX_AT`] nodes that a walk found mostly
 //! apart from the access walking it (at most a quarter of the nodes' byte spans meet the
 //! access's) gets an index, so that an access examines only the entries it can overlap,
-//! however many disjoint slices or tiles of the buffer the list holds:
+//! however many disjoint slices or tiles of the buffer the list holds. The index is an
+//! interval treap of the list's live nodes (one tree of the map's [`Forest`], see
+//! [`crate::interval`]) whose [`Extent`]s are:
 //!
-//! - a treap of the list's live nodes keyed by `(span start, node)`, each subtree
-//!   augmented with the largest span end in it (an interval tree: the nodes whose spans
-//!   meet `[lo, hi)` are found in O(log n + k));
+//! - the node's byte span;
 //! - and, for the head's *grid* (the lattice of the first regular multi-axis entry
-//!   indexed: element size, rank, strides), each node's coordinate range on the innermost
-//!   axis, with each subtree's hull of them. Spans alone do not separate the tiles of a
-//!   row-major matrix (the spans of all tiles of one row band intersect: they interleave
-//!   row by row); two views on one grid that overlap intersect on every axis, so an access
-//!   on the grid also skips subtrees and nodes on the grid whose columns miss its own.
-//!   Nodes off the grid match every column range.
+//!   indexed: element size, rank, strides), the node's coordinate range on the innermost
+//!   axis. Spans alone do not separate the tiles of a row-major matrix (the spans of all
+//!   tiles of one row band intersect: they interleave row by row); two views on one grid
+//!   that overlap intersect on every axis, so an access on the grid also skips subtrees
+//!   and nodes on the grid whose columns miss its own. Nodes off the grid match every
+//!   column range.
 //!
-//! The links live in a slab parallel to the nodes, so walks of short lists never touch
-//! them. The footprint test still decides among the candidates (the index only narrows
-//! the scan, it changes no edge), which are taken in insertion order. A node an indexed
-//! lookup finds stale (dead, of another run, of a consumed task), and an entry a write
-//! covers, leaves the index and stays in its list as a dead node until the head is
-//! compacted (once half its nodes are dead). An access whose candidates are at least half
-//! the list walks it instead. A compaction that leaves at most [`UNINDEX_AT`] nodes drops
-//! the index.
+//! The footprint test still decides among the candidates (the index only narrows the
+//! scan, it changes no edge), which are taken in insertion order. A node an indexed lookup
+//! finds stale (dead, of another run, of a consumed task), and an entry a write covers,
+//! leaves the index and stays in its list as a dead node until the head is compacted (once
+//! half its nodes are dead), which rebuilds the index from the survivors. An access whose
+//! candidates are at least half the list walks it instead. A compaction that leaves at
+//! most [`UNINDEX_AT`] nodes drops the index.
 
 use crate::access::{Access, BufferKey, FxHashMap, KeyMap, LocalKey};
 use crate::footprint::{Footprint, Lattice, Overlap};
 use crate::free_list::FreeList;
+use crate::interval::{cols, Extent, Forest, Tree, ALL_COLS};
 use crate::slot::TaskRef;
 use std::sync::Arc;
 
@@ -68,64 +68,6 @@ struct Node {
     gen: u32,
     next: u32,
     dead: bool,
-    /// In its list's span index.
-    indexed: bool,
-}
-
-/// A node's place in its list's span index (see the module documentation); one cache
-/// line.
-#[derive(Debug, Clone, Copy, Default)]
-#[repr(align(64))]
-struct Links {
-    /// Insertion order: an indexed lookup reports its hits in this order.
-    seq: u64,
-    /// The node's byte span `[lo, hi)`, and the largest `hi` in its subtree.
-    lo: u64,
-    hi: u64,
-    max_hi: u64,
-    left: u32,
-    right: u32,
-    /// Its innermost-axis coordinates on the head's grid ([`cols`]; everything off the
-    /// grid), and the hull of them over its subtree.
-    col_lo: u32,
-    col_hi: u32,
-    min_col: u32,
-    max_col: u32,
-}
-
-/// Innermost-axis coordinates `[lo, hi)` in the index's `u32` form: widened where they do
-/// not fit (`u32::MAX` as an end stands for any larger end), so two ranges that intersect
-/// still do.
-fn cols((lo, hi): (u64, u64)) -> (u32, u32) {
-    (
-        lo.min(u32::MAX as u64 - 1) as u32,
-        hi.min(u32::MAX as u64) as u32,
-    )
-}
-
-/// Every coordinate: what a node or an access off the grid matches.
-const ALL_COLS: (u32, u32) = (0, u32::MAX);
-
-/// What an indexed lookup looks for: a span and the innermost-axis coordinates on the
-/// head's grid (all of them when the access is off the grid).
-#[derive(Debug, Clone, Copy)]
-struct Probe {
-    lo: u64,
-    hi: u64,
-    col_lo: u32,
-    col_hi: u32,
-}
-
-impl Probe {
-    /// Whether a subtree with these hulls may hold a match.
-    fn may_hold(&self, l: &Links) -> bool {
-        l.max_hi > self.lo && l.min_col < self.col_hi && l.max_col > self.col_lo
-    }
-
-    /// Whether a node matches.
-    fn matches(&self, l: &Links) -> bool {
-        l.lo < self.hi && l.hi > self.lo && l.col_lo < self.col_hi && l.col_hi > self.col_lo
-    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -143,20 +85,35 @@ impl List {
     };
 }
 
+/// Which list of a head: the writers or the readers of the buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Side {
+    Writers = 0,
+    Readers = 1,
+}
+
+impl Side {
+    /// Both lists, writers first (the order lookups take them in).
+    const BOTH: [Side; 2] = [Side::Writers, Side::Readers];
+
+    fn other(self) -> Side {
+        match self {
+            Side::Writers => Side::Readers,
+            Side::Readers => Side::Writers,
+        }
+    }
+}
+
 /// The span indexes of a head's lists, while at least one of them has one.
 #[derive(Debug)]
 struct Index {
-    /// Which lists have an index (writers, readers): each of their live nodes is in it.
+    /// Which lists have an index (by [`Side`]): each of their live nodes is in it.
     on: [bool; 2],
-    /// The roots (`NIL`: empty).
-    root: [u32; 2],
+    /// The trees (by [`Side`]).
+    tree: [Tree; 2],
     /// The grid whose innermost coordinates the indexes carry.
     grid: Option<Arc<Lattice>>,
 }
-
-/// Which list of a head.
-const WRITERS: bool = false;
-const READERS: bool = true;
 
 /// A runtime-allocated buffer: its run and its allocator. The record outlives the
 /// allocator (until the run is forgotten), so a use after the memory was reclaimed is
@@ -187,19 +144,17 @@ struct Head {
 }
 
 impl Head {
-    fn list(&self, readers: bool) -> List {
-        if readers {
-            self.readers
-        } else {
-            self.writers
+    fn list(&self, side: Side) -> List {
+        match side {
+            Side::Writers => self.writers,
+            Side::Readers => self.readers,
         }
     }
 
-    fn list_mut(&mut self, readers: bool) -> &mut List {
-        if readers {
-            &mut self.readers
-        } else {
-            &mut self.writers
+    fn list_mut(&mut self, side: Side) -> &mut List {
+        match side {
+            Side::Writers => &mut self.writers,
+            Side::Readers => &mut self.readers,
         }
     }
 }
@@ -211,22 +166,14 @@ fn journal(node: u32, gen: u32) -> JournalEntry {
     ((gen as u64) << 32) | node as u64
 }
 
-/// The treap priority of a node: a bijective mix of its index (murmur3's finalizer).
-fn prio(n: u32) -> u32 {
-    let mut x = n;
-    x = (x ^ (x >> 16)).wrapping_mul(0x85eb_ca6b);
-    x = (x ^ (x >> 13)).wrapping_mul(0xc2b2_ae35);
-    x ^ (x >> 16)
-}
-
 #[derive(Debug, Default)]
 pub(crate) struct TensorMap {
     map: KeyMap<u32>,
     heads: Vec<Head>,
     free_heads: Vec<u32>,
     nodes: Vec<Node>,
-    /// Span-index links, parallel to `nodes` (grown when a node first enters an index).
-    links: Vec<Links>,
+    /// The span indexes' trees, over node ids.
+    forest: Forest,
     /// Span indexes of heads, and the free ones.
     indexes: Vec<Index>,
     free_indexes: Vec<u32>,
@@ -240,17 +187,12 @@ pub(crate) struct TensorMap {
     /// `idle.len()` after the last sweep, and runs begun since.
     idle_after_sweep: usize,
     runs_since_sweep: u64,
-    /// The next sequence number of a node entering an index.
-    seq: u64,
-    /// Scratch of indexed lookups: `(seq, node)` candidates, the traversal stack, and
-    /// nodes in key order (rebuilds).
+    /// Scratch of indexed lookups and compactions: `(seq, node)` candidates, and nodes in
+    /// key order.
     cands: Vec<(u64, u32)>,
-    stack: Vec<u32>,
     order: Vec<u32>,
     /// Entries examined by lookups and records (walked, or candidates of an index).
     visits: u64,
-    /// Index nodes traversed by lookups.
-    probes: u64,
 }
 
 impl TensorMap {
@@ -309,7 +251,6 @@ impl TensorMap {
                     gen,
                     next: NIL,
                     dead: false,
-                    indexed: false,
                 };
                 (n, gen)
             }
@@ -322,7 +263,6 @@ impl TensorMap {
                     gen: 0,
                     next: NIL,
                     dead: false,
-                    indexed: false,
                 });
                 ((self.nodes.len() - 1) as u32, 0)
             }
@@ -341,324 +281,72 @@ impl TensorMap {
         l
     }
 
-    /// Appends node `n` to list `readers` of `head` (and to its index, if any).
+    /// Appends node `n` to list `side` of `head` (and to its index, if any).
     #[inline(always)]
-    fn append(&mut self, head: u32, readers: bool, n: u32) {
+    fn append(&mut self, head: u32, side: Side, n: u32) {
         let h = &self.heads[head as usize];
         let index = h.index;
-        if readers {
-            let l = self.link(h.readers, n);
-            self.heads[head as usize].readers = l;
-        } else {
-            let l = self.link(h.writers, n);
-            self.heads[head as usize].writers = l;
-        }
-        if index != NIL && self.indexes[index as usize].on[readers as usize] {
-            self.index_insert(head, readers, n);
+        let l = self.link(h.list(side), n);
+        *self.heads[head as usize].list_mut(side) = l;
+        if index != NIL && self.indexes[index as usize].on[side as usize] {
+            self.index_insert(head, side, n);
         }
     }
 
+    /// Inserts node `n` into the index of list `side` of `head` (which has one).
     #[inline(never)]
-    fn index_insert(&mut self, head: u32, readers: bool, n: u32) {
-        self.place(head, n);
-        let root = self.tree_insert(self.root(head, readers), n);
-        self.set_root(head, readers, root);
+    fn index_insert(&mut self, head: u32, side: Side, n: u32) {
+        let extent = self.extent_of(head, &self.nodes[n as usize].fp);
+        let i = self.heads[head as usize].index as usize;
+        self.forest
+            .insert(&mut self.indexes[i].tree[side as usize], n, extent);
     }
 
     // ----- the span index -----------------------------------------------------------------
 
-    /// Whether list `readers` of `head` has a span index.
-    fn is_indexed(&self, head: u32, readers: bool) -> bool {
+    /// Whether list `side` of `head` has a span index.
+    fn is_indexed(&self, head: u32, side: Side) -> bool {
         let i = self.heads[head as usize].index;
-        i != NIL && self.indexes[i as usize].on[readers as usize]
+        i != NIL && self.indexes[i as usize].on[side as usize]
     }
 
-    /// The root of the span index of list `readers` of `head` (which has an index).
-    fn root(&self, head: u32, readers: bool) -> u32 {
-        self.indexes[self.heads[head as usize].index as usize].root[readers as usize]
+    /// The tree of the span index of list `side` of `head` (which has an index).
+    fn tree(&self, head: u32, side: Side) -> Tree {
+        self.indexes[self.heads[head as usize].index as usize].tree[side as usize]
     }
 
-    fn set_root(&mut self, head: u32, readers: bool, root: u32) {
+    fn set_tree(&mut self, head: u32, side: Side, tree: Tree) {
         let i = self.heads[head as usize].index;
-        self.indexes[i as usize].root[readers as usize] = root;
+        self.indexes[i as usize].tree[side as usize] = tree;
     }
 
-    /// The innermost-axis coordinates of `fp` on the grid of `head`'s indexes.
-    fn cols_of(&self, head: u32, fp: &Footprint) -> (u32, u32) {
+    /// The extent of `fp` in the indexes of `head`: its span, and its innermost-axis
+    /// coordinates if it is on their grid.
+    fn extent_of(&self, head: u32, fp: &Footprint) -> Extent {
         let i = self.heads[head as usize].index;
         let grid = if i == NIL {
             None
         } else {
             self.indexes[i as usize].grid.as_ref()
         };
-        match (fp.lattice(), grid) {
+        let cols = match (fp.lattice(), grid) {
             (Some(l), Some(g)) if l.same_grid(g) => cols(l.inner()),
             _ => ALL_COLS,
-        }
+        };
+        Extent::new(fp.span(), cols)
     }
 
-    /// Fills the span and grid coordinates of node `n` before it enters an index of `head`,
-    /// and its sequence number: nodes are placed in list order (when a list gets its
-    /// index, and as they are appended), so sequence numbers follow insertion order.
-    fn place(&mut self, head: u32, n: u32) {
-        let fp = &self.nodes[n as usize].fp;
-        let (lo, hi) = fp.span();
-        let (col_lo, col_hi) = self.cols_of(head, fp);
-        if self.links.len() <= n as usize {
-            // Links are grown on first use: a map that never indexes has none.
-            self.links.resize(self.nodes.len(), Links::default());
-        }
-        let l = &mut self.links[n as usize];
-        l.seq = self.seq;
-        self.seq += 1;
-        l.lo = lo;
-        l.hi = hi;
-        l.col_lo = col_lo;
-        l.col_hi = col_hi;
-    }
-
-    fn key_less(&self, a: u32, b: u32) -> bool {
-        (self.links[a as usize].lo, a) < (self.links[b as usize].lo, b)
-    }
-
-    /// Recomputes the subtree hulls of `x` from its own values and its children's.
-    fn pull(&mut self, x: u32) {
-        let mut l = self.links[x as usize];
-        l.max_hi = l.hi;
-        l.min_col = l.col_lo;
-        l.max_col = l.col_hi;
-        for c in [l.left, l.right] {
-            if c != NIL {
-                let c = &self.links[c as usize];
-                l.max_hi = l.max_hi.max(c.max_hi);
-                l.min_col = l.min_col.min(c.min_col);
-                l.max_col = l.max_col.max(c.max_col);
-            }
-        }
-        self.links[x as usize] = l;
-    }
-
-    /// Inserts node `n` (placed) into the index rooted at `root`; returns the new root.
-    /// Top-down: widens the hulls of the nodes above its place, then splits the subtree
-    /// at its place into its children.
-    #[inline(never)]
-    fn tree_insert(&mut self, root: u32, n: u32) -> u32 {
-        let pn = prio(n);
-        let me = self.links[n as usize];
-        let (mut parent, mut left) = (NIL, false);
-        let mut cur = root;
-        while cur != NIL && prio(cur) > pn {
-            left = self.key_less(n, cur);
-            let c = &mut self.links[cur as usize];
-            c.max_hi = c.max_hi.max(me.hi);
-            c.min_col = c.min_col.min(me.col_lo);
-            c.max_col = c.max_col.max(me.col_hi);
-            parent = cur;
-            cur = if left { c.left } else { c.right };
-        }
-        let (l, r) = self.tree_split(cur, n);
-        let m = &mut self.links[n as usize];
-        m.left = l;
-        m.right = r;
-        self.pull(n);
-        self.nodes[n as usize].indexed = true;
-        if parent == NIL {
-            return n;
-        }
-        let p = &mut self.links[parent as usize];
-        if left {
-            p.left = n;
-        } else {
-            p.right = n;
-        }
-        root
-    }
-
-    /// Splits the index rooted at `t` into the keys below and above node `n`'s.
-    fn tree_split(&mut self, t: u32, n: u32) -> (u32, u32) {
-        if t == NIL {
-            return (NIL, NIL);
-        }
-        if self.key_less(t, n) {
-            let (a, b) = self.tree_split(self.links[t as usize].right, n);
-            self.links[t as usize].right = a;
-            self.pull(t);
-            (t, b)
-        } else {
-            let (a, b) = self.tree_split(self.links[t as usize].left, n);
-            self.links[t as usize].left = b;
-            self.pull(t);
-            (a, t)
-        }
-    }
-
-    /// Joins two indexes, every key of `a` below every key of `b`.
-    fn tree_merge(&mut self, a: u32, b: u32) -> u32 {
-        if a == NIL {
-            return b;
-        }
-        if b == NIL {
-            return a;
-        }
-        if prio(a) > prio(b) {
-            let r = self.tree_merge(self.links[a as usize].right, b);
-            self.links[a as usize].right = r;
-            self.pull(a);
-            a
-        } else {
-            let l = self.tree_merge(a, self.links[b as usize].left);
-            self.links[b as usize].left = l;
-            self.pull(b);
-            b
-        }
-    }
-
-    /// Removes node `n` (which is in it) from the index rooted at `root`; returns the new
-    /// root. The hulls above it are left as they are: still covering, merely loose until
-    /// the next rebuild.
-    #[inline(never)]
-    fn tree_remove(&mut self, root: u32, n: u32) -> u32 {
-        let (mut parent, mut left) = (NIL, false);
-        let mut cur = root;
-        while cur != n {
-            if cur == NIL {
-                debug_assert!(false, "node {n} not in its index");
-                return root;
-            }
-            left = self.key_less(n, cur);
-            parent = cur;
-            let c = &self.links[cur as usize];
-            cur = if left { c.left } else { c.right };
-        }
-        self.nodes[n as usize].indexed = false;
-        let l = self.links[n as usize];
-        let m = self.tree_merge(l.left, l.right);
-        if parent == NIL {
-            return m;
-        }
-        let p = &mut self.links[parent as usize];
-        if left {
-            p.left = m;
-        } else {
-            p.right = m;
-        }
-        root
-    }
-
-    /// Takes the index of list `readers` of `head` apart: returns its nodes that are not
-    /// dead in key order (all nodes leave the index).
+    /// Gives list `side` of `head` a span index of its live nodes (choosing the head's
+    /// grid if it has none). Nodes enter in list order, so the index's insertion order is
+    /// the list's.
     #[cold]
     #[inline(never)]
-    fn tree_take(&mut self, head: u32, readers: bool) -> Vec<u32> {
-        let mut order = std::mem::take(&mut self.order);
-        order.clear();
-        let mut stack = std::mem::take(&mut self.stack);
-        stack.clear();
-        let mut cur = self.root(head, readers);
-        self.set_root(head, readers, NIL);
-        while cur != NIL || !stack.is_empty() {
-            while cur != NIL {
-                stack.push(cur);
-                cur = self.links[cur as usize].left;
-            }
-            let x = stack.pop().unwrap_or(NIL);
-            let node = &mut self.nodes[x as usize];
-            node.indexed = false;
-            if !node.dead {
-                order.push(x);
-            }
-            cur = self.links[x as usize].right;
-        }
-        self.stack = stack;
-        order
-    }
-
-    /// Builds the index of list `readers` of `head` from its (placed) nodes in key order,
-    /// in linear time (a Cartesian tree on the priorities, then the hulls bottom-up).
-    #[cold]
-    #[inline(never)]
-    fn tree_build(&mut self, head: u32, readers: bool, order: Vec<u32>) {
-        let mut stack = std::mem::take(&mut self.stack);
-        stack.clear();
-        for &x in &order {
-            let mut last = NIL;
-            while let Some(&top) = stack.last() {
-                if prio(top) > prio(x) {
-                    break;
-                }
-                last = top;
-                stack.pop();
-            }
-            let l = &mut self.links[x as usize];
-            l.left = last;
-            l.right = NIL;
-            if let Some(&top) = stack.last() {
-                self.links[top as usize].right = x;
-            }
-            stack.push(x);
-            self.nodes[x as usize].indexed = true;
-        }
-        let root = stack.first().copied().unwrap_or(NIL);
-        // Hulls, children before parents: a pre-order (node, right, left) reversed.
-        stack.clear();
-        let mut post = std::mem::take(&mut self.cands);
-        post.clear();
-        if root != NIL {
-            stack.push(root);
-        }
-        while let Some(x) = stack.pop() {
-            post.push((0, x));
-            let l = &self.links[x as usize];
-            for c in [l.left, l.right] {
-                if c != NIL {
-                    stack.push(c);
-                }
-            }
-        }
-        for &(_, x) in post.iter().rev() {
-            self.pull(x);
-        }
-        self.cands = post;
-        self.stack = stack;
-        self.order = order;
-        self.set_root(head, readers, root);
-    }
-
-    /// Appends `(seq, node)` for every node of the index rooted at `root` that matches `q`.
-    fn tree_query(&mut self, root: u32, q: Probe, out: &mut Vec<(u64, u32)>) {
-        let mut stack = std::mem::take(&mut self.stack);
-        stack.clear();
-        if root != NIL && q.may_hold(&self.links[root as usize]) {
-            stack.push(root);
-        }
-        let mut probes = 0;
-        while let Some(x) = stack.pop() {
-            probes += 1;
-            let l = &self.links[x as usize];
-            // Keys right of a node start at or after its start.
-            for (c, wanted) in [(l.left, true), (l.right, l.lo < q.hi)] {
-                if wanted && c != NIL && q.may_hold(&self.links[c as usize]) {
-                    stack.push(c);
-                }
-            }
-            if q.matches(l) {
-                out.push((l.seq, x));
-            }
-        }
-        self.probes += probes;
-        self.stack = stack;
-    }
-
-    /// Gives list `readers` of `head` a span index of its live nodes (choosing the head's
-    /// grid if it has none).
-    #[cold]
-    #[inline(never)]
-    fn index(&mut self, head: u32, readers: bool) {
-        let first = self.heads[head as usize].list(readers).first;
+    fn index(&mut self, head: u32, side: Side) {
+        let first = self.heads[head as usize].list(side).first;
         if self.heads[head as usize].index == NIL {
             let index = Index {
                 on: [false; 2],
-                root: [NIL; 2],
+                tree: [Tree::EMPTY; 2],
                 grid: None,
             };
             let i = match self.free_indexes.pop() {
@@ -685,67 +373,55 @@ impl TensorMap {
                 n = node.next;
             }
         }
-        self.indexes[i].on[readers as usize] = true;
-        let mut root = NIL;
+        self.indexes[i].on[side as usize] = true;
+        let mut tree = Tree::EMPTY;
         let mut n = first;
         while n != NIL {
-            if !self.nodes[n as usize].dead {
-                self.place(head, n);
-                root = self.tree_insert(root, n);
+            let node = &self.nodes[n as usize];
+            if !node.dead {
+                let extent = self.extent_of(head, &node.fp);
+                self.forest.insert(&mut tree, n, extent);
             }
             n = self.nodes[n as usize].next;
         }
-        self.set_root(head, readers, root);
+        self.set_tree(head, side, tree);
     }
 
-    /// Drops the span index of list `readers` of `head` (and the head's indexes, grid
+    /// Drops the span index of list `side` of `head` (and the head's indexes, grid
     /// included, once neither list has one).
     #[cold]
     #[inline(never)]
-    fn unindex(&mut self, head: u32, readers: bool) {
+    fn unindex(&mut self, head: u32, side: Side) {
         let i = self.heads[head as usize].index;
         let index = &mut self.indexes[i as usize];
-        index.on[readers as usize] = false;
-        index.root[readers as usize] = NIL;
-        if !index.on[!readers as usize] {
+        index.on[side as usize] = false;
+        self.forest.clear(&mut index.tree[side as usize]);
+        if !index.on[side.other() as usize] {
             index.grid = None;
             self.free_indexes.push(i);
             self.heads[head as usize].index = NIL;
         }
-        let mut n = self.heads[head as usize].list(readers).first;
-        while n != NIL {
-            let node = &mut self.nodes[n as usize];
-            node.indexed = false;
-            n = node.next;
-        }
     }
 
-    /// The candidates of access `a` in indexed list `readers` of `head`: the nodes whose
+    /// The candidates of access `a` in indexed list `side` of `head`: the nodes whose
     /// spans (and, on the head's grid, innermost coordinates) meet the access's, in
     /// insertion order if `ordered`. `None` when they are at least half the list: walking
     /// it is then as cheap.
     fn candidates(
         &mut self,
         head: u32,
-        readers: bool,
+        side: Side,
         a: &Access,
         ordered: bool,
     ) -> Option<Vec<(u64, u32)>> {
-        let (lo, hi) = a.footprint.span();
-        if (lo, hi) == (0, u64::MAX) {
+        let q = self.extent_of(head, &a.footprint);
+        if (q.lo, q.hi) == (0, u64::MAX) {
             return None;
         }
-        let len = self.heads[head as usize].list(readers).len;
-        let (col_lo, col_hi) = self.cols_of(head, &a.footprint);
-        let q = Probe {
-            lo,
-            hi,
-            col_lo,
-            col_hi,
-        };
+        let len = self.heads[head as usize].list(side).len;
         let mut cands = std::mem::take(&mut self.cands);
         cands.clear();
-        self.tree_query(self.root(head, readers), q, &mut cands);
+        self.forest.query(self.tree(head, side), &q, &mut cands);
         if 2 * cands.len() >= len as usize {
             self.cands = cands;
             return None;
@@ -757,13 +433,14 @@ impl TensorMap {
         Some(cands)
     }
 
-    /// Takes node `n` of list `readers` of `head` out of the index and marks it dead; it
+    /// Takes node `n` of list `side` of `head` out of the index and marks it dead; it
     /// stays in the list until compaction.
     #[inline(never)]
-    fn bury(&mut self, head: u32, readers: bool, n: u32) {
-        if self.nodes[n as usize].indexed {
-            let root = self.tree_remove(self.root(head, readers), n);
-            self.set_root(head, readers, root);
+    fn bury(&mut self, head: u32, side: Side, n: u32) {
+        if self.forest.contains(n) {
+            let i = self.heads[head as usize].index as usize;
+            self.forest
+                .remove(&mut self.indexes[i].tree[side as usize], n);
         }
         let node = &mut self.nodes[n as usize];
         if !node.dead {
@@ -771,20 +448,19 @@ impl TensorMap {
             self.heads[head as usize].dead += 1;
         }
     }
-
     // ----- lists --------------------------------------------------------------------------
 
     /// Walks `list`, unlinking and freeing every node for which `drop_node` says so (and
-    /// taking it out of the index rooted at `root`, if it is in it); returns the list, the
-    /// index's root and how many of the dropped nodes were marked dead. Kept nodes are
-    /// not written.
+    /// taking it out of `tree`, the list's index, if it is in it); returns the list, the
+    /// tree and how many of the dropped nodes were marked dead. Kept nodes are not
+    /// written.
     #[inline(always)]
     fn filter_list(
         &mut self,
         list: List,
-        mut root: u32,
+        mut tree: Tree,
         mut drop_node: impl FnMut(&Node) -> bool,
-    ) -> (List, u32, u32) {
+    ) -> (List, Tree, u32) {
         let mut l = list;
         let mut prev = NIL;
         let mut n = l.first;
@@ -794,8 +470,8 @@ impl TensorMap {
             let next = node.next;
             if drop_node(node) {
                 dead_dropped += node.dead as u32;
-                if node.indexed {
-                    root = self.tree_remove(root, n);
+                if tree != Tree::EMPTY && self.forest.contains(n) {
+                    self.forest.remove(&mut tree, n);
                 }
                 if prev == NIL {
                     l.first = next;
@@ -817,7 +493,7 @@ impl TensorMap {
             }
             n = next;
         }
-        (l, root, dead_dropped)
+        (l, tree, dead_dropped)
     }
 
     /// Filters both lists (or only the writers) of `head`, which has no index, with
@@ -830,11 +506,11 @@ impl TensorMap {
     ) {
         let h = &self.heads[head as usize];
         let (writers, readers) = (h.writers, h.readers);
-        let (writers, _, d1) = self.filter_list(writers, NIL, &mut drop_node);
+        let (writers, _, d1) = self.filter_list(writers, Tree::EMPTY, &mut drop_node);
         let (readers, _, d2) = if both {
-            self.filter_list(readers, NIL, &mut drop_node)
+            self.filter_list(readers, Tree::EMPTY, &mut drop_node)
         } else {
-            (readers, NIL, 0)
+            (readers, Tree::EMPTY, 0)
         };
         let h = &mut self.heads[head as usize];
         h.writers = writers;
@@ -848,55 +524,55 @@ impl TensorMap {
         h.index == NIL && h.writers.len < INDEX_AT && h.readers.len < INDEX_AT
     }
 
-    /// Walks list `readers` of `head`, unlinking and freeing every node for which
+    /// Walks list `side` of `head`, unlinking and freeing every node for which
     /// `drop_node` says so (and its index entry). Kept nodes are not written. Drops the
     /// index of a list left short.
-    fn filter(&mut self, head: u32, readers: bool, drop_node: impl FnMut(&Node) -> bool) {
-        let indexed = self.is_indexed(head, readers);
-        let root = if indexed {
-            self.root(head, readers)
+    fn filter(&mut self, head: u32, side: Side, drop_node: impl FnMut(&Node) -> bool) {
+        let indexed = self.is_indexed(head, side);
+        let tree = if indexed {
+            self.tree(head, side)
         } else {
-            NIL
+            Tree::EMPTY
         };
-        let l = self.heads[head as usize].list(readers);
-        let (l, root, dead) = self.filter_list(l, root, drop_node);
+        let l = self.heads[head as usize].list(side);
+        let (l, tree, dead) = self.filter_list(l, tree, drop_node);
         let h = &mut self.heads[head as usize];
-        *h.list_mut(readers) = l;
+        *h.list_mut(side) = l;
         h.dead -= dead;
         if indexed {
-            self.set_root(head, readers, root);
+            self.set_tree(head, side, tree);
             if l.len <= UNINDEX_AT {
-                self.unindex(head, readers);
+                self.unindex(head, side);
             }
         }
     }
 
     /// Filters both lists of `head` with `drop_node`.
     fn filter_head(&mut self, head: u32, mut drop_node: impl FnMut(&Node) -> bool) {
-        self.filter(head, WRITERS, &mut drop_node);
-        self.filter(head, READERS, &mut drop_node);
+        self.filter(head, Side::Writers, &mut drop_node);
+        self.filter(head, Side::Readers, &mut drop_node);
     }
 
-    /// Walks list `readers` of `head` for access `a`, dropping what `drop_node` says. A
+    /// Walks list `side` of `head` for access `a`, dropping what `drop_node` says. A
     /// long unindexed list whose nodes' spans mostly miss the access's gets an index.
     fn walk(
         &mut self,
         head: u32,
-        readers: bool,
+        side: Side,
         a: &Access,
         mut drop_node: impl FnMut(&Node) -> bool,
     ) {
-        let l = self.heads[head as usize].list(readers);
+        let l = self.heads[head as usize].list(side);
         if l.len < INDEX_AT {
             // A short list (most are): no index to consider.
             self.visits += l.len as u64;
-            self.filter(head, readers, drop_node);
+            self.filter(head, side, drop_node);
             return;
         }
-        let measure = !self.is_indexed(head, readers);
+        let measure = !self.is_indexed(head, side);
         let (lo, hi) = a.footprint.span();
         let (mut walked, mut hits) = (0u32, 0u32);
-        self.filter(head, readers, |n| {
+        self.filter(head, side, |n| {
             walked += 1;
             if measure {
                 let (s, e) = n.fp.span();
@@ -905,9 +581,8 @@ impl TensorMap {
             drop_node(n)
         });
         self.visits += walked as u64;
-        if measure && 4 * hits <= walked && self.heads[head as usize].list(readers).len >= INDEX_AT
-        {
-            self.index(head, readers);
+        if measure && 4 * hits <= walked && self.heads[head as usize].list(side).len >= INDEX_AT {
+            self.index(head, side);
         }
     }
 
@@ -926,17 +601,24 @@ impl TensorMap {
     #[cold]
     #[inline(never)]
     fn compact_indexed(&mut self, head: u32) {
-        for readers in [WRITERS, READERS] {
-            if self.is_indexed(head, readers) {
-                let order = self.tree_take(head, readers);
-                self.filter(head, readers, |n| n.dead);
-                if self.is_indexed(head, readers) {
-                    self.tree_build(head, readers, order);
-                } else {
-                    self.order = order;
+        for side in Side::BOTH {
+            if self.is_indexed(head, side) {
+                // The survivors in key order, before the dead nodes are freed.
+                let mut order = std::mem::take(&mut self.order);
+                order.clear();
+                let i = self.heads[head as usize].index as usize;
+                self.forest
+                    .take(&mut self.indexes[i].tree[side as usize], &mut order);
+                order.retain(|&n| !self.nodes[n as usize].dead);
+                self.filter(head, side, |n| n.dead);
+                if self.is_indexed(head, side) {
+                    let i = self.heads[head as usize].index as usize;
+                    self.forest
+                        .rebuild(&mut self.indexes[i].tree[side as usize], &order);
                 }
+                self.order = order;
             } else {
-                self.filter(head, readers, |n| n.dead);
+                self.filter(head, side, |n| n.dead);
             }
         }
     }
@@ -982,23 +664,23 @@ impl TensorMap {
             });
             return;
         }
-        self.collect_list(head, WRITERS, run, a, live, &mut found);
+        self.collect_list(head, Side::Writers, run, a, live, &mut found);
         if a.tag.writes() {
-            self.collect_list(head, READERS, run, a, live, &mut found);
+            self.collect_list(head, Side::Readers, run, a, live, &mut found);
         }
     }
 
     fn collect_list(
         &mut self,
         head: u32,
-        readers: bool,
+        side: Side,
         run: u64,
         a: &Access,
         live: &impl Fn(&TaskRef) -> bool,
         found: &mut impl FnMut(TaskRef),
     ) {
-        if self.is_indexed(head, readers) {
-            if let Some(cands) = self.candidates(head, readers, a, true) {
+        if self.is_indexed(head, side) {
+            if let Some(cands) = self.candidates(head, side, a, true) {
                 let mut buried = false;
                 for &(_, n) in &cands {
                     let node = &self.nodes[n as usize];
@@ -1011,7 +693,7 @@ impl TensorMap {
                             continue;
                         }
                     }
-                    self.bury(head, readers, n);
+                    self.bury(head, side, n);
                     buried = true;
                 }
                 self.cands = cands;
@@ -1021,7 +703,7 @@ impl TensorMap {
                 return;
             }
         }
-        self.walk(head, readers, a, |node| {
+        self.walk(head, side, a, |node| {
             if node.dead || node.run != run {
                 return true;
             }
@@ -1072,7 +754,7 @@ impl TensorMap {
                 self.compact_if_half_dead(head);
             }
             let (n, gen) = self.alloc_node(a.footprint.clone(), task, run, head);
-            self.append(head, WRITERS, n);
+            self.append(head, Side::Writers, n);
             Some(journal(n, gen))
         } else {
             self.record_read(head, run, a, task, live)
@@ -1087,12 +769,12 @@ impl TensorMap {
         supersedes: impl Fn(&Node) -> bool + Copy,
         buried: &mut bool,
     ) {
-        for readers in [WRITERS, READERS] {
-            if self.is_indexed(head, readers) {
-                if let Some(cands) = self.candidates(head, readers, a, false) {
+        for side in Side::BOTH {
+            if self.is_indexed(head, side) {
+                if let Some(cands) = self.candidates(head, side, a, false) {
                     for &(_, n) in &cands {
                         if supersedes(&self.nodes[n as usize]) {
-                            self.bury(head, readers, n);
+                            self.bury(head, side, n);
                             *buried = true;
                         }
                     }
@@ -1100,7 +782,7 @@ impl TensorMap {
                     continue;
                 }
             }
-            self.walk(head, readers, a, supersedes);
+            self.walk(head, side, a, supersedes);
         }
     }
 
@@ -1121,10 +803,12 @@ impl TensorMap {
             }
         }
         let (n, gen) = self.alloc_node(a.footprint.clone(), task, run, head);
-        self.append(head, READERS, n);
+        self.append(head, Side::Readers, n);
         let h = &self.heads[head as usize];
         if h.readers.len >= h.compact_readers_at {
-            self.filter(head, READERS, |n| n.dead || n.run != run || !live(&n.task));
+            self.filter(head, Side::Readers, |n| {
+                n.dead || n.run != run || !live(&n.task)
+            });
             let h = &mut self.heads[head as usize];
             h.compact_readers_at = 2 * h.readers.len + 16;
         }
@@ -1211,7 +895,7 @@ impl TensorMap {
     pub(crate) fn register_owned(&mut self, head: u32, run: u64, task: TaskRef) -> JournalEntry {
         self.filter_head(head, |n| n.dead || n.run != run);
         let (n, gen) = self.alloc_node(Footprint::WHOLE, task, run, head);
-        self.append(head, WRITERS, n);
+        self.append(head, Side::Writers, n);
         let h = &mut self.heads[head as usize];
         if h.owned.is_none() {
             self.owned_heads.entry(run).or_default().push(head);
@@ -1315,14 +999,17 @@ impl TensorMap {
     /// Index nodes traversed by lookups so far (tests).
     #[cfg(test)]
     pub(crate) fn probes(&self) -> u64 {
-        self.probes
+        self.forest.probes()
     }
 
     /// Whether the writer and the reader list of `key` have a span index (tests).
     #[cfg(test)]
     pub(crate) fn indexed(&self, key: &BufferKey) -> (bool, bool) {
         self.map.get(&LocalKey(*key)).map_or((false, false), |&h| {
-            (self.is_indexed(h, WRITERS), self.is_indexed(h, READERS))
+            (
+                self.is_indexed(h, Side::Writers),
+                self.is_indexed(h, Side::Readers),
+            )
         })
     }
 
