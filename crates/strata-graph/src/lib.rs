@@ -54,6 +54,7 @@ mod error;
 mod event;
 mod footprint;
 mod free_list;
+mod interval;
 mod orchestrator;
 mod ring;
 mod run;

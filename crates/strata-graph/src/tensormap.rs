@@ -22,31 +22,31 @@
 //! A short list is walked. A list of at least [`INDEX_AT`] nodes that a walk found mostly
 //! apart from the access walking it (at most a quarter of the nodes' byte spans meet the
 //! access's) gets an index, so that an access examines only the entries it can overlap,
-//! however many disjoint slices or tiles of the buffer the list holds:
+//! however many disjoint slices or tiles of the buffer the list holds. The index is an
+//! interval treap of the list's live nodes (one tree of the map's [`Forest`], see
+//! [`crate::interval`]) whose [`Extent`]s are:
 //!
-//! - a treap of the list's live nodes keyed by `(span start, node)`, each subtree
-//!   augmented with the largest span end in it (an interval tree: the nodes whose spans
-//!   meet `[lo, hi)` are found in O(log n + k));
+//! - the node's byte span;
 //! - and, for the head's *grid* (the lattice of the first regular multi-axis entry
-//!   indexed: element size, rank, strides), each node's coordinate range on the innermost
-//!   axis, with each subtree's hull of them. Spans alone do not separate the tiles of a
-//!   row-major matrix (the spans of all tiles of one row band intersect: they interleave
-//!   row by row); two views on one grid that overlap intersect on every axis, so an access
-//!   on the grid also skips subtrees and nodes on the grid whose columns miss its own.
-//!   Nodes off the grid match every column range.
+//!   indexed: element size, rank, strides), the node's coordinate range on the innermost
+//!   axis. Spans alone do not separate the tiles of a row-major matrix (the spans of all
+//!   tiles of one row band intersect: they interleave row by row); two views on one grid
+//!   that overlap intersect on every axis, so an access on the grid also skips subtrees
+//!   and nodes on the grid whose columns miss its own. Nodes off the grid match every
+//!   column range.
 //!
-//! The links live in a slab parallel to the nodes, so walks of short lists never touch
-//! them. The footprint test still decides among the candidates (the index only narrows
-//! the scan, it changes no edge), which are taken in insertion order. A node an indexed
-//! lookup finds stale (dead, of another run, of a consumed task), and an entry a write
-//! covers, leaves the index and stays in its list as a dead node until the head is
-//! compacted (once half its nodes are dead). An access whose candidates are at least half
-//! the list walks it instead. A compaction that leaves at most [`UNINDEX_AT`] nodes drops
-//! the index.
+//! The footprint test still decides among the candidates (the index only narrows the
+//! scan, it changes no edge), which are taken in insertion order. A node an indexed lookup
+//! finds stale (dead, of another run, of a consumed task), and an entry a write covers,
+//! leaves the index and stays in its list as a dead node until the head is compacted (once
+//! half its nodes are dead), which rebuilds the index from the survivors. An access whose
+//! candidates are at least half the list walks it instead. A compaction that leaves at
+//! most [`UNINDEX_AT`] nodes drops the index.
 
 use crate::access::{Access, BufferKey, FxHashMap, KeyMap, LocalKey};
 use crate::footprint::{Footprint, Lattice, Overlap};
 use crate::free_list::FreeList;
+use crate::interval::{cols, Extent, Forest, Tree, ALL_COLS};
 use crate::slot::TaskRef;
 use std::sync::Arc;
 
@@ -68,64 +68,6 @@ struct Node {
     gen: u32,
     next: u32,
     dead: bool,
-    /// In its list's span index.
-    indexed: bool,
-}
-
-/// A node's place in its list's span index (see the module documentation); one cache
-/// line.
-#[derive(Debug, Clone, Copy, Default)]
-#[repr(align(64))]
-struct Links {
-    /// Insertion order: an indexed lookup reports its hits in this order.
-    seq: u64,
-    /// The node's byte span `[lo, hi)`, and the largest `hi` in its subtree.
-    lo: u64,
-    hi: u64,
-    max_hi: u64,
-    left: u32,
-    right: u32,
-    /// Its innermost-axis coordinates on the head's grid ([`cols`]; everything off the
-    /// grid), and the hull of them over its subtree.
-    col_lo: u32,
-    col_hi: u32,
-    min_col: u32,
-    max_col: u32,
-}
-
-/// Innermost-axis coordinates `[lo, hi)` in the index's `u32` form: widened where they do
-/// not fit (`u32::MAX` as an end stands for any larger end), so two ranges that intersect
-/// still do.
-fn cols((lo, hi): (u64, u64)) -> (u32, u32) {
-    (
-        lo.min(u32::MAX as u64 - 1) as u32,
-        hi.min(u32::MAX as u64) as u32,
-    )
-}
-
-/// Every coordinate: what a node or an access off the grid matches.
-const ALL_COLS: (u32, u32) = (0, u32::MAX);
-
-/// What an indexed lookup looks for: a span and the innermost-axis coordinates on the
-/// head's grid (all of them when the access is off the grid).
-#[derive(Debug, Clone, Copy)]
-struct Probe {
-    lo: u64,
-    hi: u64,
-    col_lo: u32,
-    col_hi: u32,
-}
-
-impl Probe {
-    /// Whether a subtree with these hulls may hold a match.
-    fn may_hold(&self, l: &Links) -> bool {
-        l.max_hi > self.lo && l.min_col < self.col_hi && l.max_col > self.col_lo
-    }
-
-    /// Whether a node matches.
-    fn matches(&self, l: &Links) -> bool {
-        l.lo < self.hi && l.hi > self.lo && l.col_lo < self.col_hi && l.col_hi > self.col_lo
-    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -143,20 +85,35 @@ impl List {
     };
 }
 
+/// Which list of a head: the writers or the readers of the buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Side {
+    Writers = 0,
+    Readers = 1,
+}
+
+impl Side {
+    /// Both lists, writers first (the order lookups take them in).
+    const BOTH: [Side; 2] = [Side::Writers, Side::Readers];
+
+    fn other(self) -> Side {
+        match self {
+            Side::Writers => Side::Readers,
+            Side::Readers => Side::Writers,
+        }
+    }
+}
+
 /// The span indexes of a head's lists, while at least one of them has one.
 #[derive(Debug)]
 struct Index {
-    /// Which lists have an index (writers, readers): each of their live nodes is in it.
+    /// Which lists have an index (by [`Side`]): each of their live nodes is in it.
     on: [bool; 2],
-    /// The roots (`NIL`: empty).
-    root: [u32; 2],
+    /// The trees (by [`Side`]).
+    tree: [Tree; 2],
     /// The grid whose innermost coordinates the indexes carry.
     grid: Option<Arc<Lattice>>,
 }
-
-/// Which list of a head.
-const WRITERS: bool = false;
-const READERS: bool = true;
 
 /// A runtime-allocated buffer: its run and its allocator. The record outlives the
 /// allocator (until the run is forgotten), so a use after the memory was reclaimed is
@@ -187,19 +144,17 @@ struct Head {
 }
 
 impl Head {
-    fn list(&self, readers: bool) -> List {
-        if readers {
-            self.readers
-        } else {
-            self.writers
+    fn list(&self, side: Side) -> List {
+        match side {
+            Side::Writers => self.writers,
+            Side::Readers => self.readers,
         }
     }
 
-    fn list_mut(&mut self, readers: bool) -> &mut List {
-        if readers {
-            &mut self.readers
-        } else {
-            &mut self.writers
+    fn list_mut(&mut self, side: Side) -> &mut List {
+        match side {
+            Side::Writers => &mut self.writers,
+            Side::Readers => &mut self.readers,
         }
     }
 }
@@ -211,22 +166,14 @@ fn journal(node: u32, gen: u32) -> JournalEntry {
     ((gen as u64) << 32) | node as u64
 }
 
-/// The treap priority of a node: a bijective mix of its index (murmur3's finalizer).
-fn prio(n: u32) -> u32 {
-    let mut x = n;
-    x = (x ^ (x >> 16)).wrapping_mul(0x85eb_ca6b);
-    x = (x ^ (x >> 13)).wrapping_mul(0xc2b2_ae35);
-    x ^ (x >> 16)
-}
-
 #[derive(Debug, Default)]
 pub(crate) struct TensorMap {
     map: KeyMap<u32>,
     heads: Vec<Head>,
     free_heads: Vec<u32>,
     nodes: Vec<Node>,
-    /// Span-index links, parallel to `nodes` (grown when a node first enters an index).
-    links: Vec<Links>,
+    /// The span indexes' trees, over node ids.
+    forest: Forest,
     /// Span indexes of heads, and the free ones.
     indexes: Vec<Index>,
     free_indexes: Vec<u32>,
@@ -240,17 +187,12 @@ pub(crate) struct TensorMap {
     /// `idle.len()` after the last sweep, and runs begun since.
     idle_after_sweep: usize,
     runs_since_sweep: u64,
-    /// The next sequence number of a node entering an index.
-    seq: u64,
-    /// Scratch of indexed lookups: `(seq, node)` candidates, the traversal stack, and
-    /// nodes in key order (rebuilds).
+    /// Scratch of indexed lookups and compactions: `(seq, node)` candidates, and nodes in
+    /// key order.
     cands: Vec<(u64, u32)>,
-    stack: Vec<u32>,
     order: Vec<u32>,
     /// Entries examined by lookups and records (walked, or candidates of an index).
     visits: u64,
-    /// Index nodes traversed by lookups.
-    probes: u64,
 }
 
 impl TensorMap {
@@ -309,7 +251,6 @@ impl TensorMap {
                     gen,
                     next: NIL,
                     dead: false,
-                    indexed: false,
                 };
                 (n, gen)
             }
@@ -322,7 +263,6 @@ impl TensorMap {
                     gen: 0,
                     next: NIL,
                     dead: false,
-                    indexed: false,
                 });
                 ((self.nodes.len() - 1) as u32, 0)
             }
@@ -341,324 +281,72 @@ impl TensorMap {
         l
     }
 
-    /// Appends node `n` to list `readers` of `head` (and to its index, if any).
+    /// Appends node `n` to list `side` of `head` (and to its index, if any).
     #[inline(always)]
-    fn append(&mut self, head: u32, readers: bool, n: u32) {
+    fn append(&mut self, head: u32, side: Side, n: u32) {
         let h = &self.heads[head as usize];
         let index = h.index;
-        if readers {
-            let l = self.link(h.readers, n);
-            self.heads[head as usize].readers = l;
-        } else {
-            let l = self.link(h.writers, n);
-            self.heads[head as usize].writers = l;
-        }
-        if index != NIL && self.indexes[index as usize].on[readers as usize] {
-            self.index_insert(head, readers, n);
+        let l = self.link(h.list(side), n);
+        *self.heads[head as usize].list_mut(side) = l;
+        if index != NIL && self.indexes[index as usize].on[side as usize] {
+            self.index_insert(head, side, n);
         }
     }
 
+    /// Inserts node `n` into the index of list `side` of `head` (which has one).
     #[inline(never)]
-    fn index_insert(&mut self, head: u32, readers: bool, n: u32) {
-        self.place(head, n);
-        let root = self.tree_insert(self.root(head, readers), n);
-        self.set_root(head, readers, root);
+    fn index_insert(&mut self, head: u32, side: Side, n: u32) {
+        let extent = self.extent_of(head, &self.nodes[n as usize].fp);
+        let i = self.heads[head as usize].index as usize;
+        self.forest
+            .insert(&mut self.indexes[i].tree[side as usize], n, extent);
     }
 
     // ----- the span index -----------------------------------------------------------------
 
-    /// Whether list `readers` of `head` has a span index.
-    fn is_indexed(&self, head: u32, readers: bool) -> bool {
+    /// Whether list `side` of `head` has a span index.
+    fn is_indexed(&self, head: u32, side: Side) -> bool {
         let i = self.heads[head as usize].index;
-        i != NIL && self.indexes[i as usize].on[readers as usize]
+        i != NIL && self.indexes[i as usize].on[side as usize]
     }
 
-    /// The root of the span index of list `readers` of `head` (which has an index).
-    fn root(&self, head: u32, readers: bool) -> u32 {
-        self.indexes[self.heads[head as usize].index as usize].root[readers as usize]
+    /// The tree of the span index of list `side` of `head` (which has an index).
+    fn tree(&self, head: u32, side: Side) -> Tree {
+        self.indexes[self.heads[head as usize].index as usize].tree[side as usize]
     }
 
-    fn set_root(&mut self, head: u32, readers: bool, root: u32) {
+    fn set_tree(&mut self, head: u32, side: Side, tree: Tree) {
         let i = self.heads[head as usize].index;
-        self.indexes[i as usize].root[readers as usize] = root;
+        self.indexes[i as usize].tree[side as usize] = tree;
     }
 
-    /// The innermost-axis coordinates of `fp` on the grid of `head`'s indexes.
-    fn cols_of(&self, head: u32, fp: &Footprint) -> (u32, u32) {
+    /// The extent of `fp` in the indexes of `head`: its span, and its innermost-axis
+    /// coordinates if it is on their grid.
+    fn extent_of(&self, head: u32, fp: &Footprint) -> Extent {
         let i = self.heads[head as usize].index;
         let grid = if i == NIL {
             None
         } else {
             self.indexes[i as usize].grid.as_ref()
         };
-        match (fp.lattice(), grid) {
+        let cols = match (fp.lattice(), grid) {
             (Some(l), Some(g)) if l.same_grid(g) => cols(l.inner()),
             _ => ALL_COLS,
-        }
+        };
+        Extent::new(fp.span(), cols)
     }
 
-    /// Fills the span and grid coordinates of node `n` before it enters an index of `head`,
-    /// and its sequence number: nodes are placed in list order (when a list gets its
-    /// index, and as they are appended), so sequence numbers follow insertion order.
-    fn place(&mut self, head: u32, n: u32) {
-        let fp = &self.nodes[n as usize].fp;
-        let (lo, hi) = fp.span();
-        let (col_lo, col_hi) = self.cols_of(head, fp);
-        if self.links.len() <= n as usize {
-            // Links are grown on first use: a map that never indexes has none.
-            self.links.resize(self.nodes.len(), Links::default());
-        }
-        let l = &mut self.links[n as usize];
-        l.seq = self.seq;
-        self.seq += 1;
-        l.lo = lo;
-        l.hi = hi;
-        l.col_lo = col_lo;
-        l.col_hi = col_hi;
-    }
-
-    fn key_less(&self, a: u32, b: u32) -> bool {
-        (self.links[a as usize].lo, a) < (self.links[b as usize].lo, b)
-    }
-
-    /// Recomputes the subtree hulls of `x` from its own values and its children's.
-    fn pull(&mut self, x: u32) {
-        let mut l = self.links[x as usize];
-        l.max_hi = l.hi;
-        l.min_col = l.col_lo;
-        l.max_col = l.col_hi;
-        for c in [l.left, l.right] {
-            if c != NIL {
-                let c = &self.links[c as usize];
-                l.max_hi = l.max_hi.max(c.max_hi);
-                l.min_col = l.min_col.min(c.min_col);
-                l.max_col = l.max_col.max(c.max_col);
-            }
-        }
-        self.links[x as usize] = l;
-    }
-
-    /// Inserts node `n` (placed) into the index rooted at `root`; returns the new root.
-    /// Top-down: widens the hulls of the nodes above its place, then splits the subtree
-    /// at its place into its children.
-    #[inline(never)]
-    fn tree_insert(&mut self, root: u32, n: u32) -> u32 {
-        let pn = prio(n);
-        let me = self.links[n as usize];
-        let (mut parent, mut left) = (NIL, false);
-        let mut cur = root;
-        while cur != NIL && prio(cur) > pn {
-            left = self.key_less(n, cur);
-            let c = &mut self.links[cur as usize];
-            c.max_hi = c.max_hi.max(me.hi);
-            c.min_col = c.min_col.min(me.col_lo);
-            c.max_col = c.max_col.max(me.col_hi);
-            parent = cur;
-            cur = if left { c.left } else { c.right };
-        }
-        let (l, r) = self.tree_split(cur, n);
-        let m = &mut self.links[n as usize];
-        m.left = l;
-        m.right = r;
-        self.pull(n);
-        self.nodes[n as usize].indexed = true;
-        if parent == NIL {
-            return n;
-        }
-        let p = &mut self.links[parent as usize];
-        if left {
-            p.left = n;
-        } else {
-            p.right = n;
-        }
-        root
-    }
-
-    /// Splits the index rooted at `t` into the keys below and above node `n`'s.
-    fn tree_split(&mut self, t: u32, n: u32) -> (u32, u32) {
-        if t == NIL {
-            return (NIL, NIL);
-        }
-        if self.key_less(t, n) {
-            let (a, b) = self.tree_split(self.links[t as usize].right, n);
-            self.links[t as usize].right = a;
-            self.pull(t);
-            (t, b)
-        } else {
-            let (a, b) = self.tree_split(self.links[t as usize].left, n);
-            self.links[t as usize].left = b;
-            self.pull(t);
-            (a, t)
-        }
-    }
-
-    /// Joins two indexes, every key of `a` below every key of `b`.
-    fn tree_merge(&mut self, a: u32, b: u32) -> u32 {
-        if a == NIL {
-            return b;
-        }
-        if b == NIL {
-            return a;
-        }
-        if prio(a) > prio(b) {
-            let r = self.tree_merge(self.links[a as usize].right, b);
-            self.links[a as usize].right = r;
-            self.pull(a);
-            a
-        } else {
-            let l = self.tree_merge(a, self.links[b as usize].left);
-            self.links[b as usize].left = l;
-            self.pull(b);
-            b
-        }
-    }
-
-    /// Removes node `n` (which is in it) from the index rooted at `root`; returns the new
-    /// root. The hulls above it are left as they are: still covering, merely loose until
-    /// the next rebuild.
-    #[inline(never)]
-    fn tree_remove(&mut self, root: u32, n: u32) -> u32 {
-        let (mut parent, mut left) = (NIL, false);
-        let mut cur = root;
-        while cur != n {
-            if cur == NIL {
-                debug_assert!(false, "node {n} not in its index");
-                return root;
-            }
-            left = self.key_less(n, cur);
-            parent = cur;
-            let c = &self.links[cur as usize];
-            cur = if left { c.left } else { c.right };
-        }
-        self.nodes[n as usize].indexed = false;
-        let l = self.links[n as usize];
-        let m = self.tree_merge(l.left, l.right);
-        if parent == NIL {
-            return m;
-        }
-        let p = &mut self.links[parent as usize];
-        if left {
-            p.left = m;
-        } else {
-            p.right = m;
-        }
-        root
-    }
-
-    /// Takes the index of list `readers` of `head` apart: returns its nodes that are not
-    /// dead in key order (all nodes leave the index).
+    /// Gives list `side` of `head` a span index of its live nodes (choosing the head's
+    /// grid if it has none). Nodes enter in list order, so the index's insertion order is
+    /// the list's.
     #[cold]
     #[inline(never)]
-    fn tree_take(&mut self, head: u32, readers: bool) -> Vec<u32> {
-        let mut order = std::mem::take(&mut self.order);
-        order.clear();
-        let mut stack = std::mem::take(&mut self.stack);
-        stack.clear();
-        let mut cur = self.root(head, readers);
-        self.set_root(head, readers, NIL);
-        while cur != NIL || !stack.is_empty() {
-            while cur != NIL {
-                stack.push(cur);
-                cur = self.links[cur as usize].left;
-            }
-            let x = stack.pop().unwrap_or(NIL);
-            let node = &mut self.nodes[x as usize];
-            node.indexed = false;
-            if !node.dead {
-                order.push(x);
-            }
-            cur = self.links[x as usize].right;
-        }
-        self.stack = stack;
-        order
-    }
-
-    /// Builds the index of list `readers` of `head` from its (placed) nodes in key order,
-    /// in linear time (a Cartesian tree on the priorities, then the hulls bottom-up).
-    #[cold]
-    #[inline(never)]
-    fn tree_build(&mut self, head: u32, readers: bool, order: Vec<u32>) {
-        let mut stack = std::mem::take(&mut self.stack);
-        stack.clear();
-        for &x in &order {
-            let mut last = NIL;
-            while let Some(&top) = stack.last() {
-                if prio(top) > prio(x) {
-                    break;
-                }
-                last = top;
-                stack.pop();
-            }
-            let l = &mut self.links[x as usize];
-            l.left = last;
-            l.right = NIL;
-            if let Some(&top) = stack.last() {
-                self.links[top as usize].right = x;
-            }
-            stack.push(x);
-            self.nodes[x as usize].indexed = true;
-        }
-        let root = stack.first().copied().unwrap_or(NIL);
-        // Hulls, children before parents: a pre-order (node, right, left) reversed.
-        stack.clear();
-        let mut post = std::mem::take(&mut self.cands);
-        post.clear();
-        if root != NIL {
-            stack.push(root);
-        }
-        while let Some(x) = stack.pop() {
-            post.push((0, x));
-            let l = &self.links[x as usize];
-            for c in [l.left, l.right] {
-                if c != NIL {
-                    stack.push(c);
-                }
-            }
-        }
-        for &(_, x) in post.iter().rev() {
-            self.pull(x);
-        }
-        self.cands = post;
-        self.stack = stack;
-        self.order = order;
-        self.set_root(head, readers, root);
-    }
-
-    /// Appends `(seq, node)` for every node of the index rooted at `root` that matches `q`.
-    fn tree_query(&mut self, root: u32, q: Probe, out: &mut Vec<(u64, u32)>) {
-        let mut stack = std::mem::take(&mut self.stack);
-        stack.clear();
-        if root != NIL && q.may_hold(&self.links[root as usize]) {
-            stack.push(root);
-        }
-        let mut probes = 0;
-        while let Some(x) = stack.pop() {
-            probes += 1;
-            let l = &self.links[x as usize];
-            // Keys right of a node start at or after its start.
-            for (c, wanted) in [(l.left, true), (l.right, l.lo < q.hi)] {
-                if wanted && c != NIL && q.may_hold(&self.links[c as usize]) {
-                    stack.push(c);
-                }
-            }
-            if q.matches(l) {
-                out.push((l.seq, x));
-            }
-        }
-        self.probes += probes;
-        self.stack = stack;
-    }
-
-    /// Gives list `readers` of `head` a span index of its live nodes (choosing the head's
-    /// grid if it has none).
-    #[cold]
-    #[inline(never)]
-    fn index(&mut self, head: u32, readers: bool) {
-        let first = self.heads[head as usize].list(readers).first;
+    fn index(&mut self, head: u32, side: Side) {
+        let first = self.heads[head as usize].list(side).first;
         if self.heads[head as usize].index == NIL {
             let index = Index {
                 on: [false; 2],
-                root: [NIL; 2],
+                tree: [Tree::EMPTY; 2],
                 grid: None,
             };
             let i = match self.free_indexes.pop() {
@@ -685,67 +373,55 @@ impl TensorMap {
                 n = node.next;
             }
         }
-        self.indexes[i].on[readers as usize] = true;
-        let mut root = NIL;
+        self.indexes[i].on[side as usize] = true;
+        let mut tree = Tree::EMPTY;
         let mut n = first;
         while n != NIL {
-            if !self.nodes[n as usize].dead {
-                self.place(head, n);
-                root = self.tree_insert(root, n);
+            let node = &self.nodes[n as usize];
+            if !node.dead {
+                let extent = self.extent_of(head, &node.fp);
+                self.forest.insert(&mut tree, n, extent);
             }
             n = self.nodes[n as usize].next;
         }
-        self.set_root(head, readers, root);
+        self.set_tree(head, side, tree);
     }
 
-    /// Drops the span index of list `readers` of `head` (and the head's indexes, grid
+    /// Drops the span index of list `side` of `head` (and the head's indexes, grid
     /// included, once neither list has one).
     #[cold]
     #[inline(never)]
-    fn unindex(&mut self, head: u32, readers: bool) {
+    fn unindex(&mut self, head: u32, side: Side) {
         let i = self.heads[head as usize].index;
         let index = &mut self.indexes[i as usize];
-        index.on[readers as usize] = false;
-        index.root[readers as usize] = NIL;
-        if !index.on[!readers as usize] {
+        index.on[side as usize] = false;
+        self.forest.clear(&mut index.tree[side as usize]);
+        if !index.on[side.other() as usize] {
             index.grid = None;
             self.free_indexes.push(i);
             self.heads[head as usize].index = NIL;
         }
-        let mut n = self.heads[head as usize].list(readers).first;
-        while n != NIL {
-            let node = &mut self.nodes[n as usize];
-            node.indexed = false;
-            n = node.next;
-        }
     }
 
-    /// The candidates of access `a` in indexed list `readers` of `head`: the nodes whose
+    /// The candidates of access `a` in indexed list `side` of `head`: the nodes whose
     /// spans (and, on the head's grid, innermost coordinates) meet the access's, in
     /// insertion order if `ordered`. `None` when they are at least half the list: walking
     /// it is then as cheap.
     fn candidates(
         &mut self,
         head: u32,
-        readers: bool,
+        side: Side,
         a: &Access,
         ordered: bool,
     ) -> Option<Vec<(u64, u32)>> {
-        let (lo, hi) = a.footprint.span();
-        if (lo, hi) == (0, u64::MAX) {
+        let q = self.extent_of(head, &a.footprint);
+        if (q.lo, q.hi) == (0, u64::MAX) {
             return None;
         }
-        let len = self.heads[head as usize].list(readers).len;
-        let (col_lo, col_hi) = self.cols_of(head, &a.footprint);
-        let q = Probe {
-            lo,
-            hi,
-            col_lo,
-            col_hi,
-        };
+        let len = self.heads[head as usize].list(side).len;
         let mut cands = std::mem::take(&mut self.cands);
         cands.clear();
-        self.tree_query(self.root(head, readers), q, &mut cands);
+        self.forest.query(self.tree(head, side), &q, &mut cands);
         if 2 * cands.len() >= len as usize {
             self.cands = cands;
             return None;
@@ -757,13 +433,14 @@ impl TensorMap {
         Some(cands)
     }
 
-    /// Takes node `n` of list `readers` of `head` out of the index and marks it dead; it
+    /// Takes node `n` of list `side` of `head` out of the index and marks it dead; it
     /// stays in the list until compaction.
     #[inline(never)]
-    fn bury(&mut self, head: u32, readers: bool, n: u32) {
-        if self.nodes[n as usize].indexed {
-            let root = self.tree_remove(self.root(head, readers), n);
-            self.set_root(head, readers, root);
+    fn bury(&mut self, head: u32, side: Side, n: u32) {
+        if self.forest.contains(n) {
+            let i = self.heads[head as usize].index as usize;
+            self.forest
+                .remove(&mut self.indexes[i].tree[side as usize], n);
         }
         let node = &mut self.nodes[n as usize];
         if !node.dead {
@@ -771,20 +448,19 @@ impl TensorMap {
             self.heads[head as usize].dead += 1;
         }
     }
-
     // ----- lists --------------------------------------------------------------------------
 
     /// Walks `list`, unlinking and freeing every node for which `drop_node` says so (and
-    /// taking it out of the index rooted at `root`, if it is in it); returns the list, the
-    /// index's root and how many of the dropped nodes were marked dead. Kept nodes are
-    /// not written.
+    /// taking it out of `tree`, the list's index, if it is in it); returns the list, the
+    /// tree and how many of the dropped nodes were marked dead. Kept nodes are not
+    /// written.
     #[inline(always)]
     fn filter_list(
         &mut self,
         list: List,
-        mut root: u32,
+        mut tree: Tree,
         mut drop_node: impl FnMut(&Node) -> bool,
-    ) -> (List, u32, u32) {
+    ) -> (List, Tree, u32) {
         let mut l = list;
         let mut prev = NIL;
         let mut n = l.first;
@@ -794,8 +470,8 @@ impl TensorMap {
             let next = node.next;
             if drop_node(node) {
                 dead_dropped += node.dead as u32;
-                if node.indexed {
-                    root = self.tree_remove(root, n);
+                if tree != Tree::EMPTY && self.forest.contains(n) {
+                    self.forest.remove(&mut tree, n);
                 }
                 if prev == NIL {
                     l.first = next;
@@ -817,7 +493,7 @@ impl TensorMap {
             }
             n = next;
         }
-        (l, root, dead_dropped)
+        (l, tree, dead_dropped)
     }
 
     /// Filters both lists (or only the writers) of `head`, which has no index, with
@@ -830,11 +506,11 @@ impl TensorMap {
     ) {
         let h = &self.heads[head as usize];
         let (writers, readers) = (h.writers, h.readers);
-        let (writers, _, d1) = self.filter_list(writers, NIL, &mut drop_node);
+        let (writers, _, d1) = self.filter_list(writers, Tree::EMPTY, &mut drop_node);
         let (readers, _, d2) = if both {
-            self.filter_list(readers, NIL, &mut drop_node)
+            self.filter_list(readers, Tree::EMPTY, &mut drop_node)
         } else {
-            (readers, NIL, 0)
+            (readers, Tree::EMPTY, 0)
         };
         let h = &mut self.heads[head as usize];
         h.writers = writers;
@@ -848,55 +524,55 @@ impl TensorMap {
         h.index == NIL && h.writers.len < INDEX_AT && h.readers.len < INDEX_AT
     }
 
-    /// Walks list `readers` of `head`, unlinking and freeing every node for which
+    /// Walks list `side` of `head`, unlinking and freeing every node for which
     /// `drop_node` says so (and its index entry). Kept nodes are not written. Drops the
     /// index of a list left short.
-    fn filter(&mut self, head: u32, readers: bool, drop_node: impl FnMut(&Node) -> bool) {
-        let indexed = self.is_indexed(head, readers);
-        let root = if indexed {
-            self.root(head, readers)
+    fn filter(&mut self, head: u32, side: Side, drop_node: impl FnMut(&Node) -> bool) {
+        let indexed = self.is_indexed(head, side);
+        let tree = if indexed {
+            self.tree(head, side)
         } else {
-            NIL
+            Tree::EMPTY
         };
-        let l = self.heads[head as usize].list(readers);
-        let (l, root, dead) = self.filter_list(l, root, drop_node);
+        let l = self.heads[head as usize].list(side);
+        let (l, tree, dead) = self.filter_list(l, tree, drop_node);
         let h = &mut self.heads[head as usize];
-        *h.list_mut(readers) = l;
+        *h.list_mut(side) = l;
         h.dead -= dead;
         if indexed {
-            self.set_root(head, readers, root);
+            self.set_tree(head, side, tree);
             if l.len <= UNINDEX_AT {
-                self.unindex(head, readers);
+                self.unindex(head, side);
             }
         }
     }
 
     /// Filters both lists of `head` with `drop_node`.
     fn filter_head(&mut self, head: u32, mut drop_node: impl FnMut(&Node) -> bool) {
-        self.filter(head, WRITERS, &mut drop_node);
-        self.filter(head, READERS, &mut drop_node);
+        self.filter(head, Side::Writers, &mut drop_node);
+        self.filter(head, Side::Readers, &mut drop_node);
     }
 
-    /// Walks list `readers` of `head` for access `a`, dropping what `drop_node` says. A
+    /// Walks list `side` of `head` for access `a`, dropping what `drop_node` says. A
     /// long unindexed list whose nodes' spans mostly miss the access's gets an index.
     fn walk(
         &mut self,
         head: u32,
-        readers: bool,
+        side: Side,
         a: &Access,
         mut drop_node: impl FnMut(&Node) -> bool,
     ) {
-        let l = self.heads[head as usize].list(readers);
+        let l = self.heads[head as usize].list(side);
         if l.len < INDEX_AT {
             // A short list (most are): no index to consider.
             self.visits += l.len as u64;
-            self.filter(head, readers, drop_node);
+            self.filter(head, side, drop_node);
             return;
         }
-        let measure = !self.is_indexed(head, readers);
+        let measure = !self.is_indexed(head, side);
         let (lo, hi) = a.footprint.span();
         let (mut walked, mut hits) = (0u32, 0u32);
-        self.filter(head, readers, |n| {
+        self.filter(head, side, |n| {
             walked += 1;
             if measure {
                 let (s, e) = n.fp.span();
@@ -905,9 +581,8 @@ impl TensorMap {
             drop_node(n)
         });
         self.visits += walked as u64;
-        if measure && 4 * hits <= walked && self.heads[head as usize].list(readers).len >= INDEX_AT
-        {
-            self.index(head, readers);
+        if measure && 4 * hits <= walked && self.heads[head as usize].list(side).len >= INDEX_AT {
+            self.index(head, side);
         }
     }
 
@@ -926,17 +601,24 @@ impl TensorMap {
     #[cold]
     #[inline(never)]
     fn compact_indexed(&mut self, head: u32) {
-        for readers in [WRITERS, READERS] {
-            if self.is_indexed(head, readers) {
-                let order = self.tree_take(head, readers);
-                self.filter(head, readers, |n| n.dead);
-                if self.is_indexed(head, readers) {
-                    self.tree_build(head, readers, order);
-                } else {
-                    self.order = order;
+        for side in Side::BOTH {
+            if self.is_indexed(head, side) {
+                // The survivors in key order, before the dead nodes are freed.
+                let mut order = std::mem::take(&mut self.order);
+                order.clear();
+                let i = self.heads[head as usize].index as usize;
+                self.forest
+                    .take(&mut self.indexes[i].tree[side as usize], &mut order);
+                order.retain(|&n| !self.nodes[n as usize].dead);
+                self.filter(head, side, |n| n.dead);
+                if self.is_indexed(head, side) {
+                    let i = self.heads[head as usize].index as usize;
+                    self.forest
+                        .rebuild(&mut self.indexes[i].tree[side as usize], &order);
                 }
+                self.order = order;
             } else {
-                self.filter(head, readers, |n| n.dead);
+                self.filter(head, side, |n| n.dead);
             }
         }
     }
@@ -982,23 +664,23 @@ impl TensorMap {
             });
             return;
         }
-        self.collect_list(head, WRITERS, run, a, live, &mut found);
+        self.collect_list(head, Side::Writers, run, a, live, &mut found);
         if a.tag.writes() {
-            self.collect_list(head, READERS, run, a, live, &mut found);
+            self.collect_list(head, Side::Readers, run, a, live, &mut found);
         }
     }
 
     fn collect_list(
         &mut self,
         head: u32,
-        readers: bool,
+        side: Side,
         run: u64,
         a: &Access,
         live: &impl Fn(&TaskRef) -> bool,
         found: &mut impl FnMut(TaskRef),
     ) {
-        if self.is_indexed(head, readers) {
-            if let Some(cands) = self.candidates(head, readers, a, true) {
+        if self.is_indexed(head, side) {
+            if let Some(cands) = self.candidates(head, side, a, true) {
                 let mut buried = false;
                 for &(_, n) in &cands {
                     let node = &self.nodes[n as usize];
@@ -1011,7 +693,7 @@ impl TensorMap {
                             continue;
                         }
                     }
-                    self.bury(head, readers, n);
+                    self.bury(head, side, n);
                     buried = true;
                 }
                 self.cands = cands;
@@ -1021,7 +703,7 @@ impl TensorMap {
                 return;
             }
         }
-        self.walk(head, readers, a, |node| {
+        self.walk(head, side, a, |node| {
             if node.dead || node.run != run {
                 return true;
             }
@@ -1072,7 +754,7 @@ impl TensorMap {
                 self.compact_if_half_dead(head);
             }
             let (n, gen) = self.alloc_node(a.footprint.clone(), task, run, head);
-            self.append(head, WRITERS, n);
+            self.append(head, Side::Writers, n);
             Some(journal(n, gen))
         } else {
             self.record_read(head, run, a, task, live)
@@ -1087,12 +769,12 @@ impl TensorMap {
         supersedes: impl Fn(&Node) -> bool + Copy,
         buried: &mut bool,
     ) {
-        for readers in [WRITERS, READERS] {
-            if self.is_indexed(head, readers) {
-                if let Some(cands) = self.candidates(head, readers, a, false) {
+        for side in Side::BOTH {
+            if self.is_indexed(head, side) {
+                if let Some(cands) = self.candidates(head, side, a, false) {
                     for &(_, n) in &cands {
                         if supersedes(&self.nodes[n as usize]) {
-                            self.bury(head, readers, n);
+                            self.bury(head, side, n);
                             *buried = true;
                         }
                     }
@@ -1100,7 +782,7 @@ impl TensorMap {
                     continue;
                 }
             }
-            self.walk(head, readers, a, supersedes);
+            self.walk(head, side, a, supersedes);
         }
     }
 
@@ -1121,10 +803,12 @@ impl TensorMap {
             }
         }
         let (n, gen) = self.alloc_node(a.footprint.clone(), task, run, head);
-        self.append(head, READERS, n);
+        self.append(head, Side::Readers, n);
         let h = &self.heads[head as usize];
         if h.readers.len >= h.compact_readers_at {
-            self.filter(head, READERS, |n| n.dead || n.run != run || !live(&n.task));
+            self.filter(head, Side::Readers, |n| {
+                n.dead || n.run != run || !live(&n.task)
+            });
             let h = &mut self.heads[head as usize];
             h.compact_readers_at = 2 * h.readers.len + 16;
         }
@@ -1211,7 +895,7 @@ impl TensorMap {
     pub(crate) fn register_owned(&mut self, head: u32, run: u64, task: TaskRef) -> JournalEntry {
         self.filter_head(head, |n| n.dead || n.run != run);
         let (n, gen) = self.alloc_node(Footprint::WHOLE, task, run, head);
-        self.append(head, WRITERS, n);
+        self.append(head, Side::Writers, n);
         let h = &mut self.heads[head as usize];
         if h.owned.is_none() {
             self.owned_heads.entry(run).or_default().push(head);
@@ -1315,14 +999,17 @@ impl TensorMap {
     /// Index nodes traversed by lookups so far (tests).
     #[cfg(test)]
     pub(crate) fn probes(&self) -> u64 {
-        self.probes
+        self.forest.probes()
     }
 
     /// Whether the writer and the reader list of `key` have a span index (tests).
     #[cfg(test)]
     pub(crate) fn indexed(&self, key: &BufferKey) -> (bool, bool) {
         self.map.get(&LocalKey(*key)).map_or((false, false), |&h| {
-            (self.is_indexed(h, WRITERS), self.is_indexed(h, READERS))
+            (
+                self.is_indexed(h, Side::Writers),
+                self.is_indexed(h, Side::Readers),
+            )
         })
     }
 
@@ -1336,637 +1023,4 @@ impl TensorMap {
 }
 
 #[cfg(test)]
-mod tests {
-    //! Ports of the reference's TensorMap cases (test_tensormap.cpp). The reference
-    //! tracks writers only; here every case is checked for writers (the reference's
-    //! semantics) plus the reader tracking strata adds.
-    use super::*;
-    use crate::access::KeySpace;
-    use std::cell::RefCell;
-    use std::collections::{HashMap, HashSet};
-    use strata_types::{ArgTag, DataType, IdentityMinter, TensorView};
-
-    const RUN1: u64 = 1;
-    const RUN2: u64 = 2;
-
-    /// A map plus the bookkeeping the orchestrator does around it: liveness of tasks and
-    /// each task's journal.
-    struct Fixture {
-        minter: IdentityMinter,
-        dead: RefCell<HashSet<u32>>,
-        journal: RefCell<HashMap<u32, Vec<JournalEntry>>>,
-        m: RefCell<TensorMap>,
-    }
-
-    fn t(i: u32) -> TaskRef {
-        TaskRef {
-            index: i,
-            id: i as u64 + 100,
-        }
-    }
-
-    impl Fixture {
-        fn new() -> Self {
-            Fixture {
-                minter: IdentityMinter::new(),
-                dead: Default::default(),
-                journal: Default::default(),
-                m: Default::default(),
-            }
-        }
-        fn key(&self) -> BufferKey {
-            BufferKey::new(self.minter.mint(), KeySpace::Host)
-        }
-        /// Consumes task `i`: it is no longer live and its journal is retired.
-        fn kill(&self, i: u32) {
-            self.dead.borrow_mut().insert(i);
-            for e in self.journal.borrow_mut().remove(&i).unwrap_or_default() {
-                self.m.borrow_mut().retire(e);
-            }
-        }
-        fn access(&self, run: u64, key: BufferKey, fp: Footprint, tag: ArgTag, task: u32) {
-            let dead = self.dead.borrow();
-            let live = |t: &TaskRef| !dead.contains(&t.index);
-            let mut m = self.m.borrow_mut();
-            let h = m.head(key, run, true).unwrap();
-            if let Some(e) = m.record(h, run, &Access::new(key, fp, tag), t(task), &live) {
-                self.journal.borrow_mut().entry(task).or_default().push(e);
-            }
-        }
-        fn write(&self, run: u64, key: BufferKey, fp: Footprint, task: u32) {
-            self.access(run, key, fp, ArgTag::OutputExisting, task)
-        }
-        fn deps(&self, run: u64, key: BufferKey, fp: Footprint, tag: ArgTag) -> Vec<u32> {
-            let dead = self.dead.borrow();
-            let live = |t: &TaskRef| !dead.contains(&t.index);
-            let mut m = self.m.borrow_mut();
-            let mut v = vec![];
-            if let Some(h) = m.head(key, run, false) {
-                m.collect(h, run, &Access::new(key, fp, tag), &live, |x| {
-                    v.push(x.index)
-                });
-            }
-            v
-        }
-        fn reads(&self, run: u64, key: BufferKey, fp: Footprint) -> Vec<u32> {
-            self.deps(run, key, fp, ArgTag::Input)
-        }
-        fn writes(&self, run: u64, key: BufferKey, fp: Footprint) -> Vec<u32> {
-            self.deps(run, key, fp, ArgTag::OutputExisting)
-        }
-        fn live_entries(&self, _run: u64) -> usize {
-            let dead = self.dead.borrow();
-            self.m
-                .borrow()
-                .live_entries(&|t: &TaskRef| !dead.contains(&t.index))
-        }
-    }
-
-    fn br(b: u64, e: u64) -> Footprint {
-        Footprint::of_view(
-            &TensorView::contiguous(DataType::U8, &[4096])
-                .unwrap()
-                .slice(0, b, e)
-                .unwrap(),
-        )
-    }
-
-    fn tile(r0: u64, rows: u64, c0: u64, cols: u64) -> Footprint {
-        Footprint::of_view(
-            &TensorView::contiguous(DataType::U8, &[16, 16])
-                .unwrap()
-                .window(&[r0, c0], &[rows, cols])
-                .unwrap(),
-        )
-    }
-
-    #[test]
-    fn lookup_on_empty_map_finds_nothing() {
-        let f = Fixture::new();
-        assert!(f.reads(RUN1, f.key(), Footprint::WHOLE).is_empty());
-    }
-
-    #[test]
-    fn insert_lookup_and_overwrite() {
-        let f = Fixture::new();
-        let (k, other) = (f.key(), f.key());
-        f.write(RUN1, k, Footprint::WHOLE, 5);
-        assert_eq!(f.reads(RUN1, k, Footprint::WHOLE), vec![5]);
-        assert!(f.reads(RUN1, other, Footprint::WHOLE).is_empty());
-        f.write(RUN1, k, Footprint::WHOLE, 7);
-        assert_eq!(f.live_entries(RUN1), 1);
-        assert_eq!(f.reads(RUN1, k, Footprint::WHOLE), vec![7]);
-    }
-
-    #[test]
-    fn many_keys_and_namespaces_are_distinct() {
-        let f = Fixture::new();
-        let keys: Vec<_> = (0..100).map(|_| f.key()).collect();
-        for (i, k) in keys.iter().enumerate() {
-            f.write(RUN1, *k, Footprint::WHOLE, i as u32);
-        }
-        assert_eq!(f.live_entries(RUN1), 100);
-        for (i, k) in keys.iter().enumerate() {
-            assert_eq!(f.reads(RUN1, *k, Footprint::WHOLE), vec![i as u32]);
-        }
-        // Same identity in two device spaces and on the host are distinct keys.
-        let id = f.minter.mint();
-        let c0 = BufferKey::new(id, KeySpace::Device(0));
-        let c1 = BufferKey::new(id, KeySpace::Device(1));
-        let h = BufferKey::new(id, KeySpace::Host);
-        f.write(RUN1, c0, Footprint::WHOLE, 110);
-        f.write(RUN1, c1, Footprint::WHOLE, 120);
-        f.write(RUN1, h, Footprint::WHOLE, 130);
-        assert_eq!(f.reads(RUN1, c0, Footprint::WHOLE), vec![110]);
-        assert_eq!(f.reads(RUN1, c1, Footprint::WHOLE), vec![120]);
-        assert_eq!(f.reads(RUN1, h, Footprint::WHOLE), vec![130]);
-    }
-
-    #[test]
-    fn runs_never_see_each_others_entries() {
-        let f = Fixture::new();
-        let k = f.key();
-        f.write(RUN1, k, Footprint::WHOLE, 5);
-        assert!(f.reads(RUN2, k, Footprint::WHOLE).is_empty());
-        f.write(RUN2, k, Footprint::WHOLE, 9);
-        assert_eq!(f.reads(RUN2, k, Footprint::WHOLE), vec![9]);
-        assert_eq!(
-            f.live_entries(RUN1),
-            1,
-            "run 2's write dropped run 1's entry"
-        );
-    }
-
-    #[test]
-    fn erase_keeps_newer_same_run_producer_and_frees_empty_keys() {
-        let f = Fixture::new();
-        let k = f.key();
-        f.write(RUN1, k, br(0, 64), 3);
-        f.write(RUN1, k, br(0, 128), 7); // covers 3
-        f.kill(3);
-        assert_eq!(f.reads(RUN1, k, Footprint::WHOLE), vec![7]);
-        f.kill(7);
-        // The empty key stays for a run in case it is used again, then is swept.
-        assert_eq!(f.m.borrow().key_count(), 1);
-        let filler: Vec<_> = (0..2000).map(|_| f.key()).collect();
-        for (i, k) in filler.iter().enumerate() {
-            f.write(RUN1, *k, Footprint::WHOLE, 1000 + i as u32);
-            f.kill(1000 + i as u32);
-        }
-        f.m.borrow_mut().sweep(RUN1 + 1);
-        assert_eq!(
-            f.m.borrow().key_count(),
-            2001,
-            "used by the previous run: kept"
-        );
-        // The list did not grow since that pass, so the next one comes after one run per
-        // SWEEP_HEADS_PER_RUN listed heads.
-        let wait = 2001u64.div_ceil(SWEEP_HEADS_PER_RUN);
-        for run in RUN1 + 2..RUN1 + 1 + wait {
-            f.m.borrow_mut().sweep(run);
-            assert_eq!(f.m.borrow().key_count(), 2001, "run {run}: no pass yet");
-        }
-        f.m.borrow_mut().sweep(RUN1 + 1 + wait);
-        assert_eq!(f.m.borrow().key_count(), 0, "unused for two runs: freed");
-        assert_eq!(f.m.borrow().idle_listed(), 0);
-    }
-
-    #[test]
-    fn a_key_emptied_run_after_run_is_listed_idle_once() {
-        let f = Fixture::new();
-        let k = f.key();
-        for run in 1..=50u64 {
-            f.write(run, k, Footprint::WHOLE, run as u32);
-            f.kill(run as u32);
-        }
-        assert_eq!(f.m.borrow().idle_listed(), 1);
-    }
-
-    #[test]
-    fn heads_whose_last_use_records_nothing_are_freed_too() {
-        let f = Fixture::new();
-        // Buffers written and emptied in one run, then only looked up in the next (a wait
-        // for their data, a read-back): the lookup records nothing.
-        let used: Vec<_> = (0..1500).map(|_| f.key()).collect();
-        for (i, k) in used.iter().enumerate() {
-            f.write(RUN1, *k, Footprint::WHOLE, i as u32);
-            f.kill(i as u32);
-        }
-        f.m.borrow_mut().sweep(RUN1 + 1);
-        for k in &used {
-            f.m.borrow_mut().head(*k, RUN1 + 1, false);
-        }
-        // Buffers only ever looked up: their heads are created empty.
-        for _ in 0..1500 {
-            let k = f.key();
-            f.m.borrow_mut().head(k, RUN1 + 1, true);
-        }
-        assert_eq!(f.m.borrow().key_count(), 3000);
-        let bound = 2 + 3000u64.div_ceil(SWEEP_HEADS_PER_RUN);
-        for run in RUN1 + 2..RUN1 + 2 + bound {
-            f.m.borrow_mut().sweep(run);
-        }
-        assert_eq!(f.m.borrow().key_count(), 0, "every unused empty head freed");
-        assert_eq!(f.m.borrow().idle_listed(), 0);
-    }
-
-    #[test]
-    fn ranges_under_one_key() {
-        let f = Fixture::new();
-        let k = f.key();
-        f.write(RUN1, k, br(0, 64), 1);
-        f.write(RUN1, k, br(64, 128), 2);
-        assert_eq!(f.live_entries(RUN1), 2);
-        assert_eq!(f.reads(RUN1, k, br(0, 64)), vec![1]);
-        assert_eq!(f.reads(RUN1, k, br(64, 128)), vec![2]);
-        assert_eq!(f.reads(RUN1, k, Footprint::WHOLE), vec![1, 2]);
-        assert_eq!(f.reads(RUN1, k, br(32, 96)), vec![1, 2]);
-        assert_eq!(f.reads(RUN1, k, br(8, 16)), vec![1]);
-        assert!(
-            f.reads(RUN1, k, br(128, 256)).is_empty(),
-            "touching ranges do not overlap"
-        );
-        // A covering write supersedes both.
-        f.write(RUN1, k, br(0, 128), 3);
-        assert_eq!(f.reads(RUN1, k, Footprint::WHOLE), vec![3]);
-    }
-
-    #[test]
-    fn partially_covered_producer_survives_for_its_own_bytes() {
-        let f = Fixture::new();
-        let k = f.key();
-        f.write(RUN1, k, br(0, 128), 1);
-        f.write(RUN1, k, br(0, 64), 2);
-        assert_eq!(f.live_entries(RUN1), 2);
-        assert_eq!(f.reads(RUN1, k, br(64, 128)), vec![1]);
-        assert_eq!(f.reads(RUN1, k, br(0, 64)), vec![1, 2]);
-    }
-
-    #[test]
-    fn erase_drops_every_range_a_task_still_owns() {
-        let f = Fixture::new();
-        let k = f.key();
-        f.write(RUN1, k, br(0, 32), 1);
-        f.write(RUN1, k, br(64, 96), 1);
-        f.write(RUN1, k, br(128, 160), 2);
-        f.kill(1);
-        assert_eq!(f.live_entries(RUN1), 1);
-        assert_eq!(f.reads(RUN1, k, Footprint::WHOLE), vec![2]);
-    }
-
-    #[test]
-    fn whole_backing_write_supersedes_every_range() {
-        let f = Fixture::new();
-        let k = f.key();
-        f.write(RUN1, k, br(0, 8), 1);
-        f.write(RUN1, k, Footprint::WHOLE, 2);
-        assert_eq!(f.live_entries(RUN1), 1);
-        assert_eq!(f.reads(RUN1, k, br(0, 8)), vec![2]);
-    }
-
-    #[test]
-    fn tiles() {
-        let f = Fixture::new();
-        let k = f.key();
-        f.write(RUN1, k, tile(0, 8, 0, 8), 0);
-        f.write(RUN1, k, tile(0, 8, 8, 8), 1);
-        f.write(RUN1, k, tile(8, 8, 0, 8), 2);
-        f.write(RUN1, k, tile(8, 8, 8, 8), 3);
-        assert_eq!(f.live_entries(RUN1), 4);
-        for (i, (r, c)) in [(0, 0), (0, 8), (8, 0), (8, 8)].into_iter().enumerate() {
-            assert_eq!(f.reads(RUN1, k, tile(r, 8, c, 8)), vec![i as u32]);
-        }
-        assert_eq!(f.reads(RUN1, k, tile(4, 8, 4, 8)), vec![0, 1, 2, 3]);
-        // Column blocks with interleaved bounding ranges are independent.
-        let kc = f.key();
-        f.write(RUN1, kc, tile(0, 16, 0, 4), 4);
-        assert!(f.reads(RUN1, kc, tile(0, 16, 8, 4)).is_empty());
-        // A tile write supersedes only the tiles it contains.
-        let k2 = f.key();
-        f.write(RUN1, k2, tile(0, 4, 0, 4), 1);
-        f.write(RUN1, k2, tile(0, 4, 8, 4), 2);
-        f.write(RUN1, k2, tile(0, 8, 0, 8), 3);
-        assert_eq!(f.reads(RUN1, k2, tile(0, 4, 0, 4)), vec![3]);
-        assert_eq!(f.reads(RUN1, k2, tile(0, 4, 8, 4)), vec![2]);
-    }
-
-    #[test]
-    fn writers_wait_for_earlier_readers_until_covered() {
-        let f = Fixture::new();
-        let k = f.key();
-        f.write(RUN1, k, br(0, 128), 1);
-        // Two readers of disjoint halves.
-        f.access(RUN1, k, br(0, 64), ArgTag::Input, 2);
-        f.access(RUN1, k, br(64, 128), ArgTag::Input, 3);
-        // A reader does not wait for readers.
-        assert_eq!(f.reads(RUN1, k, br(0, 128)), vec![1]);
-        // A writer of the first half waits for the writer and that half's reader (WAR).
-        assert_eq!(f.writes(RUN1, k, br(0, 64)), vec![1, 2]);
-        f.write(RUN1, k, br(0, 64), 4);
-        // The covered reader is gone; the other half's reader stays.
-        assert_eq!(f.writes(RUN1, k, br(0, 128)), vec![1, 4, 3]);
-        // NO_DEP neither looks up nor records.
-        assert!(f.deps(RUN1, k, br(0, 128), ArgTag::NoDep).is_empty());
-        let mut m = f.m.borrow_mut();
-        let h = m.head(k, RUN1, false).unwrap();
-        assert!(m
-            .record(
-                h,
-                RUN1,
-                &Access::new(k, br(0, 128), ArgTag::NoDep),
-                t(9),
-                &|_| true
-            )
-            .is_none());
-    }
-
-    #[test]
-    fn wide_fan_out_readers_are_compacted() {
-        let f = Fixture::new();
-        let k = f.key();
-        for i in 0..10_000u32 {
-            f.access(RUN1, k, Footprint::WHOLE, ArgTag::Input, i);
-            f.kill(i);
-        }
-        assert!(f.m.borrow().reader_list_len(&k) < 64);
-        // Readers whose journals are never replayed are still compacted when the list
-        // doubles.
-        let k2 = f.key();
-        for i in 10_000..20_000u32 {
-            f.access(RUN1, k2, Footprint::WHOLE, ArgTag::Input, i);
-            f.dead.borrow_mut().insert(i);
-        }
-        assert!(f.m.borrow().reader_list_len(&k2) < 64);
-    }
-
-    #[test]
-    fn stale_journal_entries_never_touch_a_reused_node() {
-        let f = Fixture::new();
-        let k = f.key();
-        f.write(RUN1, k, Footprint::WHOLE, 1);
-        f.write(RUN1, k, Footprint::WHOLE, 2); // frees task 1's node; 2 may reuse it
-        f.write(RUN1, k, Footprint::WHOLE, 3); // task 3 reuses the freed node
-        f.kill(1); // task 1's journal entry is stale
-        assert_eq!(f.reads(RUN1, k, Footprint::WHOLE), vec![3]);
-    }
-
-    #[test]
-    fn owned_buffers_record_their_allocator_until_forgotten() {
-        let f = Fixture::new();
-        let k = f.key();
-        let mut m = f.m.borrow_mut();
-        let h = m.head(k, RUN1, true).unwrap();
-        m.register_owned(h, RUN1, t(5));
-        assert_eq!(m.owner(h, RUN1), Some(t(5)));
-        assert_eq!(m.owner(h, RUN2), None);
-        m.forget_run(RUN1);
-        assert_eq!(m.owner(h, RUN1), None);
-    }
-
-    /// The counters of lookups: entries examined, index nodes traversed.
-    fn counters(f: &Fixture) -> (u64, u64) {
-        let m = f.m.borrow();
-        (m.visits(), m.probes())
-    }
-
-    #[test]
-    fn indexed_lookups_examine_only_overlapping_entries() {
-        let f = Fixture::new();
-        // 4096 disjoint 16-byte slices of one buffer.
-        let k = f.key();
-        let slice = |i: u64, n: u64| Footprint::bytes(i * 16, (i + n) * 16).unwrap();
-        for i in 0..4096u32 {
-            f.write(RUN1, k, slice(i as u64, 1), i);
-        }
-        assert_eq!(f.m.borrow().indexed(&k), (true, false));
-        let (v0, p0) = counters(&f);
-        let lookups = (0..4096u32).step_by(97).count() as u64;
-        for i in (0..4096u32).step_by(97) {
-            assert_eq!(f.reads(RUN1, k, slice(i as u64, 1)), vec![i]);
-        }
-        let (v1, p1) = counters(&f);
-        assert_eq!(v1 - v0, lookups, "each lookup examines exactly its slice");
-        assert!(
-            p1 - p0 <= 48 * lookups,
-            "{} index nodes traversed for {lookups} lookups of 4096 entries",
-            p1 - p0
-        );
-        assert_eq!(f.reads(RUN1, k, slice(100, 3)), vec![100, 101, 102]);
-        assert_eq!(counters(&f).0 - v1, 3);
-
-        // 32 × 32 tiles of 4 × 4 bytes of a 128 × 128 matrix. The spans of the 32 tiles of
-        // a row band all intersect (they interleave row by row); the index's column hulls
-        // still leave one candidate per tile.
-        let k2 = f.key();
-        let m = TensorView::contiguous(DataType::U8, &[128, 128]).unwrap();
-        let tile = |i: u64, j: u64, h: u64, w: u64| {
-            Footprint::of_view(&m.window(&[i * 4, j * 4], &[h * 4, w * 4]).unwrap())
-        };
-        let id = |i: u64, j: u64| 10_000 + (i * 32 + j) as u32;
-        for i in 0..32 {
-            for j in 0..32 {
-                f.write(RUN1, k2, tile(i, j, 1, 1), id(i, j));
-            }
-        }
-        assert_eq!(f.m.borrow().indexed(&k2), (true, false));
-        let (v0, p0) = counters(&f);
-        let mut lookups = 0;
-        for (i, j) in [(0, 0), (5, 17), (16, 31), (31, 0), (31, 31), (20, 9)] {
-            assert_eq!(f.reads(RUN1, k2, tile(i, j, 1, 1)), vec![id(i, j)]);
-            lookups += 1;
-        }
-        let (v1, p1) = counters(&f);
-        assert_eq!(v1 - v0, lookups, "each lookup examines exactly its tile");
-        assert!(p1 - p0 <= 64 * lookups, "{} index nodes traversed", p1 - p0);
-        // A block of 2 × 2 tiles examines four.
-        assert_eq!(
-            f.reads(RUN1, k2, tile(7, 7, 2, 2)),
-            vec![id(7, 7), id(7, 8), id(8, 7), id(8, 8)]
-        );
-        assert_eq!(counters(&f).0 - v1, 4);
-        // A dense byte range (off the grid) meets the spans of the 32 tiles of its band,
-        // and depends on them all (conservatively: a range and a tile are not compared
-        // per axis).
-        let (v2, _) = counters(&f);
-        let row = Footprint::bytes(9 * 4 * 128, (9 * 4 + 1) * 128).unwrap();
-        let band: Vec<u32> = (0..32).map(|j| id(9, j)).collect();
-        assert_eq!(f.reads(RUN1, k2, row), band);
-        assert_eq!(counters(&f).0 - v2, 32);
-        // Readers of tiles; a write of a tile examines its writer and its reader only.
-        for j in 0..32 {
-            f.access(RUN1, k2, tile(3, j, 1, 1), ArgTag::Input, 20_000 + j as u32);
-        }
-        for j in 0..32 {
-            f.access(RUN1, k2, tile(4, j, 1, 1), ArgTag::Input, 20_100 + j as u32);
-        }
-        // The first write lookup walks the reader list, which then gets its index.
-        assert_eq!(f.writes(RUN1, k2, tile(0, 0, 1, 1)), vec![id(0, 0)]);
-        assert_eq!(f.m.borrow().indexed(&k2), (true, true));
-        let (v3, _) = counters(&f);
-        assert_eq!(f.writes(RUN1, k2, tile(4, 6, 1, 1)), vec![id(4, 6), 20_106]);
-        assert_eq!(counters(&f).0 - v3, 2);
-        // Consuming every task retires the entries; compaction drops the indexes.
-        for t in (0..4096)
-            .chain(10_000..11_024)
-            .chain(20_000..20_032)
-            .chain(20_100..20_132)
-        {
-            f.kill(t);
-        }
-        assert_eq!(f.live_entries(RUN1), 0);
-        assert_eq!(f.m.borrow().indexed(&k), (false, false));
-        assert_eq!(f.m.borrow().indexed(&k2), (false, false));
-        assert!(f.reads(RUN1, k2, Footprint::WHOLE).is_empty());
-    }
-
-    /// Brute force: every entry recorded, as the semantics define it.
-    #[derive(Default)]
-    struct Model {
-        writers: Vec<(u32, Footprint, u64)>,
-        readers: Vec<(u32, Footprint, u64)>,
-    }
-
-    impl Model {
-        fn deps(&self, dead: &HashSet<u32>, run: u64, fp: &Footprint, tag: ArgTag) -> Vec<u32> {
-            if !tag.tracked() {
-                return vec![];
-            }
-            let hits = |l: &[(u32, Footprint, u64)]| -> Vec<u32> {
-                l.iter()
-                    .filter(|(t, e, r)| {
-                        *r == run && !dead.contains(t) && fp.overlap(e) != Overlap::None
-                    })
-                    .map(|(t, _, _)| *t)
-                    .collect()
-            };
-            let mut v = hits(&self.writers);
-            if tag.writes() {
-                v.extend(hits(&self.readers));
-            }
-            v
-        }
-        fn record(&mut self, run: u64, fp: &Footprint, tag: ArgTag, task: u32) {
-            if !tag.tracked() {
-                return;
-            }
-            if tag.writes() {
-                let kept = |(_, e, r): &(u32, Footprint, u64)| {
-                    *r != run || fp.overlap(e) != Overlap::Covered
-                };
-                self.writers.retain(kept);
-                self.readers.retain(kept);
-                self.writers.push((task, fp.clone(), run));
-            } else {
-                self.readers.push((task, fp.clone(), run));
-            }
-        }
-        fn live(&self, l: bool, dead: &HashSet<u32>, run: u64) -> Vec<u32> {
-            let l = if l { &self.readers } else { &self.writers };
-            l.iter()
-                .filter(|(t, _, r)| *r == run && !dead.contains(t))
-                .map(|(t, _, _)| *t)
-                .collect()
-        }
-    }
-
-    /// Views of a 32 × 32 byte matrix: mostly aligned 4 × 4 tiles, also blocks of tiles,
-    /// rows, columns, unaligned windows, dense ranges, views on another grid (the buffer
-    /// as 64 × 16) and the whole buffer.
-    fn arb_fp(sel: u64, a: u64, b: u64, c: u64, d: u64) -> Footprint {
-        let m = TensorView::contiguous(DataType::U8, &[32, 32]).unwrap();
-        let v = match sel {
-            0..=9 => m.window(&[a % 8 * 4, b % 8 * 4], &[4, 4]).unwrap(),
-            10 | 11 => m
-                .window(&[a % 7 * 4, b % 7 * 4], &[4 + c % 2 * 4, 4 + d % 2 * 4])
-                .unwrap(),
-            12 => m.slice(0, a % 32, a % 32 + 1 + c % (32 - a % 32)).unwrap(),
-            13 => m.slice(1, b % 32, b % 32 + 1 + d % (32 - b % 32)).unwrap(),
-            14 => {
-                let (r, cc) = (a % 32, b % 32);
-                m.window(&[r, cc], &[1 + c % (32 - r), 1 + d % (32 - cc)])
-                    .unwrap()
-            }
-            15 => {
-                let s = (a * 32 + b) % 1024;
-                return Footprint::bytes(s, s + 1 + (c * 32 + d) % (1024 - s)).unwrap();
-            }
-            16 => m
-                .reshape(&[64, 16])
-                .unwrap()
-                .window(&[a % 56, b % 12], &[1 + c % 8, 1 + d % 4])
-                .unwrap(),
-            _ => return Footprint::WHOLE,
-        };
-        Footprint::of_view(&v)
-    }
-
-    proptest::proptest! {
-        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
-        /// Random accesses, consumptions and run changes on one buffer: every lookup
-        /// finds exactly the entries the brute-force model finds, in the same order, with
-        /// lists long enough to be indexed.
-        #[test]
-        fn span_index_edges_match_brute_force(
-            ops in proptest::collection::vec(
-                (0u64..100, 0u64..18, 0u64..64, 0u64..64, 0u64..64, 0u64..64),
-                200..700,
-            )
-        ) {
-            let f = Fixture::new();
-            let k = f.key();
-            let mut model = Model::default();
-            let mut run = RUN1;
-            let mut live_tasks: Vec<u32> = vec![];
-            // Writers and readers of the 64 tiles, then a write lookup: both lists are
-            // long and indexed before the random steps.
-            for x in 0..128u32 {
-                let fp = arb_fp(0, (x % 64 / 8) as u64, (x % 8) as u64, 0, 0);
-                let tag = if x < 64 { ArgTag::OutputExisting } else { ArgTag::Input };
-                f.access(run, k, fp.clone(), tag, 100_000 + x);
-                model.record(run, &fp, tag, 100_000 + x);
-                live_tasks.push(100_000 + x);
-            }
-            let fp = arb_fp(0, 0, 0, 0, 0);
-            proptest::prop_assert_eq!(f.writes(run, k, fp), vec![100_000, 100_064]);
-            proptest::prop_assert_eq!(f.m.borrow().indexed(&k), (true, true));
-            for (step, &(op, sel, a, b, c, d)) in ops.iter().enumerate() {
-                let task = step as u32;
-                match op {
-                    // Consume a task: retire its journal, or (not yet recycled) only
-                    // mark it dead.
-                    0..=11 if !live_tasks.is_empty() => {
-                        let t = live_tasks.swap_remove((a * 64 + b) as usize % live_tasks.len());
-                        if op < 8 {
-                            f.kill(t);
-                        } else {
-                            f.dead.borrow_mut().insert(t);
-                        }
-                    }
-                    12 => run += 1,
-                    _ => {
-                        let fp = arb_fp(sel, a, b, c, d);
-                        let tag = [
-                            ArgTag::Input,
-                            ArgTag::Input,
-                            ArgTag::Output,
-                            ArgTag::InOut,
-                            ArgTag::OutputExisting,
-                            ArgTag::NoDep,
-                        ][(op % 6) as usize];
-                        let want = model.deps(&f.dead.borrow(), run, &fp, tag);
-                        proptest::prop_assert_eq!(f.deps(run, k, fp.clone(), tag), want, "step {}", step);
-                        f.access(run, k, fp.clone(), tag, task);
-                        model.record(run, &fp, tag, task);
-                        live_tasks.push(task);
-                    }
-                }
-                let dead = f.dead.borrow().clone();
-                let live = |t: &TaskRef| !dead.contains(&t.index);
-                let m = f.m.borrow();
-                let ids = |v: Vec<TaskRef>| v.into_iter().map(|t| t.index).collect::<Vec<_>>();
-                proptest::prop_assert_eq!(ids(m.writers(run, &k, &live)), model.live(false, &dead, run));
-                proptest::prop_assert_eq!(ids(m.readers(run, &k, &live)), model.live(true, &dead, run));
-            }
-        }
-    }
-}
+mod tests;
