@@ -185,7 +185,7 @@ fn two_threads(
                         break;
                     }
                     for _ in 0..32 {
-                        std::hint::spin_loop();
+                        strata_sync::sync::spin_hint();
                     }
                 }
                 continue;

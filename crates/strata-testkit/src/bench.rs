@@ -1,6 +1,10 @@
 //! What the side-by-side benchmarks share: statistics over samples, CPU pinning, forking
 //! from a single-threaded process, and the machine's floor — a raw cache-line ping-pong
 //! between two processes, which every hand-off figure is compared with in the same run.
+//!
+//! The floor's ping-pong polls its flag with nothing but strata-sync's CPU hint between
+//! loads, on purpose: it is the bare cost of a cache-line hand-off that strata's own
+//! spin-then-park waits (strata-sync's `Spin`) are measured against, so it must not use them.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -163,7 +167,7 @@ pub fn pingpong_floor_ns(pinned: bool, spec: FloorSpec) -> Vec<f64> {
             let start = Instant::now();
             let mut spins = 0u32;
             while flag.load(Ordering::Acquire) != want {
-                std::hint::spin_loop();
+                strata_sync::sync::spin_hint();
                 spins = spins.wrapping_add(1);
                 if spins % 4096 == 0 && start.elapsed() > Duration::from_secs(30) {
                     return 1;
@@ -181,7 +185,7 @@ pub fn pingpong_floor_ns(pinned: bool, spec: FloorSpec) -> Vec<f64> {
         i += 1;
         flag.store(2 * i - 1, Ordering::Release);
         while flag.load(Ordering::Acquire) != 2 * i {
-            std::hint::spin_loop();
+            strata_sync::sync::spin_hint();
         }
     };
     for _ in 0..spec.warmup {
@@ -219,7 +223,7 @@ pub fn pingpong_threads_ns(rounds: u64) -> f64 {
             pin(1);
             for i in 1..=6 * rounds {
                 while flag.load(Ordering::Acquire) != 2 * i - 1 {
-                    std::hint::spin_loop();
+                    strata_sync::sync::spin_hint();
                 }
                 flag.store(2 * i, Ordering::Release);
             }
@@ -234,7 +238,7 @@ pub fn pingpong_threads_ns(rounds: u64) -> f64 {
                     i += 1;
                     flag.store(2 * i - 1, Ordering::Release);
                     while flag.load(Ordering::Acquire) != 2 * i {
-                        std::hint::spin_loop();
+                        strata_sync::sync::spin_hint();
                     }
                 }
                 v.push(t.elapsed().as_nanos() as f64 / rounds as f64);

@@ -200,7 +200,7 @@ mod tests {
             .name("probe-spinner".into())
             .spawn(move || {
                 while !s.load(std::sync::atomic::Ordering::Relaxed) {
-                    std::hint::spin_loop();
+                    strata_sync::sync::spin_hint();
                 }
             })
             .unwrap();

@@ -70,7 +70,7 @@ pub fn shared_memory_is_shared_both_ways_and_zero_copy<M: Mode>() -> Outcome {
             if Instant::now() > end {
                 return Err("the parent never released the task".into());
             }
-            std::hint::spin_loop();
+            strata_sync::sync::spin_hint();
         }
         Ok(())
     });
