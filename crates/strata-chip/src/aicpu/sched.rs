@@ -3,12 +3,13 @@
 //! completions, completes tasks in the graph (which readies or poisons consumers), and
 //! takes stuck cores out of service.
 
-use crate::aicore::Dispatch;
+use crate::aicore::kernels::RunEnv;
+use crate::aicore::link::Dispatch;
+use crate::aicore::link::{CoreLink, CoreMsg};
 use crate::config::CoreType;
 use crate::error::{codes, ChipError};
-use crate::link::{CoreLink, CoreMsg};
-use crate::swimlane::SwimRecord;
-use crate::task::{Meta, RunEnv, Shape, TaskDesc};
+use crate::task::{Meta, Shape, TaskDesc};
+use crate::trace::swimlane::SwimRecord;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -373,6 +374,7 @@ impl Sched {
         links: Vec<Arc<CoreLink>>,
         topo: Topology,
         timeout: Duration,
+        env: Arc<RunEnv>,
     ) -> Self {
         let n = links.len();
         Sched {
@@ -402,11 +404,7 @@ impl Sched {
             ctl: RunCtl {
                 timing: false,
                 timeout,
-                env: Arc::new(RunEnv::new(
-                    0,
-                    Arc::new(crate::registry::Registry::new()),
-                    None,
-                )),
+                env,
             },
             report: SchedReport::default(),
             exited: false,

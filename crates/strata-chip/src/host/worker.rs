@@ -1,20 +1,22 @@
 //! [`ChipWorker`]: the L2 chip — lifecycle, device memory, callable registration, runs.
 
-use crate::aicore::{core_main, CoreEnv};
+use crate::aicore::core_loop::{core_main, CoreEnv};
+use crate::aicore::kernel::KernelCtx;
+use crate::aicore::kernels::{KernelHandle, KernelTable, RunEnv};
+use crate::aicore::link::CoreLink;
+use crate::aicpu::orch::{
+    wait_reply, ChipArgs, ChipOrch, OrchLink, OrchMsg, OrchReply, OrchRequest,
+};
+use crate::aicpu::registry::{OrchHandle, Registry};
+use crate::aicpu::sched::{RunCtl, Sched, SchedCell, SchedMsg, SchedReport, SchedShared, Topology};
+use crate::aicpu::stall::Watchdog;
+use crate::aicpu::tensor::ChipTensor;
 use crate::config::{ChipConfig, CoreType, OrchestratorPlacement, RingSizing};
-use crate::device::{as_bytes, as_bytes_mut};
-use crate::error::{codes, ChipError};
-use crate::kernel::{KernelCtx, KernelError};
-use crate::link::CoreLink;
-use crate::memory::{DeviceMemory, DevicePtr, DeviceTensor};
-use crate::orch::{wait_reply, ChipArgs, ChipOrch, OrchLink, OrchMsg, OrchReply, OrchRequest};
-use crate::registry::{KernelHandle, OrchHandle, Registry};
-use crate::sched::{RunCtl, Sched, SchedCell, SchedMsg, SchedReport, SchedShared, Topology};
-use crate::stall::Watchdog;
-use crate::strace::{mono_ns, next_invocation, strace_text, thread_id, RunTiming, Span};
-use crate::swimlane::Swimlane;
-use crate::task::RunEnv;
-use crate::tensor::ChipTensor;
+use crate::device::arena::{as_bytes, as_bytes_mut};
+use crate::device::memory::{DeviceMemory, DevicePtr, DeviceTensor};
+use crate::error::{codes, ChipError, KernelError};
+use crate::trace::strace::{mono_ns, next_invocation, strace_text, thread_id, RunTiming, Span};
+use crate::trace::swimlane::Swimlane;
 use std::any::Any;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -329,7 +331,9 @@ struct Live {
 pub struct ChipWorker {
     config: ChipConfig,
     registry: Registry,
-    registry_snapshot: Option<Arc<Registry>>,
+    /// The registry's kernels as the last run saw them (rebuilt after a registration
+    /// change), shared with the cores through the run environment.
+    kernels_snapshot: Option<Arc<KernelTable>>,
     nonce: u64,
     live: Option<Live>,
     closed: bool,
@@ -369,7 +373,7 @@ impl ChipWorker {
         Ok(ChipWorker {
             config,
             registry,
-            registry_snapshot: None,
+            kernels_snapshot: None,
             nonce: OwnerNonce::fresh().0,
             live: None,
             closed: false,
@@ -420,7 +424,7 @@ impl ChipWorker {
         F: Fn(&mut KernelCtx<'_>) -> Result<(), KernelError> + Send + Sync + 'static,
     {
         self.before_init(desc.name())?;
-        self.registry_snapshot = None;
+        self.kernels_snapshot = None;
         self.registry.register_kernel(desc, f)
     }
 
@@ -448,7 +452,7 @@ impl ChipWorker {
         F: Fn(&mut ChipOrch, &ChipArgs) -> Result<(), ChipError> + Send + Sync + 'static,
     {
         self.before_init(desc.name())?;
-        self.registry_snapshot = None;
+        self.kernels_snapshot = None;
         self.registry.register_orchestration(desc, f)
     }
 
@@ -476,7 +480,7 @@ impl ChipWorker {
     /// # Errors
     /// [`ChipError::UnknownCallable`].
     pub fn unregister(&mut self, id: &CallableId) -> Result<(), ChipError> {
-        self.registry_snapshot = None;
+        self.kernels_snapshot = None;
         self.registry.unregister(id)
     }
 
@@ -516,7 +520,10 @@ impl ChipWorker {
         let n = cfg.num_cores() as usize;
         let topo = Topology::new(cfg.aic_cores, cfg.aiv_cores);
         let shared = Arc::new(SchedShared::new(n));
-        let links: Vec<Arc<CoreLink>> = (0..n).map(|_| Arc::new(CoreLink::default())).collect();
+        let env = Arc::new(RunEnv::empty());
+        let links: Vec<Arc<CoreLink>> = (0..n)
+            .map(|_| Arc::new(CoreLink::new(env.clone())))
+            .collect();
         let spawn_err = |what: String, e: std::io::Error| {
             ChipError::Unusable(format!("could not start {what}: {e}"))
         };
@@ -549,6 +556,7 @@ impl ChipWorker {
             links.clone(),
             topo.clone(),
             cfg.kernel_timeout,
+            env.clone(),
         ));
         let cell = sched.clone();
         let sched_thread = match std::thread::Builder::new()
@@ -613,7 +621,7 @@ impl ChipWorker {
             ring_regions: [None; RING_COUNT],
             staging: None,
             staged_ids: IdentityMinter::new(),
-            env: Arc::new(RunEnv::new(0, Arc::new(Registry::new()), None)),
+            env,
             pid: std::process::id(),
             print_strace,
         });
@@ -1097,10 +1105,10 @@ impl ChipWorker {
         }
         let entry = self.registry.orch_entry(&orch.id())?;
         Self::check_signature(&entry.desc, args)?;
-        let f = entry.f.clone();
-        let registry = self
-            .registry_snapshot
-            .get_or_insert_with(|| Arc::new(self.registry.clone()))
+        let (f, name) = (entry.f.clone(), entry.name.clone());
+        let kernels = self
+            .kernels_snapshot
+            .get_or_insert_with(|| Arc::new(self.registry.kernels().clone()))
             .clone();
         let mut timing = RunTiming {
             tid: thread_id(),
@@ -1132,11 +1140,11 @@ impl ChipWorker {
             (Some(a), Some(b)) => !Arc::ptr_eq(a, b),
             _ => true,
         };
-        if comm_changed || !Arc::ptr_eq(&live.env.registry, &registry) {
+        if comm_changed || !Arc::ptr_eq(&live.env.kernels, &kernels) {
             // A new environment for the cores (they re-read it when a dispatch carries
             // a new epoch).
             self.epoch += 1;
-            live.env = Arc::new(RunEnv::new(self.epoch, registry.clone(), self.comm.clone()));
+            live.env = Arc::new(RunEnv::new(self.epoch, kernels.clone(), self.comm.clone()));
             for l in &live.links {
                 *l.env.lock().unwrap_or_else(|e| e.into_inner()) = live.env.clone();
             }
@@ -1144,10 +1152,10 @@ impl ChipWorker {
         self.runs += 1;
         let run_seq = self.runs;
         let req = OrchRequest {
-            id: orch.id(),
+            name,
             f,
             args: chip_args,
-            registry,
+            kernels,
             rings,
             reconfigure,
             ring_bases,
@@ -1347,7 +1355,7 @@ impl ChipWorker {
             // A broken scheduler loop (a pass panicked) never handled `Exit`, so it never
             // told the cores: tell them here.
             for l in &live.links {
-                let _ = l.dispatch.push(crate::link::CoreMsg::Exit);
+                let _ = l.dispatch.push(crate::aicore::link::CoreMsg::Exit);
                 l.bell.unpark();
             }
         }
@@ -1387,7 +1395,7 @@ fn stop_started(
         let _ = h.join();
     }
     for l in links {
-        let _ = l.dispatch.push(crate::link::CoreMsg::Exit);
+        let _ = l.dispatch.push(crate::aicore::link::CoreMsg::Exit);
         l.bell.unpark();
     }
     for h in cores.into_iter().flatten() {
