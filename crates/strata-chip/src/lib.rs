@@ -51,7 +51,9 @@ pub use config::{
 pub use device::arena::{SharedTensor, TensorMut, TensorRef};
 pub use device::memory::{DevicePtr, DeviceTensor, DEVICE_ALIGN};
 pub use error::{codes, ChipError, KernelError};
+pub use host::args::{CopyOffsets, RunArgs, TensorInit};
+pub use host::run::RunReport;
 pub use host::task_args::TaskArgsError;
-pub use host::worker::{ChipWorker, CopyOffsets, RunArgs, RunReport, TensorInit};
+pub use host::worker::ChipWorker;
 pub use trace::strace::{parse_strace, span_tree, Span, SpanTree};
 pub use trace::swimlane::{SwimRecord, Swimlane};
