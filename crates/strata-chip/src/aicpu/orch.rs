@@ -24,6 +24,14 @@ use strata_types::{ArgTag, DataType, Element, IdentityMinter, Scalar, RING_COUNT
 pub type OrchestrationFn =
     Arc<dyn Fn(&mut ChipOrch, &ChipArgs) -> Result<(), ChipError> + Send + Sync>;
 
+/// A registered orchestration as a run request carries it: its name (for messages) and
+/// its function, in one allocation, so handing it to the orchestrator costs one
+/// reference count.
+pub(crate) struct OrchCallable {
+    pub(crate) name: Box<str>,
+    pub(crate) f: OrchestrationFn,
+}
+
 /// The arguments of a run as the orchestration sees them: entry tensors (already in device
 /// memory) and scalars.
 #[derive(Debug, Clone, Default)]
@@ -80,9 +88,8 @@ const THROTTLE_MAX_AHEAD: u64 = 4096;
 
 /// One run request for the orchestrator thread.
 pub(crate) struct OrchRequest {
-    /// The orchestration's registered name (for messages).
-    pub(crate) name: Arc<str>,
-    pub(crate) f: OrchestrationFn,
+    /// The orchestration.
+    pub(crate) callable: Arc<OrchCallable>,
     pub(crate) args: ChipArgs,
     /// The run's kernel table snapshot (what kernel references resolve in).
     pub(crate) kernels: Arc<KernelTable>,
@@ -980,10 +987,10 @@ impl ChipOrch {
             }
         };
         reply.t_orch_start = strata_sync::mono_ns();
-        let f = &req.f;
+        let f = &req.callable.f;
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(self, &req.args)));
         reply.t_orch_end = strata_sync::mono_ns();
-        let name = || req.name.to_string();
+        let name = || req.callable.name.to_string();
         let ended = match (&self.fatal, result) {
             (Some(e), _) => {
                 let code = e.code().unwrap_or(codes::EXPLICIT_ORCH_FATAL);

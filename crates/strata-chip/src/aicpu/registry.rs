@@ -6,7 +6,7 @@
 
 use crate::aicore::kernel::{KernelCtx, KernelFn};
 use crate::aicore::kernels::{KernelEntry, KernelHandle, KernelTable, MAX_KERNELS};
-use crate::aicpu::orch::{ChipArgs, ChipOrch, OrchestrationFn};
+use crate::aicpu::orch::{ChipArgs, ChipOrch, OrchCallable};
 use crate::error::{ChipError, KernelError};
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
@@ -37,9 +37,8 @@ impl OrchHandle {
 #[derive(Clone)]
 pub(crate) struct OrchEntry {
     pub(crate) desc: CallableDescriptor,
-    /// The descriptor's name, shared with each run request (for its messages).
-    pub(crate) name: Arc<str>,
-    pub(crate) f: OrchestrationFn,
+    /// The function and the descriptor's name, shared with each run request.
+    pub(crate) callable: Arc<OrchCallable>,
 }
 
 /// Kernels and chip orchestrations, by digest.
@@ -153,9 +152,11 @@ impl Registry {
         self.orchs.insert(
             id,
             OrchEntry {
-                name: Arc::from(desc.name()),
+                callable: Arc::new(OrchCallable {
+                    name: desc.name().into(),
+                    f: Arc::new(f),
+                }),
                 desc,
-                f: Arc::new(f),
             },
         );
         Ok(OrchHandle { id })

@@ -7,7 +7,7 @@ use super::args::{RunArg, RunArgs};
 use super::timer::{Mark, RunTimer};
 use super::worker::ChipWorker;
 use crate::aicore::kernels::{KernelTable, RunEnv};
-use crate::aicpu::orch::{wait_reply, ChipArgs, OrchMsg, OrchReply, OrchRequest, OrchestrationFn};
+use crate::aicpu::orch::{wait_reply, ChipArgs, OrchCallable, OrchMsg, OrchReply, OrchRequest};
 use crate::aicpu::registry::OrchHandle;
 use crate::aicpu::sched::{RunCtl, SchedReport};
 use crate::aicpu::tensor::ChipTensor;
@@ -279,7 +279,7 @@ impl ChipWorker {
         }
         let entry = self.registry.orch_entry(&orch.id())?;
         Self::check_signature(&entry.desc, args)?;
-        let (f, name) = (entry.f.clone(), entry.name.clone());
+        let callable = entry.callable.clone();
         let kernels = self
             .kernels_snapshot
             .get_or_insert_with(|| Arc::new(self.registry.kernels().clone()))
@@ -291,8 +291,7 @@ impl ChipWorker {
         };
         Ok(RunPlan {
             rings,
-            f,
-            name,
+            callable,
             kernels,
             timeout,
             swimlane: config.swimlane == 1,
@@ -351,8 +350,7 @@ impl ChipWorker {
         let run_seq = self.runs;
         let timeout = plan.timeout;
         let req = OrchRequest {
-            name: plan.name,
-            f: plan.f,
+            callable: plan.callable,
             args: staged.args,
             kernels: plan.kernels,
             rings: plan.rings,
@@ -523,8 +521,7 @@ impl ChipWorker {
 /// What validation found a run needs.
 struct RunPlan {
     rings: [RingSizing; RING_COUNT],
-    f: OrchestrationFn,
-    name: Arc<str>,
+    callable: Arc<OrchCallable>,
     kernels: Arc<KernelTable>,
     timeout: Duration,
     /// Record a swimlane ([`CallConfig::swimlane`] is 1).
