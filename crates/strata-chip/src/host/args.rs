@@ -15,7 +15,7 @@ pub struct CopyOffsets {
     pub host: usize,
 }
 
-/// How [`ChipWorker::alloc_tensor`] initialises a tensor.
+/// How [`ChipWorker::alloc_tensor`](crate::ChipWorker::alloc_tensor) initialises a tensor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TensorInit {
     /// Leave the contents undefined.
