@@ -264,7 +264,7 @@ pub enum ChipError {
     },
     /// An error inside a kernel, returned by a [`crate::KernelCtx`] accessor.
     #[error(transparent)]
-    Kernel(#[from] crate::kernel::KernelError),
+    Kernel(#[from] KernelError),
     /// The chip cannot run anything any more.
     #[error("the chip is unusable: {0}")]
     Unusable(String),
@@ -297,5 +297,41 @@ impl ChipError {
             code,
             message: message.into(),
         }
+    }
+}
+
+/// The error a kernel returns; it fails the task (downstream tasks are poisoned and the
+/// run reports it with the kernel's name).
+///
+/// ```
+/// use strata_chip::KernelError;
+/// let e = KernelError::new("tile 3 is empty");
+/// assert_eq!(e.to_string(), "tile 3 is empty");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct KernelError(pub(crate) String);
+
+impl KernelError {
+    /// An error with a message.
+    pub fn new(msg: impl Into<String>) -> Self {
+        KernelError(msg.into())
+    }
+
+    /// The message.
+    pub fn message(&self) -> &str {
+        &self.0
+    }
+}
+
+impl From<String> for KernelError {
+    fn from(s: String) -> Self {
+        KernelError(s)
+    }
+}
+
+impl From<&str> for KernelError {
+    fn from(s: &str) -> Self {
+        KernelError(s.to_owned())
     }
 }

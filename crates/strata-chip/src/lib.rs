@@ -28,39 +28,32 @@
 //! See `docs/chip.md` for the threads, rings and the core handshake.
 
 mod aicore;
+mod aicpu;
 mod config;
 mod device;
 mod error;
-mod kernel;
-mod link;
-mod memory;
-mod orch;
-mod registry;
-mod sched;
-mod stall;
-mod strace;
-mod swimlane;
+mod host;
 mod task;
-mod task_args;
-mod tensor;
-mod worker;
+mod trace;
 
+pub use aicore::kernel::{KernelCtx, KernelFn};
+pub use aicore::kernels::{KernelHandle, KernelRef, MAX_KERNELS};
+pub use aicpu::orch::{ChipArgs, ChipOrch, OrchestrationFn};
+pub use aicpu::registry::{OrchHandle, Registry, MAX_ORCHESTRATIONS};
+pub use aicpu::tensor::{
+    ChipTaskId, ChipTensor, CoreArgs, MixedKernels, TaskOutputs, TensorCreateInfo,
+};
 pub use config::{
     ChipConfig, CoreType, OrchestratorPlacement, RingSizing, DEFAULT_RING_HEAP_BYTES,
     EXIT_ORCHESTRATION_STALLED, MAX_AIC_CORES, MAX_AIV_CORES, REFERENCE_DEP_POOL,
     REFERENCE_RING_HEAP_BYTES, REFERENCE_TASK_WINDOW,
 };
-pub use device::{SharedTensor, TensorMut, TensorRef};
-pub use error::{codes, ChipError};
-pub use kernel::{KernelCtx, KernelError};
-pub use memory::{DevicePtr, DeviceTensor, DEVICE_ALIGN};
-pub use orch::{ChipArgs, ChipOrch};
-pub use registry::{
-    KernelFn, KernelHandle, KernelRef, OrchHandle, OrchestrationFn, Registry, MAX_KERNELS,
-    MAX_ORCHESTRATIONS,
-};
-pub use strace::{parse_strace, span_tree, Span, SpanTree};
-pub use swimlane::{SwimRecord, Swimlane};
-pub use task_args::TaskArgsError;
-pub use tensor::{ChipTaskId, ChipTensor, CoreArgs, MixedKernels, TaskOutputs, TensorCreateInfo};
-pub use worker::{ChipWorker, CopyOffsets, RunArgs, RunReport, TensorInit};
+pub use device::arena::{SharedTensor, TensorMut, TensorRef};
+pub use device::memory::{DevicePtr, DeviceTensor, DEVICE_ALIGN};
+pub use error::{codes, ChipError, KernelError};
+pub use host::args::{CopyOffsets, RunArgs, TensorInit};
+pub use host::run::RunReport;
+pub use host::task_args::TaskArgsError;
+pub use host::worker::ChipWorker;
+pub use trace::strace::{parse_strace, span_tree, Span, SpanTree};
+pub use trace::swimlane::{SwimRecord, Swimlane};

@@ -1,10 +1,7 @@
 //! The payload of a chip task: what the scheduler and the cores need to run it.
 
-use crate::device::Claims;
-use crate::registry::Registry;
-use std::any::Any;
+use crate::device::arena::Claims;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
 use strata_types::{ArgTag, TensorView};
 
 /// The subtask lanes of a task: AIC, AIV0, AIV1.
@@ -120,35 +117,6 @@ pub(crate) struct TaskDesc {
     /// False until the orchestrator has placed and initialised the task's created
     /// tensors; the scheduler does not start (or complete) an unarmed task.
     pub(crate) armed: AtomicBool,
-}
-
-/// What every thread of a chip shares for one run: the registry snapshot and the comm
-/// context. Cores and the scheduler hold it per run, never per task, so dispatching a
-/// task touches no shared reference count.
-pub(crate) struct RunEnv {
-    pub(crate) epoch: u64,
-    pub(crate) registry: Arc<Registry>,
-    pub(crate) comm: Option<Arc<dyn Any + Send + Sync>>,
-}
-
-impl RunEnv {
-    pub(crate) fn new(
-        epoch: u64,
-        registry: Arc<Registry>,
-        comm: Option<Arc<dyn Any + Send + Sync>>,
-    ) -> Self {
-        RunEnv {
-            epoch,
-            registry,
-            comm,
-        }
-    }
-
-    /// The name of kernel `func` (for messages).
-    pub(crate) fn func_name(&self, func: Option<u32>) -> &str {
-        func.and_then(|f| self.registry.kernel_by_func(f))
-            .map_or("?", |k| &k.name)
-    }
 }
 
 impl std::fmt::Debug for TaskDesc {

@@ -9,8 +9,8 @@
 //! run's budget (counted in ticks it saw) it ends the process, the only way to stop a thread that does not return.
 //! The parent that watches the process reports its end.
 
+use crate::aicpu::sched::SchedShared;
 use crate::config::EXIT_ORCHESTRATION_STALLED;
-use crate::sched::SchedShared;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;

@@ -1,48 +1,18 @@
 //! What a kernel sees: [`KernelCtx`] (typed views of its tensors, scalars, SPMD
-//! coordinates, cancellation, comm hook) and [`KernelError`].
+//! coordinates, cancellation, comm hook), and the type of a kernel ([`KernelFn`]). The
+//! error a kernel returns, [`KernelError`], lives with the crate's other errors.
 
 use crate::config::CoreType;
-use crate::device::{Arena, ClaimError, SharedTensor, TensorMut, TensorRef};
-use crate::task::{RunEnv, TaskDesc};
+use crate::device::arena::{Arena, ClaimError, SharedTensor, TensorMut, TensorRef};
+use crate::error::KernelError;
+use crate::task::{KTensor, TaskDesc};
 use std::any::Any;
+use std::sync::Arc;
 use strata_sync::sync::{AtomicU64, Ordering};
 use strata_types::{ArgTag, Element, Scalar, TensorView};
 
-/// The error a kernel returns; it fails the task (downstream tasks are poisoned and the
-/// run reports it with the kernel's name).
-///
-/// ```
-/// use strata_chip::KernelError;
-/// let e = KernelError::new("tile 3 is empty");
-/// assert_eq!(e.to_string(), "tile 3 is empty");
-/// ```
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct KernelError(String);
-
-impl KernelError {
-    /// An error with a message.
-    pub fn new(msg: impl Into<String>) -> Self {
-        KernelError(msg.into())
-    }
-
-    /// The message.
-    pub fn message(&self) -> &str {
-        &self.0
-    }
-}
-
-impl From<String> for KernelError {
-    fn from(s: String) -> Self {
-        KernelError(s)
-    }
-}
-
-impl From<&str> for KernelError {
-    fn from(s: &str) -> Self {
-        KernelError(s.to_owned())
-    }
-}
+/// A kernel: runs on an emulated AICore.
+pub type KernelFn = Arc<dyn Fn(&mut KernelCtx<'_>) -> Result<(), KernelError> + Send + Sync>;
 
 /// The context of one kernel invocation: one SPMD block of one subtask (AIC, AIV0 or
 /// AIV1) of one task, on one core.
@@ -61,13 +31,15 @@ pub struct KernelCtx<'a> {
     pub(crate) block_idx: u32,
     pub(crate) sub_block_id: u32,
     pub(crate) lane: u8,
-    pub(crate) func: u32,
     pub(crate) core_id: u32,
     pub(crate) core_type: CoreType,
     pub(crate) cancel: &'a AtomicU64,
     pub(crate) seq: u64,
     pub(crate) task_id: u64,
-    pub(crate) env: &'a RunEnv,
+    /// The registered name of the kernel (for its messages).
+    pub(crate) kernel_name: &'a str,
+    /// The chip's communication context, if it was given one.
+    pub(crate) comm: Option<&'a (dyn Any + Send + Sync)>,
 }
 
 impl std::fmt::Debug for KernelCtx<'_> {
@@ -115,7 +87,7 @@ impl<'a> KernelCtx<'a> {
 
     /// The registered name of the running kernel.
     pub fn kernel_name(&self) -> &str {
-        self.env.func_name(Some(self.func))
+        self.kernel_name
     }
 
     /// Number of tensor arguments.
@@ -175,10 +147,10 @@ impl<'a> KernelCtx<'a> {
     /// The communication context the chip was given for distributed kernels
     /// ([`crate::ChipWorker::set_comm_context`]), if it has type `C`.
     pub fn comm<C: Any>(&self) -> Option<&'a C> {
-        self.env.comm.as_deref().and_then(|c| c.downcast_ref::<C>())
+        self.comm.and_then(|c| c.downcast_ref::<C>())
     }
 
-    fn arg(&self, i: usize) -> Result<&'a crate::task::KTensor, KernelError> {
+    fn arg(&self, i: usize) -> Result<&'a KTensor, KernelError> {
         let desc: &'a TaskDesc = self.desc;
         desc.tensors.get(i).ok_or_else(|| {
             KernelError(format!(
@@ -189,7 +161,7 @@ impl<'a> KernelCtx<'a> {
         })
     }
 
-    fn typed<T: Element>(&self, i: usize) -> Result<&'a crate::task::KTensor, KernelError> {
+    fn typed<T: Element>(&self, i: usize) -> Result<&'a KTensor, KernelError> {
         let a = self.arg(i)?;
         if a.view.dtype() != T::DTYPE {
             return Err(KernelError(format!(

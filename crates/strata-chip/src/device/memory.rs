@@ -3,7 +3,7 @@
 //! so every misuse — double free, stale handle, interior free, out-of-range copy, a handle
 //! of another chip — is a typed error.
 
-use crate::device::Arena;
+use crate::device::arena::Arena;
 use crate::error::ChipError;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};

@@ -1,8 +1,8 @@
 //! Orchestration-side tensors and task arguments: [`ChipTensor`], [`TensorCreateInfo`],
 //! [`CoreArgs`], [`MixedKernels`], [`TaskOutputs`], [`ChipTaskId`].
 
+use crate::aicore::kernels::KernelRef;
 use crate::error::ChipError;
-use crate::registry::KernelRef;
 use strata_graph::{BufferKey, TaskRef};
 use strata_types::{ArgLimits, ArgTag, DataType, Element, Scalar, TensorView, MAX_DIMS};
 
@@ -162,7 +162,7 @@ impl TensorCreateInfo {
     pub fn with_initial_value<T: Element>(mut self, v: T) -> Self {
         let mut bytes = [0u8; 8];
         bytes[..std::mem::size_of::<T>()]
-            .copy_from_slice(crate::device::as_bytes(std::slice::from_ref(&v)));
+            .copy_from_slice(crate::device::arena::as_bytes(std::slice::from_ref(&v)));
         self.init = Some((T::DTYPE, bytes));
         self
     }

@@ -3,7 +3,8 @@
 //! chip run ([`RunArgs`]). Used by the level-2 facade and by the engine's chip child.
 
 use crate::error::ChipError;
-use crate::worker::{ChipWorker, RunArgs};
+use crate::host::args::RunArgs;
+use crate::host::worker::ChipWorker;
 use strata_types::{BufferLocation, TaskArgs};
 
 /// Why a `TaskArgs` tensor cannot be an argument of a run on this chip.

@@ -1,13 +1,15 @@
 //! The chip orchestration API ([`ChipOrch`], running on the emulated AICPU's orchestrator
 //! thread) and the orchestrator thread's loop.
 
+use crate::aicore::kernels::{KernelRef, KernelTable};
+use crate::aicpu::sched::{RunCtl, SchedCell, SchedMsg, SchedShared, Topology, BROKEN_CHECK};
+use crate::aicpu::tensor::{
+    ArgTensor, ChipTensor, CoreArgs, MixedKernels, TaskOutputs, TensorCreateInfo,
+};
 use crate::config::RingSizing;
-use crate::device::Arena;
+use crate::device::arena::Arena;
 use crate::error::{codes, ChipError};
-use crate::registry::{OrchestrationFn, Registry};
-use crate::sched::{RunCtl, SchedCell, SchedMsg, SchedShared, Topology, BROKEN_CHECK};
 use crate::task::{KTensor, Meta, Shape, TaskDesc};
-use crate::tensor::{ArgTensor, ChipTensor, CoreArgs, MixedKernels, TaskOutputs, TensorCreateInfo};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -16,7 +18,19 @@ use strata_graph::{
     Overlap, RingConfig, TaskRef, TaskSpec,
 };
 use strata_sync::{CpuHint, Driven, Slot};
-use strata_types::{ArgTag, CallableId, DataType, Element, IdentityMinter, Scalar, RING_COUNT};
+use strata_types::{ArgTag, DataType, Element, IdentityMinter, Scalar, RING_COUNT};
+
+/// A chip orchestration: runs on the emulated AICPU and submits kernel tasks.
+pub type OrchestrationFn =
+    Arc<dyn Fn(&mut ChipOrch, &ChipArgs) -> Result<(), ChipError> + Send + Sync>;
+
+/// A registered orchestration as a run request carries it: its name (for messages) and
+/// its function, in one allocation, so handing it to the orchestrator costs one
+/// reference count.
+pub(crate) struct OrchCallable {
+    pub(crate) name: Box<str>,
+    pub(crate) f: OrchestrationFn,
+}
 
 /// The arguments of a run as the orchestration sees them: entry tensors (already in device
 /// memory) and scalars.
@@ -74,11 +88,11 @@ const THROTTLE_MAX_AHEAD: u64 = 4096;
 
 /// One run request for the orchestrator thread.
 pub(crate) struct OrchRequest {
-    /// The orchestration (its name is looked up in `registry` only for an error message).
-    pub(crate) id: CallableId,
-    pub(crate) f: OrchestrationFn,
+    /// The orchestration.
+    pub(crate) callable: Arc<OrchCallable>,
     pub(crate) args: ChipArgs,
-    pub(crate) registry: Arc<Registry>,
+    /// The run's kernel table snapshot (what kernel references resolve in).
+    pub(crate) kernels: Arc<KernelTable>,
     pub(crate) rings: [RingSizing; RING_COUNT],
     pub(crate) reconfigure: bool,
     pub(crate) ring_bases: [u64; RING_COUNT],
@@ -139,7 +153,7 @@ pub(crate) struct OrchLink {
 /// error; the run fails with its code.
 pub struct ChipOrch {
     graph: Orchestrator<Arc<TaskDesc>>,
-    registry: Arc<Registry>,
+    kernels: Arc<KernelTable>,
     arena: Arc<Arena>,
     shared: Arc<SchedShared>,
     /// The scheduler, which the orchestrator drives itself while it waits for a run.
@@ -199,7 +213,7 @@ impl ChipOrch {
         ChipOrch {
             sched,
             graph,
-            registry: Arc::new(Registry::new()),
+            kernels: Arc::new(KernelTable::default()),
             arena,
             shared,
             topo,
@@ -334,7 +348,7 @@ impl ChipOrch {
     /// As [`ChipOrch::submit`].
     pub fn submit_aic(
         &mut self,
-        kernel: impl Into<crate::KernelRef>,
+        kernel: impl Into<KernelRef>,
         args: &CoreArgs,
     ) -> Result<TaskOutputs, ChipError> {
         self.submit(MixedKernels::none().with_aic(kernel), args)
@@ -346,7 +360,7 @@ impl ChipOrch {
     /// As [`ChipOrch::submit`].
     pub fn submit_aiv(
         &mut self,
-        kernel: impl Into<crate::KernelRef>,
+        kernel: impl Into<KernelRef>,
         args: &CoreArgs,
     ) -> Result<TaskOutputs, ChipError> {
         self.submit(MixedKernels::none().with_aiv0(kernel), args)
@@ -361,10 +375,10 @@ impl ChipOrch {
         self.submit(MixedKernels::none(), args)
     }
 
-    fn resolve(&mut self, k: Option<crate::KernelRef>) -> Result<Option<u32>, ChipError> {
+    fn resolve(&mut self, k: Option<KernelRef>) -> Result<Option<u32>, ChipError> {
         match k {
             None => Ok(None),
-            Some(k) => match self.registry.resolve_func(k) {
+            Some(k) => match self.kernels.resolve_func(k) {
                 Ok(f) => Ok(Some(f)),
                 Err(e) => Err(self.latch(codes::INVALID_ARGS, e.to_string())),
             },
@@ -956,7 +970,7 @@ impl ChipOrch {
         }
         self.rings = req.rings;
         self.ring_bases = req.ring_bases;
-        self.registry = req.registry.clone();
+        self.kernels = req.kernels.clone();
         self.fatal = None;
         self.tasks = 0;
         self.pending_begin = Some(req.ctl.clone());
@@ -973,14 +987,10 @@ impl ChipOrch {
             }
         };
         reply.t_orch_start = strata_sync::mono_ns();
-        let f = &req.f;
+        let f = &req.callable.f;
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(self, &req.args)));
         reply.t_orch_end = strata_sync::mono_ns();
-        let name = || {
-            req.registry
-                .orch_entry(&req.id)
-                .map_or_else(|_| req.id.to_string(), |e| e.desc.name().to_owned())
-        };
+        let name = || req.callable.name.to_string();
         let ended = match (&self.fatal, result) {
             (Some(e), _) => {
                 let code = e.code().unwrap_or(codes::EXPLICIT_ORCH_FATAL);

@@ -1,33 +1,15 @@
 //! One emulated AICore: a thread that pops dispatch descriptors from its ring, runs the
 //! kernel (under `catch_unwind`), and pushes a completion.
 
+use crate::aicore::kernel::KernelCtx;
+use crate::aicore::kernels::RunEnv;
+use crate::aicore::link::{Completion, CoreLink, CoreMsg, Dispatch};
 use crate::config::CoreType;
-use crate::device::Arena;
-use crate::kernel::KernelCtx;
-use crate::link::{Completion, CoreLink, CoreMsg};
-use crate::task::{RunEnv, TaskDesc};
+use crate::device::arena::Arena;
 use std::sync::Arc;
 use std::time::Duration;
 use strata_sync::sync::Ordering;
 use strata_sync::{panic_message, Idle, ThreadBell};
-
-/// One (task, block, subtask) handed to a core.
-pub(crate) struct Dispatch {
-    /// Sequence number of this dispatch on its core (starts at 1).
-    pub(crate) seq: u64,
-    pub(crate) task_id: u64,
-    /// The run epoch (selects the run environment).
-    pub(crate) epoch: u64,
-    pub(crate) desc: Arc<TaskDesc>,
-    pub(crate) block: u32,
-    /// Kernel lane: 0 AIC, 1 AIV0, 2 AIV1.
-    pub(crate) lane: u8,
-    /// The lane's kernel (`func_id` in the run's registry).
-    pub(crate) func: u32,
-    pub(crate) sub_block_id: u32,
-    /// Record start/end times (swimlane).
-    pub(crate) timing: bool,
-}
 
 /// What a core thread needs.
 pub(crate) struct CoreEnv {
@@ -41,7 +23,7 @@ pub(crate) struct CoreEnv {
 
 fn run_one(env: &CoreEnv, run: &RunEnv, d: Dispatch) -> Completion {
     let start_ns = if d.timing { strata_sync::mono_ns() } else { 0 };
-    let failure = match run.registry.kernel_by_func(d.func) {
+    let failure = match run.kernels.kernel_by_func(d.func) {
         None => Some(format!("no kernel in lane {} of task {}", d.lane, d.task_id).into()),
         Some(k) => {
             let mut ctx = KernelCtx {
@@ -50,13 +32,13 @@ fn run_one(env: &CoreEnv, run: &RunEnv, d: Dispatch) -> Completion {
                 block_idx: d.block,
                 sub_block_id: d.sub_block_id,
                 lane: d.lane,
-                func: d.func,
                 core_id: env.id,
                 core_type: env.ty,
                 cancel: &env.link.cancel,
                 seq: d.seq,
                 task_id: d.task_id,
-                env: run,
+                kernel_name: &k.name,
+                comm: run.comm.as_deref(),
             };
             match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (k.f)(&mut ctx))) {
                 Ok(Ok(())) => None,

@@ -4,44 +4,17 @@
 //! A registry is plain data (function objects behind `Arc`s): cloning it is cheap, and a
 //! clone taken before forking chip children finds every callable by digest.
 
-use crate::error::ChipError;
-use crate::kernel::{KernelCtx, KernelError};
-use crate::orch::{ChipArgs, ChipOrch};
+use crate::aicore::kernel::{KernelCtx, KernelFn};
+use crate::aicore::kernels::{KernelEntry, KernelHandle, KernelTable, MAX_KERNELS};
+use crate::aicpu::orch::{ChipArgs, ChipOrch, OrchCallable};
+use crate::error::{ChipError, KernelError};
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::sync::Arc;
 use strata_types::{CallableDescriptor, CallableId, CallableKind};
 
-/// Most kernels a chip can address (the reference's `RUNTIME_MAX_FUNC_ID`).
-pub const MAX_KERNELS: usize = 1024;
 /// Most chip orchestrations a chip can hold (the reference's registered-callable limit).
 pub const MAX_ORCHESTRATIONS: usize = 64;
-
-/// A kernel: runs on an emulated AICore.
-pub type KernelFn = Arc<dyn Fn(&mut KernelCtx<'_>) -> Result<(), KernelError> + Send + Sync>;
-
-/// A chip orchestration: runs on the emulated AICPU and submits kernel tasks.
-pub type OrchestrationFn =
-    Arc<dyn Fn(&mut ChipOrch, &ChipArgs) -> Result<(), ChipError> + Send + Sync>;
-
-/// The handle of a registered kernel: its digest and its `func_id`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct KernelHandle {
-    id: CallableId,
-    func_id: u32,
-}
-
-impl KernelHandle {
-    /// The callable digest (the kernel's identity across processes).
-    pub fn id(&self) -> CallableId {
-        self.id
-    }
-
-    /// The kernel's `func_id` on this registry (registration order, lowest free first).
-    pub fn func_id(&self) -> u32 {
-        self.func_id
-    }
-}
 
 /// The handle of a registered chip orchestration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -61,58 +34,11 @@ impl OrchHandle {
     }
 }
 
-/// How an orchestration names a kernel: by handle, by `func_id`, or by digest.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum KernelRef {
-    /// A handle returned by registration.
-    Handle(KernelHandle),
-    /// A `func_id`, as reference examples use.
-    FuncId(u32),
-    /// A callable digest.
-    Digest(CallableId),
-}
-
-impl From<KernelHandle> for KernelRef {
-    fn from(h: KernelHandle) -> Self {
-        KernelRef::Handle(h)
-    }
-}
-
-impl From<&KernelHandle> for KernelRef {
-    fn from(h: &KernelHandle) -> Self {
-        KernelRef::Handle(*h)
-    }
-}
-
-impl From<u32> for KernelRef {
-    fn from(f: u32) -> Self {
-        KernelRef::FuncId(f)
-    }
-}
-
-impl From<CallableId> for KernelRef {
-    fn from(id: CallableId) -> Self {
-        KernelRef::Digest(id)
-    }
-}
-
-#[derive(Clone)]
-pub(crate) struct KernelEntry {
-    pub(crate) id: CallableId,
-    pub(crate) name: Arc<str>,
-    pub(crate) f: KernelFn,
-}
-
-impl std::fmt::Debug for KernelEntry {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "KernelEntry({})", self.name)
-    }
-}
-
 #[derive(Clone)]
 pub(crate) struct OrchEntry {
     pub(crate) desc: CallableDescriptor,
-    pub(crate) f: OrchestrationFn,
+    /// The function and the descriptor's name, shared with each run request.
+    pub(crate) callable: Arc<OrchCallable>,
 }
 
 /// Kernels and chip orchestrations, by digest.
@@ -132,15 +58,14 @@ pub(crate) struct OrchEntry {
 /// ```
 #[derive(Clone, Default)]
 pub struct Registry {
-    kernels: Vec<Option<KernelEntry>>,
-    kernel_ids: HashMap<CallableId, u32>,
+    kernels: KernelTable,
     orchs: HashMap<CallableId, OrchEntry>,
 }
 
 impl std::fmt::Debug for Registry {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Registry")
-            .field("kernels", &self.kernel_ids.len())
+            .field("kernels", &self.kernels.len())
             .field("orchestrations", &self.orchs.len())
             .finish()
     }
@@ -179,34 +104,20 @@ impl Registry {
     ) -> Result<KernelHandle, ChipError> {
         check_kind(&desc, CallableKind::Kernel, "Kernel")?;
         let id = desc.digest();
-        if let Some(&func_id) = self.kernel_ids.get(&id) {
-            return Ok(KernelHandle { id, func_id });
+        if let Some(func_id) = self.kernels.func_of(&id) {
+            return Ok(KernelHandle::new(id, func_id));
         }
-        let func_id = match self.kernels.iter().position(Option::is_none) {
-            Some(i) => i,
-            None if self.kernels.len() < MAX_KERNELS => {
-                self.kernels.push(None);
-                self.kernels.len() - 1
-            }
-            None => {
-                return Err(ChipError::Registration {
-                    name: desc.name().to_owned(),
-                    reason: format!(
-                        "a chip addresses at most {MAX_KERNELS} kernels; unregister some"
-                    ),
-                })
-            }
-        };
-        self.kernels[func_id] = Some(KernelEntry {
+        let entry = KernelEntry {
             id,
             name: Arc::from(desc.name()),
             f,
-        });
-        self.kernel_ids.insert(id, func_id as u32);
-        Ok(KernelHandle {
-            id,
-            func_id: func_id as u32,
-        })
+        };
+        self.kernels
+            .insert(entry)
+            .ok_or_else(|| ChipError::Registration {
+                name: desc.name().to_owned(),
+                reason: format!("a chip addresses at most {MAX_KERNELS} kernels; unregister some"),
+            })
     }
 
     /// Registers a chip orchestration under `desc` (kind
@@ -241,8 +152,11 @@ impl Registry {
         self.orchs.insert(
             id,
             OrchEntry {
+                callable: Arc::new(OrchCallable {
+                    name: desc.name().into(),
+                    f: Arc::new(f),
+                }),
                 desc,
-                f: Arc::new(f),
             },
         );
         Ok(OrchHandle { id })
@@ -255,23 +169,12 @@ impl Registry {
     /// # Errors
     /// Past the kernel or orchestration limits.
     pub fn absorb(&mut self, other: &Registry) -> Result<(), ChipError> {
-        for e in other.kernels.iter().flatten() {
-            if !self.kernel_ids.contains_key(&e.id) {
-                let func_id = match self.kernels.iter().position(Option::is_none) {
-                    Some(i) => i,
-                    None if self.kernels.len() < MAX_KERNELS => {
-                        self.kernels.push(None);
-                        self.kernels.len() - 1
-                    }
-                    None => {
-                        return Err(ChipError::Registration {
-                            name: e.name.to_string(),
-                            reason: format!("a chip addresses at most {MAX_KERNELS} kernels"),
-                        })
-                    }
-                };
-                self.kernels[func_id] = Some(e.clone());
-                self.kernel_ids.insert(e.id, func_id as u32);
+        for e in other.kernels.entries() {
+            if self.kernels.func_of(&e.id).is_none() && self.kernels.insert(e.clone()).is_none() {
+                return Err(ChipError::Registration {
+                    name: e.name.to_string(),
+                    reason: format!("a chip addresses at most {MAX_KERNELS} kernels"),
+                });
             }
         }
         for (id, o) in &other.orchs {
@@ -293,8 +196,7 @@ impl Registry {
     /// # Errors
     /// [`ChipError::UnknownCallable`] if nothing is registered under `id`.
     pub fn unregister(&mut self, id: &CallableId) -> Result<(), ChipError> {
-        if let Some(func_id) = self.kernel_ids.remove(id) {
-            self.kernels[func_id as usize] = None;
+        if self.kernels.remove(id) {
             return Ok(());
         }
         if self.orchs.remove(id).is_some() {
@@ -307,8 +209,7 @@ impl Registry {
 
     /// The name of the kernel registered under `id`.
     pub fn kernel_name(&self, id: &CallableId) -> Option<&str> {
-        let f = *self.kernel_ids.get(id)?;
-        self.kernels[f as usize].as_ref().map(|e| &*e.name)
+        self.kernels.name(id)
     }
 
     /// The descriptor of the orchestration registered under `id`.
@@ -318,7 +219,7 @@ impl Registry {
 
     /// Number of registered kernels.
     pub fn kernel_count(&self) -> usize {
-        self.kernel_ids.len()
+        self.kernels.len()
     }
 
     /// Number of registered orchestrations.
@@ -329,7 +230,7 @@ impl Registry {
     /// A digest of the whole registry (every callable id, sorted): two processes with the
     /// same digest can exchange callables by id.
     pub fn digest(&self) -> CallableId {
-        let mut ids: Vec<&CallableId> = self.kernel_ids.keys().chain(self.orchs.keys()).collect();
+        let mut ids: Vec<&CallableId> = self.kernels.ids().chain(self.orchs.keys()).collect();
         ids.sort();
         let mut h = Sha256::new();
         for id in ids {
@@ -338,43 +239,9 @@ impl Registry {
         CallableId(h.finalize().into())
     }
 
-    pub(crate) fn resolve_kernel(&self, k: KernelRef) -> Result<&KernelEntry, ChipError> {
-        let func_id = match k {
-            KernelRef::Handle(h) => {
-                return match self.kernels.get(h.func_id as usize) {
-                    Some(Some(e)) if e.id == h.id => Ok(e),
-                    _ => self.resolve_kernel(KernelRef::Digest(h.id)),
-                }
-            }
-            KernelRef::FuncId(f) => f,
-            KernelRef::Digest(id) => {
-                *self
-                    .kernel_ids
-                    .get(&id)
-                    .ok_or_else(|| ChipError::UnknownCallable {
-                        what: format!("kernel {id}"),
-                    })?
-            }
-        };
-        self.kernels
-            .get(func_id as usize)
-            .and_then(Option::as_ref)
-            .ok_or_else(|| ChipError::UnknownCallable {
-                what: format!("kernel func_id {func_id}"),
-            })
-    }
-
-    pub(crate) fn kernel_by_func(&self, f: u32) -> Option<&KernelEntry> {
-        self.kernels.get(f as usize).and_then(Option::as_ref)
-    }
-
-    /// Resolves a kernel reference to its `func_id`.
-    pub(crate) fn resolve_func(&self, k: KernelRef) -> Result<u32, ChipError> {
-        let id = self.resolve_kernel(k)?.id;
-        Ok(*self
-            .kernel_ids
-            .get(&id)
-            .expect("resolved kernels are registered"))
+    /// The kernel half of the registry (what a run snapshots for its cores).
+    pub(crate) fn kernels(&self) -> &KernelTable {
+        &self.kernels
     }
 
     pub(crate) fn orch_entry(&self, id: &CallableId) -> Result<&OrchEntry, ChipError> {

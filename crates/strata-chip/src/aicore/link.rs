@@ -11,13 +11,34 @@
 //! The hand-off primitives themselves (the bounded [`Queue`], the [`ThreadBell`], the
 //! spin-then-park policies and their loom models) are strata-sync's.
 
+use crate::aicore::kernels::RunEnv;
+use crate::task::TaskDesc;
+use std::sync::{Arc, Mutex};
 use strata_sync::sync::{AtomicBool, AtomicU64};
 use strata_sync::{Queue, ThreadBell};
+
+/// One (task, block, subtask) handed to a core.
+pub(crate) struct Dispatch {
+    /// Sequence number of this dispatch on its core (starts at 1).
+    pub(crate) seq: u64,
+    pub(crate) task_id: u64,
+    /// The run epoch (selects the run environment).
+    pub(crate) epoch: u64,
+    pub(crate) desc: Arc<TaskDesc>,
+    pub(crate) block: u32,
+    /// Kernel lane: 0 AIC, 1 AIV0, 2 AIV1.
+    pub(crate) lane: u8,
+    /// The lane's kernel (`func_id` in the run's registry).
+    pub(crate) func: u32,
+    pub(crate) sub_block_id: u32,
+    /// Record start/end times (swimlane).
+    pub(crate) timing: bool,
+}
 
 /// What the scheduler sends a core.
 pub(crate) enum CoreMsg {
     /// Run one (task, block, subtask).
-    Run(crate::aicore::Dispatch),
+    Run(Dispatch),
     /// Leave the core loop.
     Exit,
 }
@@ -27,7 +48,7 @@ pub(crate) struct Completion {
     /// The dispatch's sequence number on this core.
     pub(crate) seq: u64,
     /// The task, handed back (moving the `Arc` touches no reference count).
-    pub(crate) desc: std::sync::Arc<crate::task::TaskDesc>,
+    pub(crate) desc: Arc<TaskDesc>,
     /// `None` on success, else the kernel's error message.
     pub(crate) failure: Option<Box<str>>,
     /// Start and end (ns since the chip's epoch) when timing was requested.
@@ -51,22 +72,20 @@ pub(crate) struct CoreLink {
     pub(crate) exited: AtomicBool,
     /// The current run's environment (the core re-reads it when a dispatch carries a new
     /// epoch).
-    pub(crate) env: std::sync::Mutex<std::sync::Arc<crate::task::RunEnv>>,
+    pub(crate) env: Mutex<Arc<RunEnv>>,
 }
 
-impl Default for CoreLink {
-    fn default() -> Self {
+impl CoreLink {
+    /// A link whose core starts in `env` (the chip's environment before its first run;
+    /// each run that changes it installs its own).
+    pub(crate) fn new(env: Arc<RunEnv>) -> Self {
         CoreLink {
             dispatch: Queue::new(DISPATCH_RING),
             completions: Queue::new(COMPLETION_RING),
             bell: ThreadBell::default(),
             cancel: AtomicU64::new(0),
             exited: AtomicBool::new(false),
-            env: std::sync::Mutex::new(std::sync::Arc::new(crate::task::RunEnv::new(
-                0,
-                std::sync::Arc::new(crate::registry::Registry::new()),
-                None,
-            ))),
+            env: Mutex::new(env),
         }
     }
 }

@@ -1,0 +1,15 @@
+//! The emulated AICores: what runs on a core thread and what it shares with the
+//! scheduler.
+//!
+//! - [`core_loop`]: the core thread (pop a dispatch, run its kernel, push the completion;
+//!   spin, yield, park when idle);
+//! - [`link`]: the scheduler ↔ core link (dispatch and completion rings, cancel word, bell)
+//!   and the messages on it;
+//! - [`kernel`]: what a kernel sees ([`KernelCtx`](crate::KernelCtx)) and the kernel type;
+//! - [`kernels`]: the kernel table (by `func_id` and digest) and the run environment the
+//!   cores run kernels in.
+
+pub(crate) mod core_loop;
+pub(crate) mod kernel;
+pub(crate) mod kernels;
+pub(crate) mod link;
