@@ -500,16 +500,6 @@ fn fmt_size(b: u64) -> String {
     }
 }
 
-/// The first three fields of /proc/loadavg (other load distorts every figure here).
-fn load() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .unwrap_or_default()
-        .split_whitespace()
-        .take(3)
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
 /// The ping-pongs taken in each round, around and between MPI and strata.
 const FLOORS: [&str; 4] = ["ping-pong 1", "ping-pong 2", "ping-pong 3", "ping-pong 4"];
 
@@ -794,9 +784,9 @@ fn main() {
     }
     json.machine(&machine);
     println!(
-        "total bench time {:.1} s; load average at the end: {}",
+        "total bench time {:.1} s; at the end: {}",
         started.elapsed().as_secs_f64(),
-        load()
+        Machine::now().line()
     );
     println!("{}", json.line());
 }

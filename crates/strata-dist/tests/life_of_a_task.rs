@@ -59,7 +59,10 @@ fn every_step_names_a_file_and_a_function_that_exist() {
             stale.push(format!("step {}: {file} defines no fn {name}", cells[1]));
         }
     }
-    assert!(steps >= 40, "the page lost its step tables ({steps} steps found)");
+    assert!(
+        steps >= 40,
+        "the page lost its step tables ({steps} steps found)"
+    );
     assert!(
         stale.is_empty(),
         "LIFE_OF_A_TASK.md is out of date:\n{}",
@@ -69,7 +72,10 @@ fn every_step_names_a_file_and_a_function_that_exist() {
 
 #[test]
 fn the_checker_sees_a_missing_function() {
-    assert!(defines_fn("pub(crate) fn poll_lanes(&mut self)", "poll_lanes"));
+    assert!(defines_fn(
+        "pub(crate) fn poll_lanes(&mut self)",
+        "poll_lanes"
+    ));
     assert!(defines_fn("fn drive<R>(&self)", "drive"));
     assert!(!defines_fn("fn poll_lanes_all(&mut self)", "poll_lanes"));
     assert!(!defines_fn("// poll_lanes", "poll_lanes"));

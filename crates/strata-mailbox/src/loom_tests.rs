@@ -24,44 +24,7 @@ const FRAME_STAGED: u32 = MailboxState::FrameStaged as u32;
 const TASK_FAILED: u32 = MailboxState::TaskFailed as u32;
 const ACTIVATE: u32 = MailboxState::Activate as u32;
 
-/// A state word and its waiter count.
-struct Word {
-    state: AtomicU32,
-    waiters: AtomicU32,
-}
-
-impl Word {
-    fn new(v: u32) -> Word {
-        Word {
-            state: AtomicU32::new(v),
-            waiters: AtomicU32::new(0),
-        }
-    }
-    fn w(&self) -> WaitWord<'_> {
-        WaitWord {
-            state: &self.state,
-            waiters: &self.waiters,
-        }
-    }
-}
-
-/// Park at once (no spinning: spinning only adds re-reads, and a zero budget keeps the
-/// model deterministic), never time out, never tick.
-fn wait_for<const N: usize>(
-    words: [WaitWord<'_>; N],
-    mut ready: impl FnMut(&[u32; N]) -> bool,
-) -> [u32; N] {
-    let opts = WaitOptions::new().with_spin(Duration::ZERO);
-    wait_until(
-        words,
-        &opts,
-        Duration::from_secs(3600),
-        |s| Ok(ready(s).then_some(*s)),
-        || Ok(()),
-        String::new,
-    )
-    .expect("a wait without deadline or liveness check cannot fail")
-}
+use strata_sync::model::{park_until as wait_for, ModelWord as Word};
 
 /// A task frame: the state word plus payload the protocol hands back and forth.
 struct TaskFrame {

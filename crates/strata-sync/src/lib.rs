@@ -18,6 +18,8 @@ pub mod futex;
 mod handoff;
 #[cfg(all(test, loom))]
 mod loom_tests;
+#[cfg(loom)]
+pub mod model;
 mod seat;
 mod spin;
 pub mod sync;

@@ -6,10 +6,7 @@
 //! Run: `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=3 cargo test --release -p strata-sync --lib loom`
 
 use crate::sync::{fence, AtomicU32, Ordering};
-use crate::{
-    wait_until, Driven, DriverSeat, Idle, Queue, Slot, ThreadBell, Turn, WaitOptions, WaitWord,
-    WakeCounter,
-};
+use crate::{Driven, DriverSeat, Idle, Queue, Slot, ThreadBell, Turn, WakeCounter};
 use loom::sync::Arc;
 use loom::thread;
 use std::time::Duration;
@@ -17,44 +14,7 @@ use std::time::Duration;
 const IDLE: u32 = 0;
 const TASK_READY: u32 = 1;
 
-/// A state word and its waiter count.
-struct Word {
-    state: AtomicU32,
-    waiters: AtomicU32,
-}
-
-impl Word {
-    fn new(v: u32) -> Word {
-        Word {
-            state: AtomicU32::new(v),
-            waiters: AtomicU32::new(0),
-        }
-    }
-    fn w(&self) -> WaitWord<'_> {
-        WaitWord {
-            state: &self.state,
-            waiters: &self.waiters,
-        }
-    }
-}
-
-/// Park at once (no spinning: spinning only adds re-reads, and a zero budget keeps the
-/// model deterministic), never time out, never tick.
-fn wait_for<const N: usize>(
-    words: [WaitWord<'_>; N],
-    mut ready: impl FnMut(&[u32; N]) -> bool,
-) -> [u32; N] {
-    let opts = WaitOptions::new().with_spin(Duration::ZERO);
-    wait_until(
-        words,
-        &opts,
-        Duration::from_secs(3600),
-        |s| Ok::<_, crate::FutexError>(ready(s).then_some(*s)),
-        || Ok(()),
-        |_| unreachable!("no deadline"),
-    )
-    .expect("a wait without deadline or liveness check cannot fail")
-}
+use crate::model::{park_until as wait_for, ModelWord as Word};
 
 #[test]
 fn loom_parked_waiter_is_woken_by_a_publication() {
