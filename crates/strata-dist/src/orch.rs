@@ -34,6 +34,12 @@ pub struct Orch<'w> {
     pub(crate) ready: Vec<ReadyTask>,
     pub(crate) submitted: bool,
     pub(crate) config: Arc<EncodedConfig>,
+    /// The run's first hand-over left a dormant scheduler thread parked (the caller may be
+    /// about to drive the loop itself, `Link::push_ready`); anything that may wait for the
+    /// loop wakes it first ([`Orch::wake_deferred`]).
+    pub(crate) wake_deferred: bool,
+    /// Ready tasks were handed to the scheduler in this run.
+    pub(crate) handed_over: bool,
 }
 
 impl std::fmt::Debug for Orch<'_> {
@@ -65,7 +71,28 @@ impl<'w> Orch<'w> {
     }
 
     pub(crate) fn flush(&mut self) {
-        self.ctx.link.push_ready(&mut self.ready);
+        if self.ready.is_empty() {
+            return;
+        }
+        // The run's first hand-over does not wake a dormant scheduler thread: a one-task
+        // run whose caller drives the loop in `RunHandle::wait` then involves no wake-up
+        // at all. Every later hand-over wakes it (the loop must run while this
+        // orchestration goes on), and so does anything that may wait for the loop.
+        let first = !self.handed_over;
+        self.handed_over = true;
+        self.ctx.link.push_ready(&mut self.ready, !first);
+        self.wake_deferred |= first;
+    }
+
+    /// Wakes the scheduler thread if the run's first hand-over left it dormant: called
+    /// before anything that may wait for the loop (a graph submit or allocation that may
+    /// block on ring space, a control gate), and when the run is handed to a caller that
+    /// may not wait for it.
+    pub(crate) fn wake_deferred(&mut self) {
+        if self.wake_deferred {
+            self.wake_deferred = false;
+            self.ctx.link.wake_dormant();
+        }
     }
 
     fn check_next(
@@ -207,6 +234,7 @@ impl<'w> Orch<'w> {
         route: Route,
         members: &[Vec<Access>],
     ) -> Result<(), DistError> {
+        self.wake_deferred();
         self.submitted = true;
         let route = route.word();
         let spec = if members.len() == 1 {
@@ -403,6 +431,7 @@ impl<'w> Orch<'w> {
     /// # Errors
     /// Past 64 nested scopes (counting the run's own).
     pub fn scope_begin(&mut self) -> Result<(), DistError> {
+        self.wake_deferred();
         Ok(self.graph.scope_begin()?)
     }
 
@@ -411,6 +440,7 @@ impl<'w> Orch<'w> {
     /// # Errors
     /// Without a matching `scope_begin`.
     pub fn scope_end(&mut self) -> Result<(), DistError> {
+        self.wake_deferred();
         Ok(self.graph.scope_end()?)
     }
 
@@ -440,6 +470,7 @@ impl<'w> Orch<'w> {
         let key = BufferKey::new(identity, KeySpace::Host);
         // The space may only come back once tasks still in the hand-over batch have run.
         self.flush();
+        self.wake_deferred();
         let (_, slab) = self.graph.alloc(key, view.nbytes())?;
         let buffer = BufferDesc {
             identity,
@@ -456,6 +487,7 @@ impl<'w> Orch<'w> {
     /// (the reference's rule: control commands do not interleave with task dispatch), and
     /// waits until this run is the one executing.
     fn control_gate(&mut self, op: &str) -> Result<(), DistError> {
+        self.wake_deferred();
         if self.submitted {
             return Err(DistError::InvalidArgs(format!(
                 "{op} cannot follow a task submission in the same run; do device-memory control before submitting"

@@ -16,12 +16,12 @@ use crate::endpoint::{Endpoint, LocalEndpoint};
 use crate::task::{DistTask, Route, Target};
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use strata_graph::{Claimed, Failure, FailureKind, ReadyTask, RunId, Scheduler, TaskRef};
 use strata_host::{Children, Doorbell};
 use strata_mailbox::{FrameIdentity, TaskPublication, TaskSlot};
-use strata_sync::{Broken, Driven, DriverSeat, Turn};
+use strata_sync::{Broken, Driven, DriverSeat, SeatWaker, Turn};
 
 /// Spin before parking on the doorbell.
 const SPIN: Duration = Duration::from_micros(50);
@@ -66,6 +66,9 @@ pub(crate) struct Link {
     unusable_flag: AtomicBool,
     /// The scheduler ran out of work: hand ready tasks over at once rather than batching.
     hungry: AtomicBool,
+    /// Wakes the scheduler thread when a caller left it dormant (set once the driver
+    /// exists).
+    waker: OnceLock<Arc<SeatWaker>>,
 }
 
 impl Link {
@@ -77,6 +80,7 @@ impl Link {
             unusable: Mutex::new(None),
             unusable_flag: AtomicBool::new(false),
             hungry: AtomicBool::new(true),
+            waker: OnceLock::new(),
         }
     }
 
@@ -89,21 +93,37 @@ impl Link {
         self.inbox.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Hands ready tasks to the scheduler.
-    pub(crate) fn push_ready(&self, batch: &mut Vec<ReadyTask>) {
+    /// Hands ready tasks to the scheduler; with `wake`, also a scheduler thread a caller
+    /// left dormant (without, a caller is expected to drive the loop, or to call
+    /// [`Link::wake_dormant`] before it waits for anything the loop does).
+    pub(crate) fn push_ready(&self, batch: &mut Vec<ReadyTask>, wake: bool) {
         if batch.is_empty() {
             return;
         }
         self.inbox().ready.append(batch);
-        self.pending.store(true, Ordering::Release);
+        self.pending.store(true, Ordering::SeqCst);
         self.doorbell.ring();
+        if wake {
+            self.wake_dormant();
+        }
+    }
+
+    /// Wakes the scheduler thread if the last caller that drove the loop left it dormant
+    /// (quiet, `Driver::drive_until`) and nobody drives it now. Call after handing work
+    /// over.
+    #[inline]
+    pub(crate) fn wake_dormant(&self) {
+        if let Some(w) = self.waker.get() {
+            w.wake_dormant();
+        }
     }
 
     /// Queues a control command.
     pub(crate) fn push_control(&self, job: ControlJob) {
         self.inbox().controls.push(job);
-        self.pending.store(true, Ordering::Release);
+        self.pending.store(true, Ordering::SeqCst);
         self.doorbell.ring();
+        self.wake_dormant();
     }
 
     /// Asks the scheduler thread to stop: it dispatches nothing more, fails what is queued,
@@ -111,18 +131,22 @@ impl Link {
     /// running, whose children the caller then shuts down).
     pub(crate) fn stop(&self, deadline: std::time::Instant) {
         self.inbox().stop = Some(deadline);
-        self.pending.store(true, Ordering::Release);
+        self.pending.store(true, Ordering::SeqCst);
         self.doorbell.ring();
+        self.wake_dormant();
     }
 
     /// Test hook: a later scheduler pass panics (see [`PassFault`]).
     pub(crate) fn inject_pass_panic(&self, fault: PassFault) {
         self.inbox().fault = Some(fault);
-        self.pending.store(true, Ordering::Release);
+        self.pending.store(true, Ordering::SeqCst);
         self.doorbell.ring();
+        self.wake_dormant();
     }
 
-    /// Wakes the scheduler (a run changed phase).
+    /// Wakes the scheduler (a run changed phase). A dormant scheduler thread stays
+    /// parked: the loop was left with nothing queued, so a phase change gives it nothing
+    /// to dispatch.
     pub(crate) fn nudge(&self) {
         self.doorbell.ring();
     }
@@ -327,6 +351,22 @@ impl<E: Endpoint> SchedLoop<E> {
             self.sched.flush();
         }
         Step::Idle { busy }
+    }
+
+    /// Whether the loop has nothing to do until it is handed new work (nothing in the
+    /// inbox, queued, in flight or closing): a caller whose run is done may then leave
+    /// the scheduler thread parked. Hands the consumed slots back first, as an idle pass
+    /// would.
+    fn go_quiet(&mut self) -> bool {
+        if self.lanes.iter().any(LaneState::is_busy) {
+            return false;
+        }
+        self.sched.flush();
+        !self.link.pending.load(Ordering::SeqCst)
+            && self.stopping.is_none()
+            && self.fault.is_none()
+            && self.controls.is_empty()
+            && self.queues.values().all(RunQueues::is_empty)
     }
 
     /// Panics with the injected fault if this pass runs where it should fire.
@@ -777,10 +817,10 @@ pub(crate) struct Driver {
 
 impl Driver {
     pub(crate) fn new(lp: SchedLoop) -> Arc<Driver> {
-        Arc::new(Driver {
-            link: lp.link.clone(),
-            seat: DriverSeat::new(lp),
-        })
+        let link = lp.link.clone();
+        let seat = DriverSeat::new(lp);
+        let _ = link.waker.set(seat.waker());
+        Arc::new(Driver { link, seat })
     }
 
     /// Starts the scheduler thread.
@@ -843,7 +883,7 @@ impl Driver {
         let mut entered = false;
         let mut idle_since: Option<Instant> = None;
         let link = &self.link;
-        let driven = self.seat.drive(
+        let driven = self.seat.drive_quiet(
             || {
                 if !entered {
                     // In the seat: get the scheduler thread out of its spin on the
@@ -881,6 +921,13 @@ impl Driver {
                 }
                 turn
             },
+            // The run is done and the loop idle: leave the scheduler thread parked rather
+            // than wake it only to have it park again when this caller drives its next
+            // run. Waking it costs this round trip tens of µs whenever the kernel puts it
+            // on the CPU of the child the caller waits for (2 CPUs, 3 threads). It
+            // resumes at its park slice, or when work is handed over without a driver.
+            SchedLoop::go_quiet,
+            || link.pending.load(Ordering::SeqCst),
         );
         match driven {
             Driven::Broken(b) => {

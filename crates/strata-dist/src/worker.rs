@@ -505,6 +505,20 @@ impl DistWorker {
         args: &TaskArgs,
         config: &CallConfig,
     ) -> Result<RunHandle, DistError> {
+        self.submit_run(orch, args, config, false)
+    }
+
+    /// Builds a run. `waits`: the caller waits for it right away (`run`), so it drives the
+    /// loop itself and a scheduler thread left dormant need not be woken for the run's
+    /// first hand-over; otherwise the run is handed to a caller that may wait much later,
+    /// and the scheduler thread is woken.
+    fn submit_run(
+        &mut self,
+        orch: &HostOrchHandle,
+        args: &TaskArgs,
+        config: &CallConfig,
+        waits: bool,
+    ) -> Result<RunHandle, DistError> {
         let rt = self.runtime("submit")?;
         let f = rt
             .programs
@@ -528,15 +542,24 @@ impl DistWorker {
             ready: Vec::new(),
             submitted: false,
             config: encoded,
+            wake_deferred: false,
+            handed_over: false,
         };
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&mut o, args)))
             .unwrap_or_else(|p| {
                 Err(format!("panicked: {}", strata_sync::panic_message(&*p)).into())
             });
         o.flush();
+        if !waits || result.is_err() {
+            o.wake_deferred();
+        }
         match result {
             Ok(()) => {
-                rt.graph.close_run()?;
+                if let Err(e) = rt.graph.close_run() {
+                    // Nobody waits for this run: the loop must not stay parked on it.
+                    ctx.link.wake_dormant();
+                    return Err(e.into());
+                }
                 ctx.link.nudge();
                 Ok(RunHandle {
                     run,
@@ -562,7 +585,8 @@ impl DistWorker {
     /// # Errors
     /// As `submit`, and the run's first task error.
     pub fn run(&mut self, orch: &HostOrchHandle, args: &TaskArgs) -> Result<(), DistError> {
-        self.submit(orch, args)?.wait(None)
+        self.submit_run(orch, args, &CallConfig::default(), true)?
+            .wait(None)
     }
 
     /// [`DistWorker::run`] with a call configuration.
@@ -575,7 +599,7 @@ impl DistWorker {
         args: &TaskArgs,
         config: &CallConfig,
     ) -> Result<(), DistError> {
-        self.submit_with(orch, args, config)?.wait(None)
+        self.submit_run(orch, args, config, true)?.wait(None)
     }
 
     // ----- device memory outside runs ---------------------------------------------------

@@ -27,7 +27,7 @@ mod wait;
 
 pub use futex::FutexError;
 pub use handoff::{Idle, Queue, Slot, ThreadBell};
-pub use seat::{Broken, Driven, DriverSeat, Turn};
+pub use seat::{Broken, Driven, DriverSeat, SeatWaker, Turn};
 pub use spin::{push_retry, spin_polls, CpuHint, Spin, SpinStep, POLLS_PER_CLOCK, YIELD_AFTER};
 pub use wait::{wait_until, WaitOptions, WaitWord, WakeCounter};
 

@@ -315,3 +315,56 @@ fn loom_seat_a_panicking_pass_is_seen_by_every_waiter() {
         assert_eq!(seat.pass(|n| *n), Err(b));
     });
 }
+
+/// A caller leaves the seat "quiet" (`drive_quiet`: the loop's thread stays parked,
+/// dormant) while a producer hands the loop work and wakes it with `wake_dormant`; the
+/// producer may still see the caller in the seat (then it skips the wake, and the
+/// departing caller's `handed_over` re-check must see the work). The loop's thread waits
+/// for work on a bell while nobody drives, as the engine's scheduler waits on its
+/// doorbell. A lost wake-up leaves it parked forever (loom ignores park timeouts), which
+/// loom reports as a deadlock.
+#[test]
+fn loom_seat_a_dormant_loop_thread_is_woken_by_a_hand_over() {
+    loom::model(|| {
+        let seat = Arc::new(DriverSeat::new(0u32));
+        let pending = Arc::new(loom::sync::atomic::AtomicBool::new(false));
+        let bell = Arc::new(Word::new(0));
+        let lp = {
+            let (seat, pending, bell) = (seat.clone(), pending.clone(), bell.clone());
+            thread::spawn(move || {
+                seat.register_loop_thread();
+                loop {
+                    if seat.park_while_driven(Duration::from_secs(3600)) {
+                        continue;
+                    }
+                    let counter = WakeCounter::new(&bell.state, &bell.waiters);
+                    let seen = counter.load();
+                    if pending.load(Ordering::SeqCst) {
+                        return;
+                    }
+                    counter.wait_change(seen, Duration::ZERO, Duration::from_secs(3600));
+                }
+            })
+        };
+        let caller = {
+            let (seat, pending) = (seat.clone(), pending.clone());
+            thread::spawn(move || {
+                let turned = std::cell::Cell::new(false);
+                seat.drive_quiet(
+                    || turned.get().then_some(()),
+                    |_| {
+                        turned.set(true);
+                        Turn::Again
+                    },
+                    |_| true,
+                    || pending.load(Ordering::SeqCst),
+                )
+            })
+        };
+        pending.store(true, Ordering::SeqCst);
+        WakeCounter::new(&bell.state, &bell.waiters).bump();
+        seat.wake_dormant();
+        assert_eq!(caller.join().unwrap(), Driven::Done(()));
+        lp.join().unwrap();
+    });
+}

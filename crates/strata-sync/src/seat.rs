@@ -17,8 +17,11 @@
 //! `loom_tests.rs` for its model.
 
 use crate::panic_message;
-use crate::sync::{thread, AtomicBool, AtomicUsize, Mutex, MutexGuard, Ordering};
+use crate::sync::{fence, thread, Arc, AtomicBool, AtomicUsize, Mutex, MutexGuard, Ordering};
 use std::panic::{catch_unwind, AssertUnwindSafe};
+
+/// The dormant bit of `SeatWaker::drivers` (the rest counts the callers in the seat).
+const DORMANT: usize = 1 << (usize::BITS - 1);
 
 /// The loop is broken: a pass panicked. Carries the panic message.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -56,11 +59,23 @@ pub enum Driven<R> {
 /// The state of a loop and the seat from which it is driven. See the module docs.
 pub struct DriverSeat<L> {
     state: Mutex<Option<L>>,
-    /// Callers in (or entering) the seat: the loop's thread parks meanwhile.
-    drivers: AtomicUsize,
+    /// Callers in the seat, the loop's thread, whether it was left dormant.
+    waker: Arc<SeatWaker>,
     broken: AtomicBool,
     /// The panic message, written once before `broken` is set (under the state's lock).
     why: Mutex<Option<String>>,
+}
+
+/// The part of a [`DriverSeat`] a producer needs to wake the loop's thread after the last
+/// caller left it dormant ([`DriverSeat::drive_quiet`]); shareable without the state.
+#[derive(Debug)]
+pub struct SeatWaker {
+    /// The number of callers in (or entering) the seat — the loop's thread parks
+    /// meanwhile — and the [`DORMANT`] bit: the last caller left the loop quiet and did
+    /// not unpark the loop's thread, so whoever hands the loop work next must
+    /// ([`SeatWaker::wake_dormant`]). One word, so that whoever clears the bit (a
+    /// compare-exchange, which decides who unparks) has seen the departure that set it.
+    drivers: AtomicUsize,
     /// The loop's own thread, unparked when the last caller leaves.
     loop_thread: Mutex<Option<thread::Thread>>,
 }
@@ -68,7 +83,10 @@ pub struct DriverSeat<L> {
 impl<L> std::fmt::Debug for DriverSeat<L> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DriverSeat")
-            .field("drivers", &self.drivers.load(Ordering::Relaxed))
+            .field(
+                "drivers",
+                &(self.waker.drivers.load(Ordering::Relaxed) & !DORMANT),
+            )
             .field("broken", &self.broken.load(Ordering::Relaxed))
             .finish()
     }
@@ -79,29 +97,31 @@ impl<L> DriverSeat<L> {
     pub fn new(state: L) -> Self {
         DriverSeat {
             state: Mutex::new(Some(state)),
-            drivers: AtomicUsize::new(0),
+            waker: Arc::new(SeatWaker::new()),
             broken: AtomicBool::new(false),
             why: Mutex::new(None),
-            loop_thread: Mutex::new(None),
         }
     }
 
     /// Records the calling thread as the loop's own thread (a caller leaving the seat
     /// unparks it). Call it first thing on that thread.
     pub fn register_loop_thread(&self) {
-        *self.loop_thread.lock() = Some(thread::current());
+        *self.waker.loop_thread.lock() = Some(thread::current());
     }
 
     /// Whether a caller is driving (or about to): the loop's thread should park.
     #[inline]
     pub fn is_driven(&self) -> bool {
-        self.drivers.load(Ordering::Acquire) > 0
+        self.waker.drivers.load(Ordering::Acquire) & !DORMANT > 0
     }
 
     /// Parks the loop's thread for at most `slice` while a caller drives; `true` if it
     /// parked (the thread then re-checks everything).
     #[inline]
     pub fn park_while_driven(&self, slice: std::time::Duration) -> bool {
+        // The dormant bit is left for a producer or a departing caller to clear: clearing
+        // it here could erase a mark set for a park this thread is about to enter. A stale
+        // bit costs one spurious unpark at most.
         if !self.is_driven() {
             return false;
         }
@@ -180,11 +200,36 @@ impl<L> DriverSeat<L> {
     /// [`Driven::Broken`]). Leaving the seat (also on unwind) unparks the loop's thread.
     pub fn drive<R>(
         &self,
+        done: impl FnMut() -> Option<R>,
+        turn: impl FnMut(&mut L) -> Turn,
+    ) -> Driven<R> {
+        self.drive_quiet(done, turn, |_| false, || true)
+    }
+
+    /// [`DriverSeat::drive`], except that a caller whose work is done may leave the loop's
+    /// thread parked instead of unparking it: when `done` answered and `quiet(state)`
+    /// (asked while the caller still holds the state) says the loop has nothing to do
+    /// until it is handed new work. A caller that drives again soon (a run after a run)
+    /// then never wakes a thread only to have it park again — on a machine with no more
+    /// CPUs than spinning threads that wake-up costs the round trip tens of µs whenever
+    /// the kernel places the woken thread on the CPU of the party the caller waits for.
+    ///
+    /// The loop's thread, left parked ("dormant"), resumes when its park slice ends or
+    /// when a producer that hands the loop work calls [`DriverSeat::wake_dormant`] after
+    /// publishing it; `handed_over()` must then see that work (it is re-checked after the
+    /// caller left, so a hand-over racing the departure is never lost).
+    pub fn drive_quiet<R>(
+        &self,
         mut done: impl FnMut() -> Option<R>,
         mut turn: impl FnMut(&mut L) -> Turn,
+        quiet: impl FnOnce(&mut L) -> bool,
+        handed_over: impl Fn() -> bool,
     ) -> Driven<R> {
-        self.drivers.fetch_add(1, Ordering::AcqRel);
-        let _leave = Leave(self);
+        self.waker.drivers.fetch_add(1, Ordering::SeqCst);
+        let mut leave = Leave {
+            seat: self,
+            quiet: None,
+        };
         // The loop's thread may be finishing a pass: never block on it, it sees the
         // announcement and parks at its next iteration.
         let guard = loop {
@@ -208,20 +253,41 @@ impl<L> DriverSeat<L> {
         };
         // One catch for the whole drive (no cost per pass); the lock stays held until the
         // panic is recorded.
-        let driven = catch_unwind(AssertUnwindSafe(|| loop {
-            if let Some(r) = done() {
-                return Driven::Done(r);
-            }
-            match turn(state) {
-                Turn::Again => {}
-                Turn::HandBack => return Driven::HandedBack,
-                Turn::Over => return Driven::Over,
-            }
+        let driven = catch_unwind(AssertUnwindSafe(|| {
+            let driven = loop {
+                if let Some(r) = done() {
+                    break Driven::Done(r);
+                }
+                match turn(state) {
+                    Turn::Again => {}
+                    Turn::HandBack => break Driven::HandedBack,
+                    Turn::Over => break Driven::Over,
+                }
+            };
+            let quiet = matches!(driven, Driven::Done(_)) && quiet(state);
+            (driven, quiet)
         }));
         match driven {
-            Ok(d) => d,
+            Ok((d, quiet)) => {
+                if quiet {
+                    leave.quiet = Some(&handed_over);
+                }
+                d
+            }
             Err(p) => Driven::Broken(self.break_loop(&*p)),
         }
+    }
+
+    /// Unparks the loop's thread if the last caller left it dormant (see
+    /// [`SeatWaker::wake_dormant`]).
+    #[inline]
+    pub fn wake_dormant(&self) {
+        self.waker.wake_dormant();
+    }
+
+    /// The waker, for producers that do not hold the seat.
+    pub fn waker(&self) -> Arc<SeatWaker> {
+        self.waker.clone()
     }
 
     /// Runs `f` on the state outside the loop (e.g. to take a report), unless the loop is
@@ -239,15 +305,83 @@ impl<L> DriverSeat<L> {
     }
 }
 
-/// Leaves the seat (also on unwind) and unparks the loop's thread.
-struct Leave<'a, L>(&'a DriverSeat<L>);
+impl SeatWaker {
+    fn new() -> Self {
+        SeatWaker {
+            drivers: AtomicUsize::new(0),
+            loop_thread: Mutex::new(None),
+        }
+    }
 
-impl<L> Drop for Leave<'_, L> {
+    /// Unparks the loop's thread if the last caller left it parked with nothing to do
+    /// ([`DriverSeat::drive_quiet`]) and no caller drives now. A producer calls it after
+    /// it published work for the loop (the `handed_over` of `drive_quiet` must see it).
+    #[inline]
+    pub fn wake_dormant(&self) {
+        fence(Ordering::SeqCst);
+        if self.drivers.load(Ordering::SeqCst) == DORMANT {
+            self.wake_if_dormant();
+        }
+    }
+
+    /// Clears the dormant bit if nobody drives, and then unparks the loop's thread. (With
+    /// a driver in the seat the bit stays: that driver decides when it leaves.)
+    #[cold]
+    fn wake_if_dormant(&self) {
+        if self
+            .drivers
+            .compare_exchange(DORMANT, 0, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+        {
+            self.unpark_loop_thread();
+        }
+    }
+
+    fn unpark_loop_thread(&self) {
+        if let Some(t) = self.loop_thread.lock().as_ref() {
+            t.unpark();
+        }
+    }
+}
+
+/// Leaves the seat (also on unwind) and unparks the loop's thread — unless the caller
+/// left the loop quiet (then the loop's thread stays parked, marked dormant, and the
+/// hand-over check decides).
+struct Leave<'a, 'h, L> {
+    seat: &'a DriverSeat<L>,
+    /// Set when the loop was left quiet: whether work was handed over since.
+    quiet: Option<&'h dyn Fn() -> bool>,
+}
+
+impl<L> Drop for Leave<'_, '_, L> {
     fn drop(&mut self) {
-        if self.0.drivers.fetch_sub(1, Ordering::AcqRel) == 1 {
-            if let Some(t) = self.0.loop_thread.lock().as_ref() {
-                t.unpark();
-            }
+        let waker = &self.seat.waker;
+        let quiet = self.quiet;
+        // The last caller out clears the dormant bit and unparks the loop's thread, or
+        // (quiet) sets the bit and leaves it parked. One read-modify-write.
+        let before = waker
+            .drivers
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |d| {
+                let rest = (d & !DORMANT) - 1;
+                Some(match (rest, quiet.is_some()) {
+                    (0, true) => DORMANT,
+                    (0, false) => 0,
+                    _ => rest | (d & DORMANT),
+                })
+            })
+            .unwrap_or_else(|d| d);
+        if before & !DORMANT != 1 {
+            return;
+        }
+        let Some(handed_over) = quiet else {
+            waker.unpark_loop_thread();
+            return;
+        };
+        // A producer that still saw this caller in the seat did not wake the loop's
+        // thread: its work is visible here (both sides fence before they look).
+        fence(Ordering::SeqCst);
+        if handed_over() {
+            waker.wake_if_dormant();
         }
     }
 }
@@ -344,6 +478,50 @@ mod tests {
         );
         assert_eq!(d, Driven::Done(()));
         stop.store(true, Ordering::Relaxed);
+        t.join().unwrap();
+    }
+
+    #[test]
+    fn a_quiet_leave_keeps_the_loop_thread_parked_until_a_hand_over_wakes_it() {
+        let seat = Arc::new(DriverSeat::new(0u32));
+        let handed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let parks = Arc::new(AtomicU32::new(0));
+        let (s2, h2, p2) = (seat.clone(), handed.clone(), parks.clone());
+        let t = std::thread::spawn(move || {
+            s2.register_loop_thread();
+            loop {
+                // Parks for an hour while driven: only an unpark ends it.
+                if s2.is_driven() {
+                    p2.fetch_add(1, Ordering::SeqCst);
+                }
+                if s2.park_while_driven(std::time::Duration::from_secs(3600)) {
+                    continue;
+                }
+                if h2.load(Ordering::SeqCst) {
+                    return;
+                }
+                std::thread::yield_now();
+            }
+        });
+        // Drive until the loop's thread has parked, then leave quiet.
+        let d = seat.drive_quiet(
+            || (parks.load(Ordering::SeqCst) > 0).then_some(()),
+            |_| {
+                std::thread::yield_now();
+                Turn::Again
+            },
+            |_| true,
+            || handed.load(Ordering::SeqCst),
+        );
+        assert_eq!(d, Driven::Done(()));
+        assert_eq!(
+            seat.waker.drivers.load(Ordering::SeqCst),
+            DORMANT,
+            "the quiet caller left the loop's thread dormant"
+        );
+        handed.store(true, Ordering::SeqCst);
+        seat.wake_dormant();
+        assert_eq!(seat.waker.drivers.load(Ordering::SeqCst), 0, "woken");
         t.join().unwrap();
     }
 }
