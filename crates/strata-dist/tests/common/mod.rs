@@ -221,6 +221,10 @@ pub const N: u64 = 4096;
 pub struct PairSum {
     /// The level-3 orchestration: args = [a, b, c, d (inputs), out (output)].
     pub orch: HostOrchHandle,
+    /// The chip orchestration: args = [a, b (inputs), out (output)], one AIV vector add.
+    pub vadd: OrchHandle,
+    /// The sub callable: args = [x, y (inputs), out (output)], an element-wise sum.
+    pub sum: SubHandle,
 }
 
 /// Registers the kernel, the chip orchestration, the summing sub callable and the level-3
@@ -297,7 +301,7 @@ pub fn register_pair_sum(w: &mut DistWorker) -> Result<PairSum, String> {
         )?;
         Ok(())
     });
-    Ok(PairSum { orch })
+    Ok(PairSum { orch, vadd, sum })
 }
 
 /// Four input vectors seeded by `seed`, as shared tensors, and their host golden sum.

@@ -752,41 +752,7 @@ pub fn chips_and_a_sub_worker_compute_against_a_host_golden<M: Mode>() -> Outcom
     let mode = M::VALUE;
     let n = 1024u64;
     let mut w = l3(mode, 2, 1);
-    let add = w
-        .register_kernel("vadd", |ctx| {
-            let a = ctx.input::<f32>(0)?.to_vec();
-            let b = ctx.input::<f32>(1)?.to_vec();
-            let mut o = ctx.output::<f32>(2)?;
-            let out = o
-                .as_mut_slice()
-                .ok_or_else(|| strata_chip::KernelError::new("strided"))?;
-            for i in 0..out.len() {
-                out[i] = a[i] + b[i];
-            }
-            Ok(())
-        })
-        .unwrap();
-    let vadd = w
-        .register_chip_orchestration("vadd", move |o, a| {
-            o.submit_aiv(
-                add,
-                CoreArgs::new()
-                    .input(&a.tensor(0)?)
-                    .input(&a.tensor(1)?)
-                    .output(&a.tensor(2)?),
-            )?;
-            Ok(())
-        })
-        .unwrap();
-    let sum = w.register_sub("sum", |call| {
-        let x = call.tensor::<f32>(0)?.to_vec();
-        let y = call.tensor::<f32>(1)?.to_vec();
-        let mut o = call.tensor_mut::<f32>(2)?;
-        for i in 0..x.len() {
-            o.set(&[i as u64], x[i] + y[i])?;
-        }
-        Ok(())
-    });
+    let PairSum { vadd, sum, .. } = register_pair_sum(&mut w).unwrap();
     let a: Vec<f32> = (0..n).map(|i| i as f32).collect();
     let b: Vec<f32> = (0..n).map(|i| 2.0 * i as f32).collect();
     let c: Vec<f32> = (0..n).map(|i| 0.5 * i as f32).collect();
@@ -856,30 +822,7 @@ pub fn chips_and_a_sub_worker_compute_against_a_host_golden<M: Mode>() -> Outcom
 pub fn device_tensors_stay_resident_on_their_chip<M: Mode>() -> Outcome {
     let mode = M::VALUE;
     let mut w = l3(mode, 2, 0);
-    let scale = w
-        .register_kernel("scale", |ctx| {
-            let k: f32 = ctx.scalar(0)?;
-            let mut t = ctx.output::<f32>(0)?;
-            for v in t
-                .as_mut_slice()
-                .ok_or_else(|| strata_chip::KernelError::new("strided"))?
-            {
-                *v *= k;
-            }
-            Ok(())
-        })
-        .unwrap();
-    let chip_scale = w
-        .register_chip_orchestration("scale", move |o, a| {
-            o.submit_aiv(
-                scale,
-                CoreArgs::new()
-                    .inout(&a.tensor(0)?)
-                    .scalar(a.scalar::<f32>(0)?),
-            )?;
-            Ok(())
-        })
-        .unwrap();
+    let chip_scale = register_chip_scale(&mut w);
     let host = w.shared_tensor_from(&[8], &[1.0f32; 8]).unwrap();
     let result = w.shared_tensor(&[8], DataType::F32).unwrap();
     let holder: Arc<std::sync::Mutex<Option<ChildTensor>>> = Arc::default();
@@ -1029,30 +972,7 @@ pub fn a_blocked_group_reserves_its_targets_and_precedes_conflicting_singles<M: 
 pub fn group_members_run_on_the_worker_ids_they_name<M: Mode>() -> Outcome {
     let mode = M::VALUE;
     let mut w = l3(mode, 2, 0);
-    let scale = w
-        .register_kernel("scale", |ctx| {
-            let k: f32 = ctx.scalar(0)?;
-            let mut t = ctx.output::<f32>(0)?;
-            for v in t
-                .as_mut_slice()
-                .ok_or_else(|| strata_chip::KernelError::new("strided"))?
-            {
-                *v *= k;
-            }
-            Ok(())
-        })
-        .unwrap();
-    let chip_scale = w
-        .register_chip_orchestration("scale", move |o, a| {
-            o.submit_aiv(
-                scale,
-                CoreArgs::new()
-                    .inout(&a.tensor(0)?)
-                    .scalar(a.scalar::<f32>(0)?),
-            )?;
-            Ok(())
-        })
-        .unwrap();
+    let chip_scale = register_chip_scale(&mut w);
     let ones = w.shared_tensor_from(&[4], &[1.0f32; 4]).unwrap();
     let result = w.shared_tensor(&[4], DataType::F32).unwrap();
     let devs: Arc<std::sync::Mutex<Vec<ChildTensor>>> = Arc::default();
@@ -1313,4 +1233,32 @@ pub fn re_registering_a_name_replaces_the_callable<M: Mode>() -> Outcome {
     w.run(&o1, &TaskArgs::new()).unwrap();
     assert_eq!(x.to_vec::<u64>().unwrap(), vec![2]);
     Ok(())
+}
+
+/// Registers a chip orchestration "scale" that multiplies its INOUT tensor 0 by its f32
+/// scalar 0 in one AIV kernel task.
+fn register_chip_scale(w: &mut DistWorker) -> strata_chip::OrchHandle {
+    let scale = w
+        .register_kernel("scale", |ctx| {
+            let k: f32 = ctx.scalar(0)?;
+            let mut t = ctx.output::<f32>(0)?;
+            for v in t
+                .as_mut_slice()
+                .ok_or_else(|| strata_chip::KernelError::new("strided"))?
+            {
+                *v *= k;
+            }
+            Ok(())
+        })
+        .unwrap();
+    w.register_chip_orchestration("scale", move |o, a| {
+        o.submit_aiv(
+            scale,
+            CoreArgs::new()
+                .inout(&a.tensor(0)?)
+                .scalar(a.scalar::<f32>(0)?),
+        )?;
+        Ok(())
+    })
+    .unwrap()
 }
