@@ -354,7 +354,12 @@ impl Worker {
     /// # Errors
     /// As `submit`, and the run's first error.
     pub fn run(&mut self, callable: impl Into<Callable>, args: &TaskArgs) -> Result<(), Error> {
-        self.submit(callable, args)?.wait(None)
+        match (&mut self.inner, callable.into()) {
+            // The engine's own `run` waits at once, so its caller drives the scheduler loop
+            // and the run's first hand-over wakes nobody.
+            (Inner::Dist(d), Callable::Host(h)) => Ok(d.run(&h, args)?),
+            (_, callable) => self.submit(callable, args)?.wait(None),
+        }
     }
 
     /// Allocates a tensor in the device memory of chip `worker` of a level-3 worker (a
