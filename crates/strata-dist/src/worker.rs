@@ -61,6 +61,10 @@ struct Runtime {
     driver: Arc<Driver>,
     config: Arc<EncodedConfig>,
     children_pids: Vec<i32>,
+    /// Base address of each lane's mailbox mapping, for the test-only frame corruption
+    /// hook ([`DistWorker::inject_frame_corruption`]); the mappings live in the lanes,
+    /// which the scheduler loop owns until close.
+    mailbox_bases: Vec<usize>,
     /// The heap rings' regions, returned (pages discarded, region pooled for the next
     /// worker) once the children are gone.
     _heap_leases: Vec<strata_host::RegionLease>,
@@ -379,7 +383,7 @@ impl DistWorker {
         }
         let labels: Vec<String> = programs.iter().map(|p| p.label()).collect();
         let doorbell = Doorbell::new()?;
-        let children = Children::spawn(
+        let mut children = Children::spawn(
             &self.shared,
             programs,
             SpawnOptions {
@@ -392,6 +396,11 @@ impl DistWorker {
             },
         )?;
         let children_pids = children.pids();
+        let mailbox_bases = children
+            .lanes_mut()
+            .iter_mut()
+            .map(|l| l.parent().mailbox().region().as_ptr() as usize)
+            .collect();
         let (orch, sched) = graph::<DistTask>(GraphConfig {
             rings: [RingConfig {
                 heap_bytes: cfg.heap_ring_bytes,
@@ -439,6 +448,7 @@ impl DistWorker {
             driver,
             config: Arc::new(EncodedConfig::new(&CallConfig::default())?),
             children_pids,
+            mailbox_bases,
             _heap_leases: heap_leases,
             _comm_lease: comm_lease,
         })
@@ -680,6 +690,35 @@ impl DistWorker {
                 message: message.to_owned(),
                 on_caller,
             });
+        Ok(())
+    }
+
+    /// Test-only fault injection: flips bits of the identity (run id) stamped in both task
+    /// frames of child `lane`'s mailbox (lane order: chips or level-3 children, then
+    /// sub-workers), as a child scribbling on its frame would. The parent's next look at a
+    /// busy frame sees an identity it never published, so the task fails as a protocol
+    /// error naming the child. Not part of the API.
+    ///
+    /// # Errors
+    /// A worker that is not initialised or already unusable; no such lane.
+    #[doc(hidden)]
+    pub fn inject_frame_corruption(&mut self, lane: usize) -> Result<(), DistError> {
+        let rt = self.runtime("inject_frame_corruption")?;
+        let base = *rt
+            .mailbox_bases
+            .get(lane)
+            .ok_or_else(|| DistError::InvalidArgs(format!("no child lane {lane}")))?;
+        for frame in 1..strata_mailbox::layout::FRAME_COUNT {
+            let offset = frame * strata_mailbox::layout::FRAME_BYTES
+                + std::mem::offset_of!(strata_mailbox::layout::Frame, run_id);
+            // SAFETY: `base` is the start of lane `lane`'s mailbox mapping
+            // (MAILBOX_BYTES long, page-aligned, so `offset` is in bounds and 8-aligned);
+            // the lane owning it lives in the scheduler loop, which the runtime outlives
+            // (and a loop that unwound left the worker unusable, refused above). The word
+            // is an atomic shared with the child, so writing it is no data race.
+            let word = unsafe { &*((base + offset) as *const std::sync::atomic::AtomicU64) };
+            word.fetch_xor(0x5A5A_0000_0000_0001, std::sync::atomic::Ordering::SeqCst);
+        }
         Ok(())
     }
 
