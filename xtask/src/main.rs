@@ -11,6 +11,10 @@
 //!   worktree under `target/bench-compare/` and runs its bench and this tree's
 //!   alternately, printing per figure both medians, the median of the per-round ratios
 //!   head / base and a verdict (module `compare`).
+//! - `cargo xtask soak [--tasks N] [--runs M]` pushes N tasks (default 10⁶) in M runs
+//!   (default 10⁴) through a Process-mode level-3 worker (strata-dist's `soak` test
+//!   binary, in release) and fails if the process tree's resident memory, descriptors,
+//!   `/dev/shm` entries or threads grew between the first and the last tenth.
 
 mod compare;
 
@@ -313,9 +317,35 @@ fn sim() -> Result<(), String> {
     }
 }
 
+/// `cargo xtask soak`: the soak binary at full scale (its own defaults are the scaled-down
+/// test's), every other argument passed through.
+fn soak(args: &[String]) -> Result<(), String> {
+    let mut pass: Vec<String> = args.to_vec();
+    for (flag, default) in [("--tasks", "1000000"), ("--runs", "10000")] {
+        if !pass.iter().any(|a| a == flag) {
+            pass.extend([flag.to_owned(), default.to_owned()]);
+        }
+    }
+    run_step(
+        "soak (release)",
+        cargo()
+            .args([
+                "test",
+                "--release",
+                "-q",
+                "-p",
+                "strata-dist",
+                "--test",
+                "soak",
+                "--",
+            ])
+            .args(&pass),
+    )
+}
+
 fn usage() -> String {
     format!(
-        "usage: cargo xtask <sim | ci | bench <name>|list | bench-compare <rev> <bench> [--rounds N]>\n{}",
+        "usage: cargo xtask <sim | ci | soak [--tasks N] [--runs M] | bench <name>|list | bench-compare <rev> <bench> [--rounds N]>\n{}",
         compare::usage()
     )
 }
@@ -325,6 +355,7 @@ fn main() -> ExitCode {
     let result = match args.first().map(String::as_str) {
         Some("sim") => sim(),
         Some("ci") => ci(),
+        Some("soak") => soak(&args[1..]),
         Some("bench") => match args.get(1) {
             Some(n) => bench(n),
             None => Err(usage()),
