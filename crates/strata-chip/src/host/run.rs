@@ -126,8 +126,9 @@ impl ChipWorker {
 
     /// The host tensors in device memory (one retained staging buffer, `IN`/`INOUT`
     /// copied in) and the resident tensors checked, as the orchestration's arguments.
-    fn stage(&mut self, args: &RunArgs<'_>) -> Result<ChipArgs, ChipError> {
+    fn stage(&mut self, args: &RunArgs<'_>, run: u64) -> Result<ChipArgs, ChipError> {
         let chip_id = self.config.chip_id;
+        let nonce = self.nonce;
         let live = self.live.as_mut().expect("checked by caller");
         let total: u64 = args
             .tensors
@@ -168,6 +169,8 @@ impl ChipWorker {
                         size,
                         view: *view,
                         manual_dep: false,
+                        chip: nonce,
+                        run,
                     });
                 }
                 RunArg::HostRaw { base, view, tag } => {
@@ -191,6 +194,8 @@ impl ChipWorker {
                         size,
                         view: dense,
                         manual_dep: false,
+                        chip: nonce,
+                        run,
                     });
                 }
                 RunArg::Device { t, .. } => {
@@ -202,6 +207,8 @@ impl ChipWorker {
                         size: t.size,
                         view: t.view,
                         manual_dep: false,
+                        chip: nonce,
+                        run,
                     });
                 }
             }
@@ -309,11 +316,14 @@ impl ChipWorker {
         let reconfigure = self.live.as_ref().expect("validated").rings_current != plan.rings;
         let ring_bases = self.ensure_rings(&plan.rings)?;
         timer.mark(Mark::RingsReady);
-        let args = self.stage(args)?;
+        // The run's epoch: every handle it hands the orchestration carries it.
+        self.runs += 1;
+        let args = self.stage(args, self.runs)?;
         Ok(Staged {
             reconfigure,
             ring_bases,
             args,
+            run: self.runs,
         })
     }
 
@@ -346,8 +356,7 @@ impl ChipWorker {
                 *l.env.lock().unwrap_or_else(|e| e.into_inner()) = live.env.clone();
             }
         }
-        self.runs += 1;
-        let run_seq = self.runs;
+        let run_seq = staged.run;
         let timeout = plan.timeout;
         let req = OrchRequest {
             callable: plan.callable,
@@ -356,6 +365,7 @@ impl ChipWorker {
             rings: plan.rings,
             reconfigure: staged.reconfigure,
             ring_bases: staged.ring_bases,
+            run: run_seq,
             ctl: RunCtl {
                 timing: plan.swimlane,
                 timeout,
@@ -534,6 +544,8 @@ struct Staged {
     reconfigure: bool,
     ring_bases: [u64; RING_COUNT],
     args: ChipArgs,
+    /// The run's epoch (its sequence number on this chip).
+    run: u64,
 }
 
 /// Writes `<prefix>/chip_swimlane.json`.

@@ -334,7 +334,7 @@ impl ChipWorker {
             mem.arena.clone(),
             shared.clone(),
             topo.clone(),
-            cfg.chip_id,
+            (cfg.chip_id, self.nonce),
             cfg.tensor_wait_timeout,
             heartbeat.clone(),
             sched.clone(),
