@@ -309,6 +309,31 @@ impl DeviceMemory {
         }
     }
 
+    /// Checks that `offset .. offset + len` bytes past `ptr` lie in `ptr`'s live
+    /// allocation; returns the device address of the range. The allocation is found from
+    /// `ptr` itself, so an offset at or past its end is [`ChipError::OutOfRange`] (not a
+    /// lookup of whatever allocation happens to lie there).
+    pub(crate) fn check_range_at(
+        &self,
+        ptr: &DevicePtr,
+        offset: u64,
+        len: u64,
+        what: &'static str,
+    ) -> Result<u64, ChipError> {
+        self.check_chip(ptr, what)?;
+        let (base, size) = self.lock().resolve(ptr)?;
+        let start = (ptr.addr - base).checked_add(offset);
+        match start.and_then(|s| s.checked_add(len).map(|e| (s, e))) {
+            Some((s, e)) if e <= size => Ok(base + s),
+            _ => Err(ChipError::OutOfRange {
+                addr: ptr.addr.saturating_add(offset),
+                len,
+                base,
+                size,
+            }),
+        }
+    }
+
     /// The live allocation starting at `addr`: its pointer (with its current generation)
     /// and size.
     pub(crate) fn allocation_at(&self, addr: u64) -> Result<(DevicePtr, u64), ChipError> {

@@ -27,11 +27,13 @@ impl ChipWorker {
     }
 
     /// Copies `nbytes` from `src` (starting at byte `offsets.host`) to device memory at
-    /// `dst + offsets.device`. The range must stay inside one live allocation.
+    /// `dst + offsets.device`. The range must stay inside `dst`'s live allocation.
     ///
     /// # Errors
-    /// [`ChipError::OutOfRange`], [`ChipError::HostRange`], and the handle errors of
-    /// [`ChipWorker::free`].
+    /// [`ChipError::OutOfRange`] if `offsets.device + nbytes` reaches past the end of
+    /// `dst`'s allocation (an offset at or past its end included, however large);
+    /// [`ChipError::HostRange`], and the handle errors of [`ChipWorker::free`] for `dst`
+    /// itself.
     pub fn copy_to<T: Element>(
         &self,
         dst: DevicePtr,
@@ -50,9 +52,10 @@ impl ChipWorker {
                 offset: offsets.host,
                 end: offsets.host.saturating_add(nbytes),
             })?;
-        let p = dst.offset(offsets.device);
-        live.mem.check_range(&p, nbytes as u64, "device pointer")?;
-        live.mem.arena.write(p.addr, &bytes[offsets.host..end])
+        let addr = live
+            .mem
+            .check_range_at(&dst, offsets.device, nbytes as u64, "device pointer")?;
+        live.mem.arena.write(addr, &bytes[offsets.host..end])
     }
 
     /// Copies `nbytes` from device memory at `src + offsets.device` into `dst` (starting at
@@ -79,9 +82,10 @@ impl ChipWorker {
                 offset: offsets.host,
                 end: offsets.host.saturating_add(nbytes),
             })?;
-        let p = src.offset(offsets.device);
-        live.mem.check_range(&p, nbytes as u64, "device pointer")?;
-        live.mem.arena.read(p.addr, &mut bytes[offsets.host..end])
+        let addr = live
+            .mem
+            .check_range_at(&src, offsets.device, nbytes as u64, "device pointer")?;
+        live.mem.arena.read(addr, &mut bytes[offsets.host..end])
     }
 
     /// The device tensor whose allocation starts at `addr`, seen through `view` (for a
