@@ -548,10 +548,11 @@ struct Staged {
     run: u64,
 }
 
-/// Writes `<prefix>/chip_swimlane.json`.
+/// Writes `<prefix>/chip_swimlane.json`: the directory is created 0700 if missing, and
+/// the file is written without following a symlink planted under its name.
 fn write_swimlane(s: &Swimlane, prefix: &str) -> Result<(), ChipError> {
     let dir = std::path::Path::new(prefix);
-    std::fs::create_dir_all(dir)
+    crate::trace::file::create_trace_dir(dir)
         .and_then(|_| s.write_chrome_json(&dir.join("chip_swimlane.json")))
         .map_err(|e| {
             ChipError::InvalidConfig(format!(

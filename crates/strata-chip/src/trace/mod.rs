@@ -3,3 +3,4 @@
 
 pub(crate) mod strace;
 pub(crate) mod swimlane;
+pub(crate) mod file;
