@@ -197,6 +197,18 @@ pub enum ChipError {
         /// This chip.
         this_chip: u64,
     },
+    /// Device memory a kernel abandoned after its timeout may still be writing (it was an
+    /// argument of that kernel's run): copies and runs that name it are refused until the
+    /// kernel returns ([`crate::ChipWorker::lost_cores`] is empty).
+    #[error("{what} at {base:#x} (+{size}) may still be written by a kernel abandoned after its timeout; wait until ChipWorker::lost_cores() is empty (the kernel returned) before using it")]
+    Quarantined {
+        /// What was passed.
+        what: &'static str,
+        /// Base of the allocation.
+        base: u64,
+        /// Its size.
+        size: u64,
+    },
     /// A host buffer too small for a copy.
     #[error("host buffer of {have} bytes is too small: the copy needs bytes [{offset}, {end})")]
     HostRange {

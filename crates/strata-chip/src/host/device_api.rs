@@ -17,7 +17,10 @@ impl ChipWorker {
         Ok(self.live("malloc")?.mem.malloc(bytes)?.0)
     }
 
-    /// Frees an allocation by its base pointer.
+    /// Frees an allocation by its base pointer. If a kernel abandoned after its timeout
+    /// may still write it, it is quarantined instead: freed for the caller (a second free
+    /// is a [`ChipError::DoubleFree`]) but not reused, and still committed, until that
+    /// kernel returns.
     ///
     /// # Errors
     /// [`ChipError::DoubleFree`], [`ChipError::StaleHandle`], [`ChipError::InteriorFree`],
@@ -251,13 +254,25 @@ impl ChipWorker {
         Ok(out)
     }
 
-    /// Bytes this chip's allocator holds: user allocations, ring heaps and the retained
-    /// staging buffer.
+    /// Bytes this chip's allocator holds: user allocations, ring heaps, the retained
+    /// staging buffer, and memory quarantined because a kernel abandoned after its
+    /// timeout may still write it ([`ChipWorker::quarantined_device_memory`]).
     ///
     /// # Errors
     /// [`ChipError::NotInitialized`].
     pub fn committed_device_memory(&self) -> Result<u64, ChipError> {
         Ok(self.live("committed_device_memory")?.mem.committed())
+    }
+
+    /// Bytes freed (or given up by the runtime: old ring heaps, old staging) that are not
+    /// reusable yet because a kernel abandoned after its timeout may still write them.
+    /// They are part of [`ChipWorker::committed_device_memory`] and return to the
+    /// allocator once [`ChipWorker::lost_cores`] is empty.
+    ///
+    /// # Errors
+    /// [`ChipError::NotInitialized`].
+    pub fn quarantined_device_memory(&self) -> Result<u64, ChipError> {
+        Ok(self.live("quarantined_device_memory")?.mem.held_bytes())
     }
 
     /// Free/total device memory of the physical device: not available on the emulator.

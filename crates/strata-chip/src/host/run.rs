@@ -245,7 +245,9 @@ impl ChipWorker {
         timer.mark(Mark::StageIn);
         let staged = self.stage_in(&plan, args, &mut timer)?;
         timer.mark(Mark::Staged);
-        let (reply, sched) = self.dispatch(plan, staged)?;
+        let dispatched = self.dispatch(plan, staged);
+        self.quarantine_abandoned(args);
+        let (reply, sched) = dispatched?;
         timer.mark(Mark::Replied);
         let verdict = Self::verdict(&reply, &sched);
         let copied_back = match &verdict {

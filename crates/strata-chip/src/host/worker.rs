@@ -40,6 +40,8 @@ pub(super) struct Live {
     pub(super) ring_regions: [Option<(DevicePtr, u64)>; RING_COUNT],
     pub(super) staging: Option<(DevicePtr, u64)>,
     pub(super) staged_ids: IdentityMinter,
+    /// [`SchedShared::abandoned`] when this chip last quarantined a run's memory.
+    pub(super) abandoned_seen: u64,
     /// The run environment the cores hold (rebuilt only when the registry or the comm
     /// context changed).
     pub(super) env: Arc<RunEnv>,
@@ -380,6 +382,7 @@ impl ChipWorker {
             ring_regions: [None; RING_COUNT],
             staging: None,
             staged_ids: IdentityMinter::new(),
+            abandoned_seen: 0,
             env,
             pid: std::process::id(),
             print_strace,
@@ -391,7 +394,42 @@ impl ChipWorker {
         if self.closed {
             return Err(ChipError::Closed { op });
         }
-        self.live.as_ref().ok_or(ChipError::NotInitialized { op })
+        let live = self.live.as_ref().ok_or(ChipError::NotInitialized { op })?;
+        if live.mem.has_quarantine() && !live.shared.abandoned_kernels_may_run() {
+            // Every abandoned kernel has returned: its memory can be reused.
+            live.mem.end_quarantine();
+        }
+        Ok(live)
+    }
+
+    /// After a run in which a kernel was abandoned after its timeout: the memory that
+    /// run's kernels could reach — its resident device tensors, the ring heaps and the
+    /// staging buffer — is quarantined until every abandoned kernel has returned. The
+    /// ring heaps and the staging are given up (held, still committed) and the next run
+    /// gets fresh ones; the device tensors are refused in copies and runs
+    /// ([`ChipError::Quarantined`]) and held if freed.
+    pub(super) fn quarantine_abandoned(&mut self, args: &super::args::RunArgs<'_>) {
+        let Some(live) = self.live.as_mut() else {
+            return;
+        };
+        let abandoned = live.shared.abandoned.load(Ordering::Acquire);
+        if abandoned == live.abandoned_seen {
+            return;
+        }
+        live.abandoned_seen = abandoned;
+        for a in &args.tensors {
+            if let super::args::RunArg::Device { t, .. } = a {
+                live.mem.mark_suspect(&t.ptr);
+            }
+        }
+        for region in live.ring_regions.iter_mut() {
+            if let Some((p, _)) = region.take() {
+                live.mem.hold(&p);
+            }
+        }
+        if let Some((p, _)) = live.staging.take() {
+            live.mem.hold(&p);
+        }
     }
 
     /// Cores currently out of service (their kernel exceeded a timeout and has not

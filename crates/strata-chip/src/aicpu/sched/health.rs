@@ -58,6 +58,7 @@ impl Sched {
         let s = &mut self.cores[c];
         s.lost = true;
         self.shared.lost[c].store(true, Ordering::Release);
+        self.shared.abandoned.fetch_add(1, Ordering::AcqRel);
         let front = s.outstanding.front_mut().expect("a busy core has work");
         front.abandoned = true;
         let (task, block, seq) = (front.task, front.block, front.seq);

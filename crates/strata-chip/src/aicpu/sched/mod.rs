@@ -74,6 +74,9 @@ pub(crate) struct SchedShared {
     pub(crate) orch_bell: ThreadBell,
     /// Per core: taken out of service by a timeout.
     pub(crate) lost: Vec<AtomicBool>,
+    /// Kernels abandoned after their timeout so far (the host quarantines the memory of
+    /// a run that abandoned one).
+    pub(crate) abandoned: AtomicU64,
 }
 
 impl SchedShared {
@@ -88,7 +91,14 @@ impl SchedShared {
             orch_wake_at: AtomicU64::new(u64::MAX),
             orch_bell: ThreadBell::default(),
             lost: (0..cores).map(|_| AtomicBool::new(false)).collect(),
+            abandoned: AtomicU64::new(0),
         }
+    }
+
+    /// Whether a kernel abandoned after its timeout may still be running (a core is out
+    /// of service until its kernel returns).
+    pub(crate) fn abandoned_kernels_may_run(&self) -> bool {
+        self.lost.iter().any(|l| l.load(Ordering::Acquire))
     }
 
     /// A number that grows whenever the scheduler makes progress (a task or block finished,
