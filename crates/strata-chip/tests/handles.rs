@@ -179,7 +179,8 @@ fn a_handle_of_another_chip_is_foreign() {
 #[test]
 fn arguments_with_different_keys_over_the_same_bytes_are_refused() {
     // Within one run: a tensor whose scope ended, and a later one the ring put at its
-    // address. Their keys differ; their bytes are the same.
+    // address. Their keys differ; their bytes are the same. (The graph would refuse the
+    // reclaimed buffer too; the chip judges the task's arguments by bytes first.)
     let mut chip = ChipWorker::new(small_rings()).unwrap();
     let aliased = Arc::new(AtomicUsize::new(0));
     let probe = register_probe(&mut chip, aliased.clone());

@@ -659,7 +659,12 @@ impl ChipOrch {
                     }
                     let tracked = !t.manual_dep && *tag != ArgTag::NoDep;
                     let fp = Footprint::of_view(&t.view);
-                    let dep_tag = if tracked { *tag } else { ArgTag::NoDep };
+                    // A zero-size tensor has no byte to order (the reference skips it).
+                    let dep_tag = if tracked && !t.view.is_empty() {
+                        *tag
+                    } else {
+                        ArgTag::NoDep
+                    };
                     accesses.push(Access::new(t.key, fp, dep_tag));
                     kt.push(KTensor {
                         addr: t.addr,
@@ -926,7 +931,7 @@ impl ChipOrch {
                 want: T::DTYPE,
             });
         }
-        if !t.manual_dep {
+        if !t.manual_dep && !t.view.is_empty() {
             let a = Access::new(t.key, Footprint::of_view(&t.view), ArgTag::Input);
             self.wait_access(&a)?;
         }
@@ -962,7 +967,7 @@ impl ChipOrch {
                 t.view.numel()
             )));
         }
-        if !t.manual_dep {
+        if !t.manual_dep && !t.view.is_empty() {
             let a = Access::new(t.key, Footprint::of_view(&t.view), ArgTag::OutputExisting);
             self.wait_access(&a)?;
         }

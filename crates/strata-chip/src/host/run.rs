@@ -150,6 +150,26 @@ impl ChipWorker {
         let mut out = ChipArgs::default();
         let mut off = 0u64;
         for a in &args.tensors {
+            let view = match a {
+                RunArg::HostIn { view, .. }
+                | RunArg::HostOut { view, .. }
+                | RunArg::HostRaw { view, .. } => Some(view),
+                RunArg::Device { .. } => None,
+            };
+            if let Some(view) = view.filter(|v| v.is_empty()) {
+                // A zero-size host tensor: address 0 (as in the reference), no staging,
+                // nothing copied in or back.
+                out.tensors.push(ChipTensor {
+                    key: BufferKey::new(live.staged_ids.mint(), KeySpace::Device(chip_id)),
+                    addr: 0,
+                    size: 0,
+                    view: TensorView::contiguous_or_empty(view.dtype(), view.shape())?,
+                    manual_dep: false,
+                    chip: nonce,
+                    run,
+                });
+                continue;
+            }
             match a {
                 RunArg::HostIn { view, .. } | RunArg::HostOut { view, .. } => {
                     let (base, _) = live.staging.expect("allocated above");
@@ -503,6 +523,7 @@ impl ChipWorker {
         for a in args.tensors.iter_mut() {
             match a {
                 RunArg::HostIn { view, .. } => off += view.nbytes().div_ceil(1024) * 1024,
+                RunArg::HostOut { view, .. } if view.is_empty() => {}
                 RunArg::HostOut { bytes, view, .. } => {
                     live.mem.arena.read(base.addr + off, bytes)?;
                     off += view.nbytes().div_ceil(1024) * 1024;
