@@ -93,6 +93,10 @@ fn memory_an_abandoned_kernel_may_write_is_quarantined_until_it_returns() {
     let resident = chip
         .alloc_tensor(&[N], DataType::F32, TensorInit::Zeros)
         .unwrap();
+    // Not an argument of the abandoned kernel: stays usable throughout.
+    let bystander = chip
+        .alloc_tensor(&[N], DataType::F32, TensorInit::Zeros)
+        .unwrap();
     let mut host = vec![0f32; N as usize];
     let mut a = RunArgs::new();
     a.inout(&mut host, &[N]).device(&resident, ArgTag::InOut);
@@ -117,6 +121,9 @@ fn memory_an_abandoned_kernel_may_write_is_quarantined_until_it_returns() {
         "the abandoned kernel's memory {old:x?} was handed to the next run {new:x?}"
     );
     assert!(chip.quarantined_device_memory().unwrap() >= 2 * N * 4);
+
+    chip.write_tensor(&bystander, &x).unwrap();
+    assert_eq!(chip.read_tensor::<f32>(&bystander).unwrap(), x);
 
     // The resident tensor it writes is refused, and freeing it keeps it out of reuse.
     let mut buf = vec![0f32; N as usize];
@@ -152,5 +159,6 @@ fn memory_an_abandoned_kernel_may_write_is_quarantined_until_it_returns() {
     assert_eq!(held, 0);
     assert!(chip.committed_device_memory().unwrap() <= committed - resident.nbytes());
     chip.free(fresh).unwrap();
+    chip.free_tensor(bystander).unwrap();
     chip.close().unwrap();
 }

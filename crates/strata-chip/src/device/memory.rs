@@ -383,25 +383,39 @@ impl DeviceMemory {
         Ok(())
     }
 
-    /// Marks the allocation `ptr` belongs to as reachable by an abandoned kernel
-    /// (suspect: refused in copies and runs, held when freed).
-    pub(crate) fn mark_suspect(&self, ptr: &DevicePtr) {
+    /// Quarantines every live allocation that intersects one of `ranges` (device bytes
+    /// an abandoned kernel may still touch): those whose base is in `runtime_owned` (ring
+    /// heaps, staging, which the runtime gives up) are held at once; the others (user
+    /// allocations) become suspect — refused in copies and runs, held when freed.
+    /// Returns the runtime-owned bases that were held.
+    pub(crate) fn quarantine_ranges(
+        &self,
+        ranges: &[(u64, u64)],
+        runtime_owned: &[u64],
+    ) -> Vec<u64> {
         let mut a = self.lock();
-        if let Ok((base, _)) = a.resolve(ptr) {
-            a.quarantine(base, Quarantine::Suspect);
+        let mut hit = Vec::new();
+        for &(start, end) in ranges {
+            // Allocations are disjoint: the candidates start before `end`, and the first
+            // one below `start` may reach into the range.
+            let first = a.live.range(..=start).next_back().map_or(start, |(&b, _)| b);
+            for (&base, l) in a.live.range(first..end) {
+                if base + l.size > start && !hit.contains(&base) {
+                    hit.push(base);
+                }
+            }
+        }
+        let mut held = Vec::new();
+        for base in hit {
+            if runtime_owned.contains(&base) {
+                a.quarantine(base, Quarantine::Held);
+                held.push(base);
+            } else {
+                a.quarantine(base, Quarantine::Suspect);
+            }
             self.any_quarantine.store(true, Ordering::Relaxed);
         }
-    }
-
-    /// Gives up a runtime-owned allocation an abandoned kernel may still write (a ring
-    /// heap, the staging buffer): it stays committed and out of the free list until
-    /// [`DeviceMemory::end_quarantine`].
-    pub(crate) fn hold(&self, ptr: &DevicePtr) {
-        let mut a = self.lock();
-        if let Ok((base, _)) = a.resolve(ptr) {
-            a.quarantine(base, Quarantine::Held);
-            self.any_quarantine.store(true, Ordering::Relaxed);
-        }
+        held
     }
 
     /// Whether any allocation is quarantined.

@@ -266,7 +266,7 @@ impl ChipWorker {
         let staged = self.stage_in(&plan, args, &mut timer)?;
         timer.mark(Mark::Staged);
         let dispatched = self.dispatch(plan, staged);
-        self.quarantine_abandoned(args);
+        self.quarantine_abandoned();
         let (reply, sched) = dispatched?;
         timer.mark(Mark::Replied);
         let verdict = Self::verdict(&reply, &sched);

@@ -402,13 +402,13 @@ impl ChipWorker {
         Ok(live)
     }
 
-    /// After a run in which a kernel was abandoned after its timeout: the memory that
-    /// run's kernels could reach — its resident device tensors, the ring heaps and the
-    /// staging buffer — is quarantined until every abandoned kernel has returned. The
-    /// ring heaps and the staging are given up (held, still committed) and the next run
-    /// gets fresh ones; the device tensors are refused in copies and runs
-    /// ([`ChipError::Quarantined`]) and held if freed.
-    pub(super) fn quarantine_abandoned(&mut self, args: &super::args::RunArgs<'_>) {
+    /// After a run in which a kernel was abandoned after its timeout: the device memory
+    /// its task's arguments cover is quarantined until the kernel has returned. A ring
+    /// heap or the staging buffer that holds such bytes is given up (held, still
+    /// committed) and the next run gets a fresh one; a user allocation is refused in
+    /// copies and runs ([`ChipError::Quarantined`]) and held if freed. Costs nothing in
+    /// a run that abandoned no kernel (one atomic load).
+    pub(super) fn quarantine_abandoned(&mut self) {
         let Some(live) = self.live.as_mut() else {
             return;
         };
@@ -417,18 +417,30 @@ impl ChipWorker {
             return;
         }
         live.abandoned_seen = abandoned;
-        for a in &args.tensors {
-            if let super::args::RunArg::Device { t, .. } = a {
-                live.mem.mark_suspect(&t.ptr);
+        let ranges: Vec<(u64, u64)> = live
+            .shared
+            .abandoned_ranges
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|&(_, s, e)| (s, e))
+            .collect();
+        let owned: Vec<u64> = live
+            .ring_regions
+            .iter()
+            .chain(std::iter::once(&live.staging))
+            .flatten()
+            .map(|(p, _)| p.addr)
+            .collect();
+        let held = live.mem.quarantine_ranges(&ranges, &owned);
+        for slot in live
+            .ring_regions
+            .iter_mut()
+            .chain(std::iter::once(&mut live.staging))
+        {
+            if slot.is_some_and(|(p, _)| held.contains(&p.addr)) {
+                *slot = None;
             }
-        }
-        for region in live.ring_regions.iter_mut() {
-            if let Some((p, _)) = region.take() {
-                live.mem.hold(&p);
-            }
-        }
-        if let Some((p, _)) = live.staging.take() {
-            live.mem.hold(&p);
         }
     }
 
