@@ -318,9 +318,7 @@ impl ChipError {
             ChipError::KernelFailed { .. } => codes::KERNEL_FAILED,
             ChipError::KernelTimeout { .. } => codes::SCHEDULER_TIMEOUT,
             ChipError::OrchestrationFailed { .. } => codes::ORCHESTRATION_FAILED,
-            ChipError::StaleTensor { .. } | ChipError::ForeignTensor { .. } => {
-                codes::INVALID_ARGS
-            }
+            ChipError::StaleTensor { .. } | ChipError::ForeignTensor { .. } => codes::INVALID_ARGS,
             _ => return None,
         })
     }

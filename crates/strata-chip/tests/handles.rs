@@ -31,9 +31,15 @@ fn register_probe(chip: &mut ChipWorker, aliased: Arc<AtomicUsize>) -> KernelHan
         let mut w = ctx.output::<f32>(0)?;
         let r = ctx.input::<f32>(1)?;
         let r = r.as_slice().ok_or("contiguous")?;
-        let (r0, r1) = (r.as_ptr() as usize, r.as_ptr() as usize + std::mem::size_of_val(r));
+        let (r0, r1) = (
+            r.as_ptr() as usize,
+            r.as_ptr() as usize + std::mem::size_of_val(r),
+        );
         let w = w.as_mut_slice().ok_or("contiguous")?;
-        let (w0, w1) = (w.as_ptr() as usize, w.as_ptr() as usize + std::mem::size_of_val(w));
+        let (w0, w1) = (
+            w.as_ptr() as usize,
+            w.as_ptr() as usize + std::mem::size_of_val(w),
+        );
         if w0 < r1 && r0 < w1 {
             aliased.fetch_add(1, Ordering::SeqCst);
         }
@@ -56,8 +62,9 @@ fn a_handle_kept_from_an_earlier_run_is_stale_even_when_its_address_is_reused() 
     let orch = chip
         .register_orchestration_fn("keep", move |o: &mut ChipOrch, _| {
             let fresh = o
-                .alloc_tensors(&[TensorCreateInfo::new(DataType::F32, &[256])
-                    .with_initial_value(1.0f32)])?
+                .alloc_tensors(&[
+                    TensorCreateInfo::new(DataType::F32, &[256]).with_initial_value(1.0f32)
+                ])?
                 .get(0)?;
             let old = k
                 .lock()
@@ -94,7 +101,11 @@ fn a_handle_kept_from_an_earlier_run_is_stale_even_when_its_address_is_reused() 
         "{e:?}"
     );
     assert_eq!(e.code(), Some(codes::INVALID_ARGS));
-    assert_eq!(aliased.load(Ordering::SeqCst), 0, "a kernel saw two aliasing slices");
+    assert_eq!(
+        aliased.load(Ordering::SeqCst),
+        0,
+        "a kernel saw two aliasing slices"
+    );
     // Entry tensors are handles too: one kept from the run it came in is stale later.
     let entry: Arc<Mutex<Option<ChipTensor>>> = Arc::default();
     let en = entry.clone();
@@ -117,9 +128,15 @@ fn a_handle_kept_from_an_earlier_run_is_stale_even_when_its_address_is_reused() 
     chip2.run(&orch2, &mut a, &CallConfig::default()).unwrap();
     let mut a = RunArgs::new();
     a.input(&x, &[256]);
-    let e = chip2.run(&orch2, &mut a, &CallConfig::default()).unwrap_err();
+    let e = chip2
+        .run(&orch2, &mut a, &CallConfig::default())
+        .unwrap_err();
     assert!(matches!(e, ChipError::StaleTensor { .. }), "{e:?}");
-    assert_eq!(aliased.load(Ordering::SeqCst), 0, "a kernel saw two aliasing slices");
+    assert_eq!(
+        aliased.load(Ordering::SeqCst),
+        0,
+        "a kernel saw two aliasing slices"
+    );
 }
 
 #[test]
@@ -173,7 +190,11 @@ fn a_handle_of_another_chip_is_foreign() {
         );
         assert_eq!(e.code(), Some(codes::INVALID_ARGS));
     }
-    assert_eq!(aliased.load(Ordering::SeqCst), 0, "a kernel saw two aliasing slices");
+    assert_eq!(
+        aliased.load(Ordering::SeqCst),
+        0,
+        "a kernel saw two aliasing slices"
+    );
 }
 
 #[test]
@@ -194,9 +215,7 @@ fn arguments_with_different_keys_over_the_same_bytes_are_refused() {
                 let next = o.scope(|o| o.alloc_tensors(&ci)?.get(0))?;
                 if next.buffer_addr() == first.buffer_addr() {
                     f.fetch_add(1, Ordering::SeqCst);
-                    o.scope(|o| {
-                        o.submit_aiv(probe, CoreArgs::new().inout(&first).input(&next))
-                    })?;
+                    o.scope(|o| o.submit_aiv(probe, CoreArgs::new().inout(&first).input(&next)))?;
                     return Ok(());
                 }
             }
@@ -205,9 +224,17 @@ fn arguments_with_different_keys_over_the_same_bytes_are_refused() {
         .unwrap();
     chip.init().unwrap();
     let r = chip.run(&orch, &mut RunArgs::new(), &CallConfig::default());
-    assert_eq!(found.load(Ordering::SeqCst), 1, "the ring reuses the address");
+    assert_eq!(
+        found.load(Ordering::SeqCst),
+        1,
+        "the ring reuses the address"
+    );
     let e = r.unwrap_err();
     assert_eq!(e.code(), Some(codes::INVALID_ARGS), "{e}");
     assert!(e.to_string().contains("overlap in device memory"), "{e}");
-    assert_eq!(aliased.load(Ordering::SeqCst), 0, "a kernel saw two aliasing slices");
+    assert_eq!(
+        aliased.load(Ordering::SeqCst),
+        0,
+        "a kernel saw two aliasing slices"
+    );
 }

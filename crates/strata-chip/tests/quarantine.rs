@@ -19,7 +19,8 @@ fn range(t: &ChipTensor) -> (u64, u64) {
 }
 
 fn overlaps(a: &[(u64, u64)], b: &[(u64, u64)]) -> bool {
-    a.iter().any(|&(s, e)| b.iter().any(|&(s2, e2)| s < e2 && s2 < e))
+    a.iter()
+        .any(|&(s, e)| b.iter().any(|&(s2, e2)| s < e2 && s2 < e))
 }
 
 #[test]
@@ -68,7 +69,9 @@ fn memory_an_abandoned_kernel_may_write_is_quarantined_until_it_returns() {
             let ring = o
                 .alloc_tensors(&[TensorCreateInfo::new(DataType::F32, &[N])])?
                 .get(0)?;
-            s0.lock().unwrap().extend([range(&staged), range(&resident), range(&ring)]);
+            s0.lock()
+                .unwrap()
+                .extend([range(&staged), range(&resident), range(&ring)]);
             o.submit_aiv(
                 scribble,
                 CoreArgs::new().inout(&staged).inout(&resident).inout(&ring),
@@ -83,7 +86,9 @@ fn memory_an_abandoned_kernel_may_write_is_quarantined_until_it_returns() {
             let mid = o
                 .alloc_tensors(&[TensorCreateInfo::new(DataType::F32, &[N])])?
                 .get(0)?;
-            s1.lock().unwrap().extend([range(&x), range(&y), range(&mid)]);
+            s1.lock()
+                .unwrap()
+                .extend([range(&x), range(&y), range(&mid)]);
             o.submit_aiv(copy, CoreArgs::new().input(&x).output(&mid))?;
             o.submit_aiv(copy, CoreArgs::new().input(&mid).output(&y))?;
             Ok(())
@@ -115,7 +120,10 @@ fn memory_an_abandoned_kernel_may_write_is_quarantined_until_it_returns() {
     a.input(&x, &[N]).output(&mut y, &[N]);
     chip.run(&fine, &mut a, &CallConfig::default()).unwrap();
     assert_eq!(y, x);
-    let (old, new) = (seen[0].lock().unwrap().clone(), seen[1].lock().unwrap().clone());
+    let (old, new) = (
+        seen[0].lock().unwrap().clone(),
+        seen[1].lock().unwrap().clone(),
+    );
     assert!(
         !overlaps(&old, &new),
         "the abandoned kernel's memory {old:x?} was handed to the next run {new:x?}"
@@ -132,20 +140,28 @@ fn memory_an_abandoned_kernel_may_write_is_quarantined_until_it_returns() {
         .unwrap_err();
     assert!(matches!(e, ChipError::Quarantined { .. }), "{e}");
     let mut a = RunArgs::new();
-    a.device(&resident, ArgTag::InOut).device(&resident, ArgTag::InOut);
+    a.device(&resident, ArgTag::InOut)
+        .device(&resident, ArgTag::InOut);
     assert!(matches!(
         chip.run(&fine, &mut a, &CallConfig::default()),
         Err(ChipError::Quarantined { .. })
     ));
     let committed = chip.committed_device_memory().unwrap();
     chip.free_tensor(resident).unwrap();
-    assert_eq!(chip.committed_device_memory().unwrap(), committed, "held, not freed");
+    assert_eq!(
+        chip.committed_device_memory().unwrap(),
+        committed,
+        "held, not freed"
+    );
     assert!(matches!(
         chip.free_tensor(resident),
         Err(ChipError::DoubleFree { .. })
     ));
     let fresh = chip.malloc(resident.nbytes()).unwrap();
-    let (rs, re) = (resident.ptr().addr(), resident.ptr().addr() + resident.nbytes());
+    let (rs, re) = (
+        resident.ptr().addr(),
+        resident.ptr().addr() + resident.nbytes(),
+    );
     assert!(fresh.addr() + resident.nbytes() <= rs || re <= fresh.addr());
 
     // Once the kernel returns, the quarantined memory goes back to the allocator.

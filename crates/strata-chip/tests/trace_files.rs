@@ -68,7 +68,10 @@ fn a_symlink_planted_under_the_trace_name_is_replaced_not_followed() {
     }
     assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
     let meta = std::fs::symlink_metadata(&trace).unwrap();
-    assert!(meta.file_type().is_file(), "the link was replaced by the trace");
+    assert!(
+        meta.file_type().is_file(),
+        "the link was replaced by the trace"
+    );
     // Nothing but the trace is left next to it (no temporary file).
     let names: Vec<_> = std::fs::read_dir(&out)
         .unwrap()

@@ -630,15 +630,20 @@ fn different_keys_over_the_same_bytes_alias_when_placed() {
     let (stale, fresh) = (h.key(), h.key());
     let region = AddressDomain::HostShared { region: 7 };
     let at = |k: BufferKey, base: u64, start: u64, end: u64, tag: ArgTag| {
-        Access::new(k, Footprint::bytes(start, end).unwrap(), tag)
-            .placed(Placement { domain: region, base })
+        Access::new(k, Footprint::bytes(start, end).unwrap(), tag).placed(Placement {
+            domain: region,
+            base,
+        })
     };
     // Same base, different keys (a stale key over reused bytes): footprints compared.
     let e = h
         .orch
         .submit(TaskSpec::new(
             1,
-            &[at(stale, 4096, 0, 1024, ArgTag::InOut), at(fresh, 4096, 0, 1024, ArgTag::Input)],
+            &[
+                at(stale, 4096, 0, 1024, ArgTag::InOut),
+                at(fresh, 4096, 0, 1024, ArgTag::Input),
+            ],
         ))
         .unwrap_err();
     assert_eq!(e.fatal_code(), Some(5));
@@ -648,20 +653,25 @@ fn different_keys_over_the_same_bytes_alias_when_placed() {
         .orch
         .submit(TaskSpec::new(
             2,
-            &[at(stale, 4096, 0, 1024, ArgTag::Output), at(fresh, 4608, 0, 1024, ArgTag::Input)],
+            &[
+                at(stale, 4096, 0, 1024, ArgTag::Output),
+                at(fresh, 4608, 0, 1024, ArgTag::Input)
+            ],
         ))
         .is_err());
     // Adjacent ranges, another domain, or unplaced accesses: no proof of shared bytes.
     h.submit(
         3,
-        &[at(stale, 4096, 0, 512, ArgTag::Output), at(fresh, 4608, 0, 512, ArgTag::Input)],
+        &[
+            at(stale, 4096, 0, 512, ArgTag::Output),
+            at(fresh, 4608, 0, 512, ArgTag::Input),
+        ],
     );
-    let other = Access::new(fresh, Footprint::bytes(0, 1024).unwrap(), ArgTag::Input).placed(
-        Placement {
+    let other =
+        Access::new(fresh, Footprint::bytes(0, 1024).unwrap(), ArgTag::Input).placed(Placement {
             domain: AddressDomain::HostShared { region: 8 },
             base: 4096,
-        },
-    );
+        });
     h.submit(4, &[at(stale, 4096, 0, 1024, ArgTag::Output), other]);
     h.submit(
         5,
@@ -675,13 +685,22 @@ fn different_keys_over_the_same_bytes_alias_when_placed() {
     let mut args: Vec<Access> = keys
         .iter()
         .enumerate()
-        .map(|(i, k)| at(*k, 1 << 20, i as u64 * 1024, (i as u64 + 1) * 1024, ArgTag::Input))
+        .map(|(i, k)| {
+            at(
+                *k,
+                1 << 20,
+                i as u64 * 1024,
+                (i as u64 + 1) * 1024,
+                ArgTag::Input,
+            )
+        })
         .collect();
     h.submit(6, &args);
     args[3] = at(h.key(), 1 << 20, 30 * 1024, 31 * 1024, ArgTag::Output);
     let e = h.orch.submit(TaskSpec::new(7, &args)).unwrap_err();
     assert!(
-        e.to_string().contains("argument 3 (OUTPUT) overlaps argument 30"),
+        e.to_string()
+            .contains("argument 3 (OUTPUT) overlaps argument 30"),
         "{e}"
     );
 }

@@ -398,7 +398,11 @@ impl DeviceMemory {
         for &(start, end) in ranges {
             // Allocations are disjoint: the candidates start before `end`, and the first
             // one below `start` may reach into the range.
-            let first = a.live.range(..=start).next_back().map_or(start, |(&b, _)| b);
+            let first = a
+                .live
+                .range(..=start)
+                .next_back()
+                .map_or(start, |(&b, _)| b);
             for (&base, l) in a.live.range(first..end) {
                 if base + l.size > start && !hit.contains(&base) {
                     hit.push(base);

@@ -55,9 +55,9 @@ impl ChipWorker {
                 offset: offsets.host,
                 end: offsets.host.saturating_add(nbytes),
             })?;
-        let addr = live
-            .mem
-            .check_range_at(&dst, offsets.device, nbytes as u64, "device pointer")?;
+        let addr =
+            live.mem
+                .check_range_at(&dst, offsets.device, nbytes as u64, "device pointer")?;
         live.mem.arena.write(addr, &bytes[offsets.host..end])
     }
 
@@ -85,9 +85,9 @@ impl ChipWorker {
                 offset: offsets.host,
                 end: offsets.host.saturating_add(nbytes),
             })?;
-        let addr = live
-            .mem
-            .check_range_at(&src, offsets.device, nbytes as u64, "device pointer")?;
+        let addr =
+            live.mem
+                .check_range_at(&src, offsets.device, nbytes as u64, "device pointer")?;
         live.mem.arena.read(addr, &mut bytes[offsets.host..end])
     }
 
