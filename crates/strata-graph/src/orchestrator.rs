@@ -487,6 +487,15 @@ impl<P: Send + 'static> Orchestrator<P> {
                 return Err(e);
             }
         };
+        if aligned > 0 {
+            if let Err(e) = self.check_fail_fast(word) {
+                // The run failed while this submit waited for heap: the room may be a
+                // failed task's slab, which a kernel abandoned after its timeout can still
+                // be writing. Nothing was committed yet.
+                self.producers = producers;
+                return Err(e);
+            }
+        }
 
         // Past this point nothing fails.
         let group_size = spec.group_size();
@@ -631,6 +640,8 @@ impl<P: Send + 'static> Orchestrator<P> {
         let ring_idx = ring_for_depth(self.scopes.current_depth());
         let aligned = self.check_heap_request(ring_idx, bytes.max(1))?;
         let offset = self.reserve_slot(ring_idx, aligned)?;
+        // As in `submit`: heap freed by a failure is not handed to a failed run.
+        self.check_fail_fast(word)?;
         let task = self.new_slot(word, 0, 1);
         self.rings[ring_idx].commit(task, offset, aligned);
         self.core.runs.add_task(lease);

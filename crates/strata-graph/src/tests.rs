@@ -520,6 +520,53 @@ fn third_admission_waits_for_the_oldest_run() {
 }
 
 #[test]
+fn heap_freed_by_a_failure_is_not_handed_to_a_waiting_submit_of_the_failed_run() {
+    // A failed task's slab may still be written (a chip kernel abandoned after its
+    // timeout): a submit of the same run that was waiting for heap space when the task
+    // failed must not get it.
+    let mut h = h_with(small_rings(2, None, None));
+    h.orch.begin_run().unwrap();
+    h.orch.scope_begin().unwrap();
+    let a = h
+        .orch
+        .submit(TaskSpec::new(1, &[]).with_heap(2048, &[]))
+        .unwrap();
+    h.orch.scope_end().unwrap();
+    h.sched.claim(a.task).unwrap();
+    let H {
+        mut orch,
+        mut sched,
+        ..
+    } = h;
+    let waiter = std::thread::spawn(move || {
+        orch.scope_begin().unwrap();
+        let r = orch.submit(TaskSpec::new(2, &[]).with_heap(2048, &[]));
+        let alloc = orch.alloc(
+            BufferKey::new(IdentityMinter::new().mint(), KeySpace::Host),
+            2048,
+        );
+        (r.map(|s| s.task), alloc.map(|(t, _)| t))
+    });
+    std::thread::sleep(Duration::from_millis(50));
+    sched
+        .complete(
+            a.task,
+            Err(Failure::new(FailureKind::Task, "timed out")),
+            &mut vec![],
+        )
+        .unwrap();
+    let (submitted, allocated) = waiter.join().unwrap();
+    assert!(
+        matches!(submitted, Err(GraphError::RunFailed(_))),
+        "{submitted:?}"
+    );
+    assert!(
+        matches!(allocated, Err(GraphError::RunFailed(_))),
+        "{allocated:?}"
+    );
+}
+
+#[test]
 fn depth_one_admission_always_wakes_the_waiter() {
     let cfg = GraphConfig {
         pipeline_depth: 1,
