@@ -361,7 +361,7 @@ impl Rig {
 /// What one cell measured.
 struct Measured {
     error: String,
-    variant: &'static str,
+    variant: String,
     to_error: Duration,
     close: Duration,
     close_result: String,
@@ -428,7 +428,10 @@ fn exercise(rig: &mut Rig, kind: Kind, fault: Fault) -> Result<Measured, String>
         Err(DistError::WaitTimeout(_)) => {
             return Err(format!("no error within {ERROR_BOUND:?} of the fault"))
         }
-        Err(e @ DistError::TaskFailed(_)) => ("TaskFailed", e.to_string()),
+        Err(DistError::TaskFailed(f)) => (
+            format!("TaskFailed({:?})", f.kind()),
+            DistError::TaskFailed(f).to_string(),
+        ),
         Err(e) => return Err(format!("expected DistError::TaskFailed, got {e:?}")),
     };
     check!(
