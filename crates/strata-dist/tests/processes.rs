@@ -262,10 +262,7 @@ fn idle_children_die_when_the_worker_process_is_killed() -> Outcome {
             r == p || r == -1
         })
     })?;
-    println!(
-        "    6 idle orphans gone within {:.2?}",
-        t0.elapsed()
-    );
+    println!("    6 idle orphans gone within {:.2?}", t0.elapsed());
     Ok(())
 }
 

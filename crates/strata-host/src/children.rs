@@ -10,12 +10,12 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+use strata_mailbox::release_foreign_mailboxes;
 use strata_mailbox::{
     AssumeAlive, Child, ChildProcess, ControlReply, ControlRequest, Failure, FrameId, Handler,
     Liveness, Mailbox, MailboxError, MailboxState, Parent, PublishHook, ServeOptions,
     TaskCompletion, TaskPublication, TaskSlot, WaitOptions,
 };
-use strata_mailbox::release_foreign_mailboxes;
 
 /// How a worker runs its children.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -134,6 +134,12 @@ pub struct SpawnOptions {
     /// the calling thread; a lock another thread held at that moment (allocator, stdio,
     /// environment) stays locked forever in the child. Opt in only if you know the other
     /// threads hold no such lock.
+    ///
+    /// The children's parent-death signal (`PR_SET_PDEATHSIG(SIGKILL)`) fires when the
+    /// *thread* that forked them exits. Without this option that thread is the process's
+    /// only one, so it fires exactly when the process dies; with it, call
+    /// [`Children::spawn`] from a thread that outlives the children (e.g. `main`), or they
+    /// are killed when it exits.
     pub allow_fork_with_threads: bool,
     /// Rung by every child after each publication its parent acts on (terminal task
     /// states, `FRAME_STAGED`, `CONTROL_DONE`, `INIT_*`). Create it before spawning.
@@ -391,7 +397,8 @@ impl Lane {
     }
 
     /// The liveness check for blocking waits: `waitpid(WNOHANG)` for a process, "has the
-    /// thread finished" for a thread. A child it finds gone is reaped and remembered.
+    /// thread finished" for a thread. A child it finds gone is reaped and remembered (a
+    /// process's group is killed just before the reap).
     pub fn liveness(&mut self) -> &mut dyn Liveness {
         &mut self.watch
     }
@@ -703,9 +710,13 @@ impl Children {
     /// mailbox per child; forks every child (each child sets `OMP_NUM_THREADS`,
     /// `OPENBLAS_NUM_THREADS` and `MKL_NUM_THREADS` to 1 where unset, runs
     /// `program.start`, publishes `INIT_READY` or `INIT_FAILED`, serves its mailbox
-    /// — ringing the doorbell after each publication — and leaves through `_exit`);
-    /// children stay in this process group. Finally waits for every `INIT_READY` within
-    /// `opts.startup_timeout` (one deadline for all).
+    /// — ringing the doorbell after each publication — and leaves through `_exit`).
+    /// Before any of that each child sets `PR_SET_PDEATHSIG(SIGKILL)` (it dies with the
+    /// calling thread, busy or not; see [`SpawnOptions::allow_fork_with_threads`]),
+    /// leaves at once if its parent already died, leads a process group of its own
+    /// (killed when the child is reaped), and unmaps and closes every mailbox but its own.
+    /// Finally waits for every `INIT_READY` within `opts.startup_timeout` (one deadline
+    /// for all).
     ///
     /// Threads mode: the same, with a thread per child serving a second mapping of its
     /// mailbox.
@@ -984,8 +995,10 @@ impl Children {
     ///    still owns with `SHUT_DOWN`, drops its handler and exits 0.
     /// 2. Polls (`waitpid(WNOHANG)` / thread finished) every ≤ 1 ms until all ended or
     ///    `grace` passed.
-    /// 3. `SIGKILL`s surviving processes and reaps them. Surviving threads cannot be
-    ///    killed: they are detached (reported with `end: None`).
+    /// 3. `SIGKILL`s the process group of every surviving process (the child and what it
+    ///    left in its group; its own children die by their parent-death signal) and reaps
+    ///    them. Surviving threads cannot be killed: they are detached (reported with
+    ///    `end: None`).
     /// 4. Drops the lanes and their mailboxes (only now, after reaping).
     ///
     /// Idempotent: a second call returns the first report. Also run on drop.

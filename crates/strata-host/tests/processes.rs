@@ -503,8 +503,7 @@ fn busy_orphans_die_within_a_second_of_their_parent() -> Outcome {
     let b2 = board.clone();
     // Spins forever at 100 % CPU, never looking at its mailbox or its parent.
     let spin = reg.register_fn("spin", move |_| {
-        atomics(&b2, region, 16)?[15]
-            .fetch_add(1, Ordering::AcqRel);
+        atomics(&b2, region, 16)?[15].fetch_add(1, Ordering::AcqRel);
         loop {
             std::hint::spin_loop();
         }
@@ -532,7 +531,11 @@ fn busy_orphans_die_within_a_second_of_their_parent() -> Outcome {
 fn own_mailbox_view() -> (Vec<i32>, usize) {
     let is_mailbox = |p: &str| p.starts_with("/memfd:strata-mailbox");
     let mut fds = Vec::new();
-    for e in std::fs::read_dir("/proc/self/fd").into_iter().flatten().flatten() {
+    for e in std::fs::read_dir("/proc/self/fd")
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
         let link = std::fs::read_link(e.path()).unwrap_or_default();
         if link.to_str().is_some_and(is_mailbox) {
             if let Some(fd) = e.file_name().to_str().and_then(|s| s.parse().ok()) {
@@ -572,8 +575,13 @@ fn a_child_sees_only_its_own_mailbox() -> Outcome {
     // Lanes 0..3 are siblings (forked first, in the middle, last); lane 3 forwards to its
     // own first child, which also inherited the nested worker's own mailbox.
     for lane in 0..4 {
-        ok(tasks.run(children.lane(lane), TaskSlot::Slot0, inspect, &TaskArgs::new()))
-            .map_err(|e| format!("lane {lane}: {e}"))?;
+        ok(tasks.run(
+            children.lane(lane),
+            TaskSlot::Slot0,
+            inspect,
+            &TaskArgs::new(),
+        ))
+        .map_err(|e| format!("lane {lane}: {e}"))?;
     }
     let (fds, mapped) = own_mailbox_view();
     check!(
@@ -684,9 +692,7 @@ impl ChildProgram for SandboxedSub {
         strata_testkit::seccomp::refuse_syscall(libc::SYS_futex_waitv, self.errno)?;
         // The filter works: the call is refused with our errno.
         // SAFETY: futex_waitv with no records and null pointers only returns an error.
-        let r = unsafe {
-            libc::syscall(libc::SYS_futex_waitv, std::ptr::null::<u8>(), 0, 0, 0, 0)
-        };
+        let r = unsafe { libc::syscall(libc::SYS_futex_waitv, std::ptr::null::<u8>(), 0, 0, 0, 0) };
         let e = std::io::Error::last_os_error().raw_os_error();
         if r != -1 || e != Some(self.errno) {
             return Err(format!("the filter did not refuse futex_waitv: {r} {e:?}"));
@@ -714,8 +720,13 @@ fn idle_children_keep_working_when_a_seccomp_filter_refuses_futex_waitv() -> Out
         // Past the spin budget: every child parks on its three state words.
         std::thread::sleep(Duration::from_millis(60));
         for lane in 0..3 {
-            ok(tasks.run(children.lane(lane), TaskSlot::ALL[round % 2], noop, &TaskArgs::new()))
-                .map_err(|e| format!("round {round}, lane {lane}: {e}"))?;
+            ok(tasks.run(
+                children.lane(lane),
+                TaskSlot::ALL[round % 2],
+                noop,
+                &TaskArgs::new(),
+            ))
+            .map_err(|e| format!("round {round}, lane {lane}: {e}"))?;
         }
     }
     let report = children.shutdown(BOUND).ctx("shutdown")?;

@@ -278,7 +278,11 @@ pub unsafe fn release_foreign_mailboxes(own: &Mailbox) -> Result<ForeignRelease,
         .map_err(os("reading /proc/self/fd"))?
         .flatten()
     {
-        let Some(fd) = entry.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+        let Some(fd) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<i32>().ok())
+        else {
             continue;
         };
         if fd == own_fd {
