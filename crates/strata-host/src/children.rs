@@ -59,7 +59,9 @@ pub const INIT_FAILED_CODE: i32 = 1;
 /// the child.
 ///
 /// Anything the program captured before the fork (registries, closures, tables) is in
-/// the child's copy of memory; nothing is serialized.
+/// the child's copy of memory; nothing is serialized. The exception is mailboxes: in
+/// [`ExecMode::Process`] every mailbox but the child's own is unmapped and closed before
+/// `start` runs, so a program must not carry one across the fork.
 pub trait ChildProgram: Send + 'static {
     /// The child's name in logs and errors, e.g. `"sub_worker 1"`,
     /// `"chip_process dev=0"`, `"child_worker level=3 id=0"`.
