@@ -600,7 +600,7 @@ fn gist(error: &str, label: &str) -> String {
         .find(label)
         .map(|i| &error[i + label.len()..])
         .unwrap_or(error);
-    let rest = rest.trim_start_matches(|c: char| c == ':' || c == ' ' || c == ')');
+    let rest = rest.trim_start_matches([':', ' ', ')']);
     let mut s: String = rest.chars().take(90).collect();
     if rest.chars().count() > 90 {
         s.push('…');
