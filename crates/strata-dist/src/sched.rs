@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use strata_graph::{Claimed, Failure, FailureKind, ReadyTask, RunId, Scheduler, TaskRef};
-use strata_host::{Children, Doorbell};
+use strata_host::{Children, Doorbell, SharedMemory};
 use strata_mailbox::{FrameIdentity, TaskPublication, TaskSlot};
 use strata_sync::{Broken, Driven, DriverSeat, SeatWaker, Turn};
 
@@ -171,11 +171,13 @@ impl Link {
     }
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug)]
 struct InFlight {
     task: TaskRef,
     member: usize,
     group: bool,
+    /// The shared-tensor regions this member holds in use until it ends.
+    uses: Vec<u64>,
 }
 
 /// A child's two task frames, as the scheduler uses them: the second frame holds the
@@ -249,12 +251,23 @@ pub(crate) struct SchedLoop<E: Endpoint = LocalEndpoint> {
     last_liveness: std::time::Instant,
     /// A test-only fault taken from the inbox, not yet fired.
     fault: Option<PassFault>,
+    /// The shared memory the tasks' tensors live in (their in-use marks).
+    shared: Arc<SharedMemory>,
+    /// In-use marks of tasks failed at the close deadline while their children still ran
+    /// them: released only once those children are known to be gone.
+    abandoned_uses: Vec<u64>,
 }
 
 /// What the scheduler thread hands back when it stops: the children, still running, for
 /// the worker to shut down.
 pub(crate) struct SchedExit {
     pub(crate) children: Children,
+    /// In-use marks of shared tensors whose tasks were abandoned at the close deadline
+    /// (see [`SchedLoop::abandoned_uses`]): the worker releases them once the children are
+    /// reaped, or keeps them for good if a thread child was detached still running.
+    pub(crate) abandoned_uses: Vec<u64>,
+    /// The shared memory those marks are in.
+    pub(crate) shared: Arc<SharedMemory>,
 }
 
 impl SchedLoop<LocalEndpoint> {
@@ -263,6 +276,8 @@ impl SchedLoop<LocalEndpoint> {
     fn into_exit(mut self) -> SchedExit {
         SchedExit {
             children: LocalEndpoint::into_children(self.take_endpoints()),
+            abandoned_uses: std::mem::take(&mut self.abandoned_uses),
+            shared: self.shared.clone(),
         }
     }
 }
@@ -307,7 +322,16 @@ impl<E: Endpoint> SchedLoop<E> {
             stopping: None,
             last_liveness: std::time::Instant::now(),
             fault: None,
+            shared: SharedMemory::process().clone(),
+            abandoned_uses: Vec::new(),
         }
+    }
+
+    /// Sets the shared memory the tasks' tensors live in (the process's table by
+    /// default).
+    pub(crate) fn with_shared(mut self, shared: Arc<SharedMemory>) -> Self {
+        self.shared = shared;
+        self
     }
 
     /// One pass: intake, completions, control requests, dispatch, liveness.
@@ -330,6 +354,11 @@ impl<E: Endpoint> SchedLoop<E> {
             self.fail_queued("the worker is closing");
             if !busy || std::time::Instant::now() >= deadline {
                 for lane in 0..self.lanes.len() {
+                    // The child may still be running these tasks (a thread child cannot
+                    // be stopped): their tensors stay in use until it is known gone.
+                    for f in self.lanes[lane].frames.iter_mut().flatten() {
+                        self.abandoned_uses.append(&mut f.uses);
+                    }
                     let f = self.endpoint_failure(
                         lane,
                         "the worker closed before this task finished (close_grace passed)",
@@ -474,6 +503,11 @@ impl<E: Endpoint> SchedLoop<E> {
         let Some(f) = self.lanes[lane].frames[slot.index()].take() else {
             return;
         };
+        // Before the graph hears of it: a caller that sees the run done may copy the
+        // tensors at once.
+        for &r in &f.uses {
+            self.shared.release_task_use(r);
+        }
         let mut ready = std::mem::take(&mut self.ready);
         let result = if f.group {
             self.sched
@@ -592,7 +626,7 @@ impl<E: Endpoint> SchedLoop<E> {
         member: usize,
         group: bool,
         run: RunId,
-        p: &DistTask,
+        p: &mut DistTask,
     ) {
         let Some(slot) = self.lanes[lane].free_frame() else {
             // Unreachable: every caller checks for a free frame first.
@@ -607,12 +641,36 @@ impl<E: Endpoint> SchedLoop<E> {
             lease_generation: 1,
             dispatch_id: self.lanes[lane].seq,
         };
+        // Mark the member's shared tensors in use before the child can touch them.
+        let uses = std::mem::take(&mut p.members[member].uses);
+        let mut refused = None;
+        for (k, &r) in uses.iter().enumerate() {
+            if let Err(e) = self.shared.acquire_task_use(r) {
+                for &held in &uses[..k] {
+                    self.shared.release_task_use(held);
+                }
+                refused = Some(e);
+                break;
+            }
+        }
+        if let Some(e) = refused {
+            self.lanes[lane].frames[slot.index()] = Some(InFlight {
+                task,
+                member,
+                group,
+                uses: Vec::new(),
+            });
+            let f = Failure::new(FailureKind::Task, format!("{}: {e}", self.label(lane)));
+            self.finish(lane, slot, Err(f));
+            return;
+        }
         let publication =
             TaskPublication::run(p.callable, identity, &p.config, &p.members[member].blob);
         self.lanes[lane].frames[slot.index()] = Some(InFlight {
             task,
             member,
             group,
+            uses,
         });
         if let Err(e) = self.endpoints[lane].publish(slot, &publication) {
             let f = self.endpoint_failure(lane, &e.to_string());
@@ -728,8 +786,8 @@ impl<E: Endpoint> SchedLoop<E> {
                     self.fail_task(t, &dead);
                     continue;
                 }
-                if let Some(c) = self.sched.claim(t) {
-                    self.publish(w, t, 0, false, run, &c.payload);
+                if let Some(mut c) = self.sched.claim(t) {
+                    self.publish(w, t, 0, false, run, &mut c.payload);
                 }
             }
         }
@@ -780,7 +838,7 @@ impl<E: Endpoint> SchedLoop<E> {
     }
 
     /// Launches every member of a claimed task: member `i` on `lanes[i]`.
-    fn launch(&mut self, t: TaskRef, c: Claimed<DistTask>, run: RunId, lanes: &[usize]) {
+    fn launch(&mut self, t: TaskRef, mut c: Claimed<DistTask>, run: RunId, lanes: &[usize]) {
         let group = c.payload.members.len() > 1 || c.group_size > 1;
         for (i, &lane) in lanes.iter().enumerate() {
             if group && !self.sched.start_member(t, i).unwrap_or(false) {
@@ -790,7 +848,7 @@ impl<E: Endpoint> SchedLoop<E> {
                 Target::Worker(w) => w,
                 Target::Sub => lane,
             };
-            self.publish(lane, t, i, group, run, &c.payload);
+            self.publish(lane, t, i, group, run, &mut c.payload);
         }
     }
 }

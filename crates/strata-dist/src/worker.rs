@@ -62,10 +62,11 @@ struct Runtime {
     config: Arc<EncodedConfig>,
     children_pids: Vec<i32>,
     /// The heap rings' regions, returned (pages discarded, region pooled for the next
-    /// worker) once the children are gone.
-    _heap_leases: Vec<strata_host::RegionLease>,
-    /// The comm arena's region, returned after the children are gone.
-    _comm_lease: Option<strata_host::RegionLease>,
+    /// worker) once the children are gone — or quarantined if a thread child was detached
+    /// still running (it may still write them).
+    heap_leases: Vec<strata_host::RegionLease>,
+    /// The comm arena's region, returned (or quarantined) likewise.
+    comm_lease: Option<strata_host::RegionLease>,
 }
 
 /// An L3 (or L4) worker: host orchestrations that dispatch chip orchestrations to chip
@@ -414,7 +415,10 @@ impl DistWorker {
             .take_while(|k| *k != ChildKind::Sub)
             .collect();
         let waiter = orch.run_waiter();
-        let driver = Driver::new(SchedLoop::new(sched, endpoints, link.clone(), next.len()));
+        let driver = Driver::new(
+            SchedLoop::new(sched, endpoints, link.clone(), next.len())
+                .with_shared(self.shared.clone()),
+        );
         let handle = driver
             .spawn()
             .map_err(|e| DistError::Internal(format!("cannot start the scheduler thread: {e}")))?;
@@ -439,8 +443,8 @@ impl DistWorker {
             driver,
             config: Arc::new(EncodedConfig::new(&CallConfig::default())?),
             children_pids,
-            _heap_leases: heap_leases,
-            _comm_lease: comm_lease,
+            heap_leases,
+            comm_lease,
         })
     }
 
@@ -505,19 +509,21 @@ impl DistWorker {
         args: &TaskArgs,
         config: &CallConfig,
     ) -> Result<RunHandle, DistError> {
-        self.submit_run(orch, args, config, false)
+        self.submit_run(orch, args, config, false, false)
     }
 
     /// Builds a run. `waits`: the caller waits for it right away (`run`), so it drives the
     /// loop itself and a scheduler thread left dormant need not be woken for the run's
     /// first hand-over; otherwise the run is handed to a caller that may wait much later,
-    /// and the scheduler thread is woken.
+    /// and the scheduler thread is woken. `nested`: `args` come from a level-4 parent that
+    /// admitted them (they may name its memory), so the run's tasks may name them too.
     fn submit_run(
         &mut self,
         orch: &HostOrchHandle,
         args: &TaskArgs,
         config: &CallConfig,
         waits: bool,
+        nested: bool,
     ) -> Result<RunHandle, DistError> {
         let rt = self.runtime("submit")?;
         let f = rt
@@ -544,6 +550,15 @@ impl DistWorker {
             config: encoded,
             wake_deferred: false,
             handed_over: false,
+            run_tensors: HashMap::new(),
+            admitted: if nested {
+                args.tensors()
+                    .iter()
+                    .map(|t| (t.buffer.identity(), t.buffer))
+                    .collect()
+            } else {
+                HashMap::new()
+            },
         };
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&mut o, args)))
             .unwrap_or_else(|p| {
@@ -585,7 +600,7 @@ impl DistWorker {
     /// # Errors
     /// As `submit`, and the run's first task error.
     pub fn run(&mut self, orch: &HostOrchHandle, args: &TaskArgs) -> Result<(), DistError> {
-        self.submit_run(orch, args, &CallConfig::default(), true)?
+        self.submit_run(orch, args, &CallConfig::default(), true, false)?
             .wait(None)
     }
 
@@ -599,7 +614,18 @@ impl DistWorker {
         args: &TaskArgs,
         config: &CallConfig,
     ) -> Result<(), DistError> {
-        self.submit_run(orch, args, config, true)?.wait(None)
+        self.submit_run(orch, args, config, true, false)?.wait(None)
+    }
+
+    /// [`DistWorker::run_with`] for a level-3 worker serving its level-4 parent: the
+    /// task's arguments were admitted by the parent, so the run may pass them on.
+    pub(crate) fn run_nested(
+        &mut self,
+        orch: &HostOrchHandle,
+        args: &TaskArgs,
+        config: &CallConfig,
+    ) -> Result<(), DistError> {
+        self.submit_run(orch, args, config, true, true)?.wait(None)
     }
 
     // ----- device memory outside runs ---------------------------------------------------
@@ -722,10 +748,32 @@ impl DistWorker {
         let Some(mut exit) = exit else {
             return Ok(());
         };
-        let report = exit.children.shutdown(self.config.close_grace)?;
-        if let Some(comm) = &rt.ctx.comm {
-            comm.release_all();
+        let shutdown = exit.children.shutdown(self.config.close_grace);
+        // A thread child that did not stop was detached still running its task: it may
+        // go on writing into the heap rings, the comm arena and the shared tensors that
+        // task names. That memory is quarantined — never handed to the next run or the
+        // next worker — rather than reused under a live writer.
+        let detached = shutdown
+            .as_ref()
+            .map_or(true, |r| r.children.iter().any(|c| c.pid.is_none() && c.end.is_none()));
+        if detached {
+            for lease in rt.heap_leases.drain(..) {
+                self.shared.quarantine(lease);
+            }
+            if let Some(lease) = rt.comm_lease.take() {
+                self.shared.quarantine(lease);
+            }
+            // The abandoned tasks' tensors stay in use for good: host copies refuse and
+            // their pages are never discarded.
+        } else {
+            for r in exit.abandoned_uses.drain(..) {
+                exit.shared.release_task_use(r);
+            }
+            if let Some(comm) = &rt.ctx.comm {
+                comm.release_all();
+            }
         }
+        let report = shutdown?;
         // A child that died before close was reported then (its run failed, the worker
         // became unusable); anything else abnormal is news.
         let news: Vec<String> = report

@@ -38,11 +38,11 @@ impl BufferKey {
 
     /// The key of a tensor argument's buffer (device buffers are keyed per owning chip).
     pub fn of_arg(arg: &TensorArg) -> Self {
-        let space = match arg.buffer.location {
+        let space = match arg.buffer.location() {
             BufferLocation::Device { worker, .. } => KeySpace::Device(worker),
             _ => KeySpace::Host,
         };
-        BufferKey::new(arg.buffer.identity, space)
+        BufferKey::new(arg.buffer.identity(), space)
     }
 }
 
