@@ -67,11 +67,18 @@ pub fn kill(pid: i32) -> Outcome {
     Ok(())
 }
 
-/// Waits until the shared flag `t[0]` is non-zero.
+/// Waits until the shared flag `t[0]` is non-zero. The task that sets it is still in
+/// flight, so `to_vec` would refuse (`Busy`): the flag is read as an atomic word.
 pub fn wait_flag(t: &SharedTensor) -> Outcome {
-    wait_for("the task to start", || {
-        t.to_vec::<u64>().map(|v| v[0] != 0).unwrap_or(false)
-    })
+    let base = t
+        .memory()
+        .ptr(t.region(), 0, t.nbytes())
+        .map_err(|e| e.to_string())?;
+    // SAFETY: the region holds at least one u64 from a page-aligned start (aligned for
+    // AtomicU64, valid for any bit pattern), and lives while `t` does; the child writes
+    // the word, this thread only loads it atomically.
+    let flag = unsafe { &*base.cast::<AtomicU64>() };
+    wait_for("the task to start", || flag.load(Ordering::SeqCst) != 0)
 }
 
 // -------------------------------------------------------------------------------------
