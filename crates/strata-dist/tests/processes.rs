@@ -12,6 +12,7 @@
 
 mod common;
 mod contracts;
+mod identity;
 
 use common::*;
 use std::time::{Duration, Instant};
@@ -377,5 +378,10 @@ fn main() {
             init_refuses_to_fork_while_threads_run_unless_opted_in,
         ),
     ];
-    run(&[contracts::suite::<Process>().as_slice(), process_only].concat());
+    run(&[
+        contracts::suite::<Process>().as_slice(),
+        identity::suite::<Process>().as_slice(),
+        process_only,
+    ]
+    .concat());
 }

@@ -9,6 +9,7 @@
 
 mod common;
 mod contracts;
+mod identity;
 
 use common::*;
 use strata_host::ExecMode;
@@ -48,9 +49,20 @@ fn two_workers_in_one_process_are_independent() -> Outcome {
 }
 
 fn main() {
-    let threads_only: &[Scenario] = &[(
-        "two_workers_in_one_process_are_independent",
-        two_workers_in_one_process_are_independent,
-    )];
-    run(&[contracts::suite::<Threads>().as_slice(), threads_only].concat());
+    let threads_only: &[Scenario] = &[
+        (
+            "two_workers_in_one_process_are_independent",
+            two_workers_in_one_process_are_independent,
+        ),
+        (
+            "a_detached_thread_childs_heap_ring_is_quarantined",
+            identity::a_detached_thread_childs_heap_ring_is_quarantined,
+        ),
+    ];
+    run(&[
+        contracts::suite::<Threads>().as_slice(),
+        identity::suite::<Threads>().as_slice(),
+        threads_only,
+    ]
+    .concat());
 }
