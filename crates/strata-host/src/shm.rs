@@ -640,6 +640,60 @@ mod tests {
     }
 
     #[test]
+    fn task_uses_exclude_host_copies_and_defer_the_owners_release() {
+        let mem = SharedMemory::new();
+        let r = mem.create_region(4096, "t").unwrap();
+        mem.acquire_task_use(r).unwrap();
+        mem.acquire_task_use(r).unwrap();
+        assert_eq!(mem.task_uses(r), 2);
+        assert!(matches!(
+            mem.host_access(r),
+            Err(HostError::Busy { tasks: 2, .. })
+        ));
+        // SAFETY: 8 bytes of a region only this test uses.
+        unsafe { mem.ptr(r, 0, 8).unwrap().cast::<u64>().write(42) };
+        mem.release_region(r).unwrap();
+        assert!(!mem.is_live(r), "no new task may name it");
+        assert!(mem.acquire_task_use(r).is_err());
+        assert_eq!(mem.task_uses(r), 2, "a refused acquisition leaves no mark");
+        let p = mem.ptr(r, 0, 8).expect("the pages stay while tasks run");
+        mem.release_task_use(r);
+        // SAFETY: as above; the region is still draining.
+        assert_eq!(unsafe { p.cast::<u64>().read() }, 42);
+        mem.release_task_use(r);
+        assert_eq!(mem.task_uses(r), 0);
+        assert!(matches!(
+            mem.ptr(r, 0, 8),
+            Err(HostError::RegionReleased { .. })
+        ));
+
+        let q = mem.create_region(4096, "q").unwrap();
+        let guard = mem.host_access(q).unwrap();
+        let other = std::thread::scope(|s| {
+            let h = s.spawn(|| mem.acquire_task_use(q));
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            assert_eq!(mem.task_uses(q), 1, "the task is counted at once");
+            drop(guard);
+            h.join().unwrap()
+        });
+        other.unwrap();
+        assert!(mem.host_access(q).is_err());
+        mem.release_task_use(q);
+        drop(mem.host_access(q).unwrap());
+    }
+
+    #[test]
+    fn quarantined_leases_are_never_pooled() {
+        let mem = SharedMemory::new();
+        let lease = mem.lease_region(8192, "heap").unwrap();
+        let id = lease.id();
+        mem.quarantine(lease);
+        assert_eq!(mem.quarantined(), (1, 8192));
+        assert!(mem.ptr(id, 0, 8).is_ok(), "a live writer may still reach it");
+        assert_ne!(mem.lease_region(8192, "heap").unwrap().id(), id);
+    }
+
+    #[test]
     fn leases_are_reused_zeroed_and_released_regions_refuse_lookups() {
         let mem = SharedMemory::new();
         let lease = mem.lease_region(8192, "heap").unwrap();

@@ -52,6 +52,17 @@ impl BufferLocation {
 /// with no edge between them. A descriptor decoded from bytes ([`crate::wire`]) is only a
 /// claim: the runtime checks every descriptor a task names against the buffers it owns
 /// before the task is admitted, and refuses one that is stale or forged.
+///
+/// Safe code cannot write one down:
+///
+/// ```compile_fail
+/// use strata_types::*;
+/// let forged = BufferDesc {
+///     identity: IdentityMinter::new().mint(),
+///     nbytes: 64,
+///     location: BufferLocation::HostShared { region: 1, offset: 0 },
+/// };
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct BufferDesc {
     identity: BufferIdentity,

@@ -298,11 +298,7 @@ pub fn a_detached_thread_childs_heap_ring_is_quarantined() -> Outcome {
     let closed = first.close();
     drop(handle);
     check!(closed.is_err(), "close reports the detached child");
-    check!(
-        mem.quarantined().0 >= quarantined_before + strata_graph::RING_COUNT,
-        "the heap rings were quarantined: {:?}",
-        mem.quarantined()
-    );
+    let quarantined = mem.quarantined();
 
     let mut second = DistWorker::new(config()).ctx("second")?;
     let out = second.shared_tensor(&[1], DataType::U64).ctx("out")?;
@@ -331,6 +327,10 @@ pub fn a_detached_thread_childs_heap_ring_is_quarantined() -> Outcome {
     check!(
         seen == 7,
         "the second worker's intermediate was overwritten by the first worker's detached child ({seen:#x})"
+    );
+    check!(
+        quarantined.0 >= quarantined_before + strata_graph::RING_COUNT,
+        "the heap rings were quarantined: {quarantined:?}"
     );
     Ok(())
 }
