@@ -151,8 +151,7 @@ impl CommCtx {
             *id == desc.identity()
                 && st.alloc.placement(buf).is_ok_and(|p| {
                     p.arena_offset == offset
-                        && Some(desc.nbytes())
-                            == p.rank_stride.checked_mul(u64::from(p.nranks))
+                        && Some(desc.nbytes()) == p.rank_stride.checked_mul(u64::from(p.nranks))
                 })
         })
     }

@@ -753,9 +753,11 @@ impl DistWorker {
         // go on writing into the heap rings, the comm arena and the shared tensors that
         // task names. That memory is quarantined — never handed to the next run or the
         // next worker — rather than reused under a live writer.
-        let detached = shutdown
-            .as_ref()
-            .map_or(true, |r| r.children.iter().any(|c| c.pid.is_none() && c.end.is_none()));
+        let detached = shutdown.as_ref().map_or(true, |r| {
+            r.children
+                .iter()
+                .any(|c| c.pid.is_none() && c.end.is_none())
+        });
         if detached {
             for lease in rt.heap_leases.drain(..) {
                 self.shared.quarantine(lease);

@@ -292,7 +292,10 @@ impl SharedMemory {
         self.with_region(region, |r| {
             // A draining region still holds the pages of the tasks in flight that name it,
             // and a quarantined one those of a writer that may still live.
-            if !matches!(r.state.load(Ordering::Acquire), LIVE | DRAINING | QUARANTINED) {
+            if !matches!(
+                r.state.load(Ordering::Acquire),
+                LIVE | DRAINING | QUARANTINED
+            ) {
                 return Err(HostError::RegionReleased {
                     region,
                     label: r.label.clone(),
@@ -689,7 +692,10 @@ mod tests {
         let id = lease.id();
         mem.quarantine(lease);
         assert_eq!(mem.quarantined(), (1, 8192));
-        assert!(mem.ptr(id, 0, 8).is_ok(), "a live writer may still reach it");
+        assert!(
+            mem.ptr(id, 0, 8).is_ok(),
+            "a live writer may still reach it"
+        );
         assert_ne!(mem.lease_region(8192, "heap").unwrap().id(), id);
     }
 

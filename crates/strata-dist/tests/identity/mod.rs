@@ -172,7 +172,10 @@ pub fn the_safe_sub_accessor_refuses_no_dep_arguments<M: Mode>() -> Outcome {
     let x = w.shared_tensor_from(&[2], &[7u64, 8]).ctx("x")?;
     let out = w.shared_tensor(&[1], DataType::U64).ctx("out")?;
     let probe = w.register_sub("probe", |call| {
-        let refused = call.tensor::<u64>(0).err().ok_or("tensor() gave a safe view of a NO_DEP argument")?;
+        let refused = call
+            .tensor::<u64>(0)
+            .err()
+            .ok_or("tensor() gave a safe view of a NO_DEP argument")?;
         if !refused.contains("NO_DEP") {
             return Err(format!("unexpected refusal: {refused}"));
         }
@@ -188,13 +191,19 @@ pub fn the_safe_sub_accessor_refuses_no_dep_arguments<M: Mode>() -> Outcome {
     let orch = w.register_orchestration("probe", move |o, _| {
         o.submit_sub(
             &probe,
-            &args(&[xa.arg(ArgTag::NoDep), oa.arg(ArgTag::OutputExisting)], &[]),
+            &args(
+                &[xa.arg(ArgTag::NoDep), oa.arg(ArgTag::OutputExisting)],
+                &[],
+            ),
         )?;
         Ok(())
     });
     w.init().ctx("init")?;
     w.run(&orch, &TaskArgs::new()).ctx("run")?;
-    check!(out.to_vec::<u64>().ctx("out")? == vec![15], "the untracked read");
+    check!(
+        out.to_vec::<u64>().ctx("out")? == vec![15],
+        "the untracked read"
+    );
     w.close().ctx("close")?;
     Ok(())
 }
@@ -202,8 +211,7 @@ pub fn the_safe_sub_accessor_refuses_no_dep_arguments<M: Mode>() -> Outcome {
 /// Item 4: the last handle of a shared tensor dropped while a task writes it: the task
 /// keeps live pages until it ends (it reads back what it wrote), and the region is
 /// released after. A task dispatched after the drop fails with a typed error.
-pub fn a_shared_tensor_dropped_mid_run_keeps_its_pages_until_its_task_ends<M: Mode>(
-) -> Outcome {
+pub fn a_shared_tensor_dropped_mid_run_keeps_its_pages_until_its_task_ends<M: Mode>() -> Outcome {
     let mut w = l3(M::VALUE, 0, 1);
     let words = SharedWords::new(&w, 2);
     let x = w.shared_tensor(&[1024], DataType::U64).ctx("x")?;
