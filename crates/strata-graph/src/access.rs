@@ -78,7 +78,7 @@ pub struct Placement {
 impl Placement {
     /// Where a tensor argument's buffer is.
     pub fn of_arg(arg: &TensorArg) -> Self {
-        let (domain, base) = match arg.buffer.location {
+        let (domain, base) = match arg.buffer.location() {
             BufferLocation::HostShared { region, offset } => {
                 (AddressDomain::HostShared { region }, offset)
             }
