@@ -1,12 +1,12 @@
 //! The live objects the targets decode against, built once per process and the same in
 //! every process (so a seed written by `seedgen` names the addresses and regions a fuzz
 //! process has): a small initialised chip with a few device allocations, shared memory
-//! with a few regions, and a mailbox.
+//! with a few regions, a sub-worker handler, and a mailbox.
 
 use std::cell::RefCell;
 use std::sync::Arc;
 use strata_chip::{ChipConfig, ChipWorker, RingSizing};
-use strata_host::SharedMemory;
+use strata_host::{SharedMemory, SubHandler, SubProgram, SubRegistry};
 use strata_mailbox::{FrameIdentity, Mailbox};
 
 /// Sizes of the device allocations made at start-up, in order.
@@ -54,13 +54,7 @@ impl ChipFixture {
             .iter()
             .map(|&b| chip.malloc(b).expect("fuzz chip allocation").addr())
             .collect();
-        let shared = SharedMemory::new();
-        for (i, &len) in SHARED_REGIONS.iter().enumerate() {
-            let id = shared
-                .create_region(len, &format!("fuzz-{i}"))
-                .expect("fuzz shared region");
-            assert_eq!(id, i as u64 + 1);
-        }
+        let shared = shared_memory();
         ChipFixture {
             chip,
             shared,
@@ -75,7 +69,53 @@ impl Default for ChipFixture {
     }
 }
 
+/// Shared memory with the regions of [`SHARED_REGIONS`] (ids 1, 2, 3).
+pub fn shared_memory() -> Arc<SharedMemory> {
+    let shared = SharedMemory::new();
+    for (i, &len) in SHARED_REGIONS.iter().enumerate() {
+        let id = shared
+            .create_region(len, &format!("fuzz-{i}"))
+            .expect("fuzz shared region");
+        assert_eq!(id, i as u64 + 1);
+    }
+    shared
+}
+
+/// The name of the one closure the fuzz sub-worker serves.
+pub const SUB_CALLABLE_NAME: &str = "fuzz.touch_every_tensor";
+
+/// A sub-worker handler (worker 0) over [`shared_memory`], serving one closure that
+/// reads every tensor argument element by element as `u8`, `f32` and `i64`, and
+/// increments every byte of each writable one — what a user closure may do with the
+/// views the handler built from the parent's argument blob.
+pub fn sub_handler() -> SubHandler {
+    let mut registry = SubRegistry::new();
+    registry.register_fn(SUB_CALLABLE_NAME, |call| {
+        let mut sum = 0u64;
+        for i in 0..call.num_tensors() {
+            if let Ok(mut t) = call.tensor_mut::<u8>(i) {
+                t.update(|x| x.wrapping_add(1));
+            }
+            if let Ok(t) = call.tensor::<u8>(i) {
+                sum = t.iter().fold(sum, |s, x| s.wrapping_add(u64::from(x)));
+            }
+            if let Ok(t) = call.tensor::<f32>(i) {
+                sum = t
+                    .iter()
+                    .fold(sum, |s, x| s.wrapping_add(x.to_bits().into()));
+            }
+            if let Ok(t) = call.tensor::<i64>(i) {
+                sum = t.iter().fold(sum, |s, x| s.wrapping_add(x as u64));
+            }
+        }
+        std::hint::black_box(sum);
+        Ok(())
+    });
+    SubProgram::new(registry).handler(shared_memory(), 0)
+}
+
 thread_local! {
+    static SUB: RefCell<Option<SubHandler>> = const { RefCell::new(None) };
     static CHIP: RefCell<Option<ChipFixture>> = const { RefCell::new(None) };
     static MAILBOX: RefCell<Option<Mailbox>> = const { RefCell::new(None) };
 }
@@ -92,6 +132,11 @@ pub fn with_chip<R>(f: impl FnOnce(&ChipFixture) -> (R, bool)) -> R {
         }
         r
     })
+}
+
+/// Runs `f` with this thread's sub-worker handler (built on first use).
+pub fn with_sub<R>(f: impl FnOnce(&mut SubHandler) -> R) -> R {
+    SUB.with(|c| f(c.borrow_mut().get_or_insert_with(sub_handler)))
 }
 
 /// Runs `f` with this thread's mailbox (created on first use), every frame cleared

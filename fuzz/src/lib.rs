@@ -7,6 +7,7 @@
 //! | `args_blob` | a task frame's argument blob | `strata_types::wire::decode_args` (host and chip limits), re-encoded |
 //! | `call_config` | a task frame's 1152 config bytes | `strata_types::wire::decode_config`, re-encoded |
 //! | `task_args` | an argument blob a chip child receives | `decode_args` then `RunArgs::from_task_args` on a live chip and shared memory |
+//! | `sub_task` | an argument blob a sub-worker child receives | `decode_args` then `SubHandler::task` (views over shared memory) and a closure touching every element |
 //! | `control_request` | a control frame's command, arg0 and payload | `ControlCommand::from_request` and the chip child's `serve_chip_control` |
 //! | `mailbox_parent` | a frame a (hostile) child wrote | `Parent::poll` / `wait_task` / `reset` / `wait_init` / `control` / `snapshot` |
 //! | `mailbox_child` | a frame a (hostile) parent wrote | `Child::serve` (state words, identity, digest, config, blob, control payload) |
@@ -34,6 +35,7 @@ pub const TARGETS: &[&str] = &[
     "args_blob",
     "call_config",
     "task_args",
+    "sub_task",
     "control_request",
     "mailbox_parent",
     "mailbox_child",
@@ -45,6 +47,7 @@ pub fn run_target(name: &str, data: &[u8]) -> bool {
         "args_blob" => targets::args_blob(data),
         "call_config" => targets::call_config(data),
         "task_args" => targets::task_args(data),
+        "sub_task" => targets::sub_task(data),
         "control_request" => targets::control_request(data),
         "mailbox_parent" => targets::mailbox_parent(data),
         "mailbox_child" => targets::mailbox_child(data),

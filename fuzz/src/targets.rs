@@ -3,20 +3,23 @@
 //! input (no panic; whatever decodes re-encodes to the same value).
 
 use crate::alloc_guard::armed;
-use crate::fixture::{frame_ptr, with_chip, with_mailbox, PARENT_IDENTITY};
+use crate::fixture::{
+    frame_ptr, with_chip, with_mailbox, with_sub, PARENT_IDENTITY, SUB_CALLABLE_NAME,
+};
 use crate::image;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 use strata_chip::RunArgs;
 use strata_dist::{ControlCommand, COPY_PAYLOAD_BYTES};
-use strata_mailbox::layout::{CONTROL_PAYLOAD_CAPACITY, FRAME_BYTES};
+use strata_host::SubRegistry;
+use strata_mailbox::layout::CONTROL_PAYLOAD_CAPACITY;
 use strata_mailbox::{
     encode_args_blob, AssumeAlive, Child, ControlReply, ControlRequest, EncodedConfig, Failure,
     FrameId, FrameIdentity, Handler, MailboxError, MailboxState, Parent, PublishHook, PublishKind,
-    ServeOptions, TaskPublication, TaskRequest, TaskSlot, WaitOptions,
+    ServeOptions, TaskPhase, TaskPublication, TaskRequest, TaskSlot, WaitOptions,
 };
 use strata_types::wire::{decode_args, decode_config, encode_config, CALL_CONFIG_WIRE_BYTES};
-use strata_types::{ArgLimits, CallableId, TaskArgs};
+use strata_types::{ArgLimits, CallConfig, CallableId, TaskArgs};
 
 /// The callable every `mailbox_parent` publication names (and its seeds carry back).
 pub const PARENT_CALLABLE: CallableId = CallableId([0x5a; 32]);
@@ -75,6 +78,29 @@ pub fn task_args(data: &[u8]) {
             drop(run);
         }
         ((), true)
+    })
+}
+
+/// An argument blob a sub-worker child receives for its closure: decoded (host limits),
+/// then served by the real [`strata_host::SubHandler`] — which maps every tensor through
+/// the shared-memory table and builds the typed views — running a closure that reads
+/// every element of every view and writes every writable one.
+pub fn sub_task(data: &[u8]) {
+    with_sub(|handler| {
+        let _guard = armed();
+        if let Ok(args) = decode_args(data, ArgLimits::HOST) {
+            let config = CallConfig::default();
+            let req = TaskRequest {
+                slot: TaskSlot::Slot0,
+                phase: TaskPhase::Run,
+                identity: PARENT_IDENTITY,
+                callable: SubRegistry::id_of(SUB_CALLABLE_NAME),
+                config: &config,
+                args: &args,
+                args_blob: data,
+            };
+            let _ = handler.task(&req);
+        }
     })
 }
 
@@ -143,7 +169,8 @@ pub fn parent_identity(slot: TaskSlot) -> FrameIdentity {
 }
 
 /// A frame written by a hostile child, read by the real [`Parent`]. The first byte
-/// selects the scenario (`% 3`), the rest is the frame [`image`]:
+/// selects the scenario (low nibble `% 3`) and its flags (high nibble), the rest is the
+/// frame [`image`]:
 ///
 /// * 0 — a task frame: the parent publishes a task into slot `sel & 0x10` (a
 ///   `PREPARE_READY` one if `sel & 0x20`), the child overwrites the frame, then the
@@ -167,7 +194,7 @@ pub fn mailbox_parent(data: &[u8]) {
             .with_spin(Duration::ZERO)
             .with_deadline(Instant::now());
         let mut parent = Parent::new(mb);
-        match sel % 3 {
+        match (sel & 0x0f) % 3 {
             0 => {
                 let slot = slot_of(sel);
                 let mut task =
@@ -294,7 +321,6 @@ pub fn mailbox_child(data: &[u8]) {
         if !child_acts_at_once(states, word(0, 32)) {
             return ((), mb);
         }
-        debug_assert!(32 + 4 <= FRAME_BYTES);
         let shutdown_word = frame_ptr(&mb, 0) as usize + 32;
         let hook = PublishHook::new(move || {
             // SAFETY: the sticky shutdown word of the fuzz mailbox, which stays mapped

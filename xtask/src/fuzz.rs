@@ -42,6 +42,11 @@ const TARGETS: &[Target] = &[
         what: "chip child: decode_args then RunArgs::from_task_args on a live chip + shared memory",
     },
     Target {
+        name: "sub_task",
+        max_len: 40_000,
+        what: "sub-worker child: decode_args then SubHandler::task (views over shared memory), every element touched",
+    },
+    Target {
         name: "control_request",
         max_len: 512,
         what: "control frame: ControlCommand::from_request and the chip child's serve_chip_control",

@@ -144,6 +144,13 @@ fn ci() -> Result<(), String> {
             .current_dir(workspace_root().join("fuzz"))
             .args(["fmt", "--all", "--", "--check"]),
     )?;
+    run_step(
+        "cargo clippy (fuzz)",
+        cargo()
+            .current_dir(workspace_root().join("fuzz"))
+            .env_remove("CARGO_TARGET_DIR")
+            .args(["clippy", "--all-targets", "--", "-D", "warnings"]),
+    )?;
     fuzz::fuzz(&[
         "all".into(),
         "--seconds".into(),
