@@ -5,7 +5,7 @@
 
 use std::cell::RefCell;
 use std::sync::Arc;
-use strata_chip::{ChipConfig, ChipWorker, RingSizing};
+use strata_chip::{ChipConfig, ChipWorker, OrchHandle, RingSizing};
 use strata_host::{SharedMemory, SubHandler, SubProgram, SubRegistry};
 use strata_mailbox::{FrameIdentity, Mailbox};
 
@@ -30,6 +30,9 @@ pub const PARENT_IDENTITY: FrameIdentity = FrameIdentity {
 pub struct ChipFixture {
     /// The chip (initialised; worker id 0).
     pub chip: ChipWorker,
+    /// An orchestration that submits nothing: a run of it only stages the arguments in
+    /// and out.
+    pub noop: OrchHandle,
     /// The shared memory (regions of [`SHARED_REGIONS`]).
     pub shared: Arc<SharedMemory>,
     /// Device addresses of the [`DEVICE_ALLOCATIONS`].
@@ -49,6 +52,9 @@ impl ChipFixture {
             ..ChipConfig::default()
         };
         let mut chip = ChipWorker::new(config).expect("fuzz chip config");
+        let noop = chip
+            .register_orchestration_fn("fuzz.noop", |_, _| Ok(()))
+            .expect("fuzz orchestration");
         chip.init().expect("fuzz chip init");
         let addrs = DEVICE_ALLOCATIONS
             .iter()
@@ -57,6 +63,7 @@ impl ChipFixture {
         let shared = shared_memory();
         ChipFixture {
             chip,
+            noop,
             shared,
             addrs,
         }
@@ -122,7 +129,7 @@ thread_local! {
 
 /// Runs `f` with this thread's chip fixture (built on first use). `f` returns whether
 /// the fixture is still as built; if not, it is rebuilt before the next use.
-pub fn with_chip<R>(f: impl FnOnce(&ChipFixture) -> (R, bool)) -> R {
+pub fn with_chip<R>(f: impl FnOnce(&mut ChipFixture) -> (R, bool)) -> R {
     CHIP.with(|c| {
         let mut slot = c.borrow_mut();
         let fixture = slot.get_or_insert_with(ChipFixture::new);

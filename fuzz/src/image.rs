@@ -100,3 +100,36 @@ pub unsafe fn clear(frame: *mut u8) {
         std::ptr::write_bytes(frame.add(CONFIG_OFFSET), 0, FRAME_BYTES - CONFIG_OFFSET);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_image_survives_apply_then_capture_and_short_images_read_as_zero() {
+        let mut frame = vec![0xeeu8; FRAME_BYTES];
+        let image: Vec<u8> = (0..FIXED_BYTES + 40).map(|i| (i % 251) as u8).collect();
+        // SAFETY: `frame` is a private buffer of FRAME_BYTES bytes.
+        unsafe { apply(frame.as_mut_ptr(), &image) };
+        // SAFETY: as above.
+        assert_eq!(unsafe { capture(frame.as_ptr(), 40) }, image);
+        // The descriptor is never written.
+        assert!(frame[DESCRIPTOR_OFFSET..CONFIG_OFFSET]
+            .iter()
+            .all(|&b| b == 0xee));
+        // An image of 3 bytes sets those 3 and zeroes the rest of every piece.
+        // SAFETY: as above.
+        unsafe { apply(frame.as_mut_ptr(), &[1, 2, 3]) };
+        assert_eq!(&frame[..4], &[1, 2, 3, 0]);
+        assert!(frame[MESSAGE_OFFSET..].iter().all(|&b| b == 0));
+        assert!(frame[CONTROL_FIELDS_OFFSET..DESCRIPTOR_OFFSET]
+            .iter()
+            .all(|&b| b == 0));
+        // SAFETY: as above.
+        unsafe { clear(frame.as_mut_ptr()) };
+        assert!(frame[..DESCRIPTOR_OFFSET].iter().all(|&b| b == 0));
+        assert!(frame[DESCRIPTOR_OFFSET..CONFIG_OFFSET]
+            .iter()
+            .all(|&b| b == 0xee));
+    }
+}

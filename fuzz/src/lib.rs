@@ -55,3 +55,25 @@ pub fn run_target(name: &str, data: &[u8]) -> bool {
     }
     true
 }
+
+#[cfg(test)]
+mod tests {
+    /// Every committed seed runs through its target without a finding (what the fuzzer
+    /// does first, without libFuzzer).
+    #[test]
+    fn every_seed_runs_clean() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus");
+        for target in super::TARGETS {
+            let dir = root.join(target);
+            let seeds: Vec<_> = std::fs::read_dir(&dir)
+                .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+                .flatten()
+                .collect();
+            assert!(!seeds.is_empty(), "{target} has no seeds");
+            for seed in seeds {
+                let data = std::fs::read(seed.path()).unwrap();
+                assert!(super::run_target(target, &data));
+            }
+        }
+    }
+}

@@ -62,20 +62,27 @@ pub fn call_config(data: &[u8]) {
 /// An argument blob a chip child receives: decoded (host limits, as the serve loop
 /// does), then turned into the arguments of a chip run exactly as the chip child does
 /// (`RunArgs::from_task_args` against the live chip, worker 0, and the shared-memory
-/// table's bounds-checked `ptr`).
+/// table's bounds-checked `ptr`), then run (an orchestration that submits nothing, so
+/// the run stages the arguments in and out). A failed run rebuilds the chip.
 pub fn task_args(data: &[u8]) {
     with_chip(|fx| {
         let _guard = armed();
         if let Ok(args) = decode_args(data, ArgLimits::HOST) {
-            let shared = &fx.shared;
-            // SAFETY: the returned `RunArgs` is dropped unused: no run reads or writes
-            // through the pointers `ptr` returned (each checked against its region).
+            let shared = fx.shared.clone();
+            // SAFETY: `ptr` checks each view's span against its region, the regions
+            // live as long as the fixture, and only this thread touches them.
             let run = unsafe {
                 RunArgs::from_task_args(&args, &fx.chip, Some(0), |region, offset, len| {
                     shared.ptr(region, offset, len).map_err(|e| e.to_string())
                 })
             };
-            drop(run);
+            if let Ok(mut run) = run {
+                // What the chip child does next: a run, which gathers every shared
+                // tensor's view into device memory and scatters the written ones back.
+                let config = CallConfig::default();
+                let ran = fx.chip.run(&fx.noop, &mut run, &config);
+                return ((), ran.is_ok());
+            }
         }
         ((), true)
     })
