@@ -2,7 +2,8 @@
 //!
 //! - `cargo xtask sim` builds every example and runs it end to end on the emulator, with a
 //!   progress bar, then prints a summary table (example, result, time).
-//! - `cargo xtask ci` runs what `.ci/run` runs: fmt, clippy, the test suite, loom models, docs.
+//! - `cargo xtask ci` runs what `.ci/run` runs: fmt, clippy, the test suite, loom models, docs,
+//!   and a short run of every fuzz target.
 //! - `cargo xtask bench <name>` runs one side-by-side benchmark; each prints a human table
 //!   and, as its last line, one JSON object with its figures. Each alternates its
 //!   variants with its peer or floor in rounds and prints the machine (CPU model, load
@@ -11,8 +12,11 @@
 //!   worktree under `target/bench-compare/` and runs its bench and this tree's
 //!   alternately, printing per figure both medians, the median of the per-round ratios
 //!   head / base and a verdict (module `compare`).
+//! - `cargo xtask fuzz --list | <target>|all [--seconds N] | --seeds | --replay` fuzzes
+//!   the decoders of bytes another process wrote, on stable Rust (module `fuzz`).
 
 mod compare;
+mod fuzz;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -132,8 +136,31 @@ fn ci() -> Result<(), String> {
             .args(["doc", "--workspace", "--no-deps"])
             .env("RUSTDOCFLAGS", "-D warnings"),
     )?;
+    // The fuzz harness is its own workspace: format and lint it here, then a smoke run of
+    // every target (the long runs are `cargo xtask fuzz all --seconds N` by hand).
+    run_step(
+        "cargo fmt --check (fuzz)",
+        cargo()
+            .current_dir(workspace_root().join("fuzz"))
+            .args(["fmt", "--all", "--", "--check"]),
+    )?;
+    run_step(
+        "cargo clippy (fuzz)",
+        cargo()
+            .current_dir(workspace_root().join("fuzz"))
+            .env_remove("CARGO_TARGET_DIR")
+            .args(["clippy", "--all-targets", "--", "-D", "warnings"]),
+    )?;
+    fuzz::fuzz(&[
+        "all".into(),
+        "--seconds".into(),
+        CI_FUZZ_SECONDS.to_string(),
+    ])?;
     Ok(())
 }
+
+/// Seconds of fuzzing per target in `cargo xtask ci`.
+const CI_FUZZ_SECONDS: u64 = 15;
 
 /// The workspace crates that have loom models: a `crates/*` package whose manifest has
 /// `[target.'cfg(loom)'.dependencies]` and whose `src/` holds a `#[cfg(all(test, loom))]`
@@ -315,8 +342,9 @@ fn sim() -> Result<(), String> {
 
 fn usage() -> String {
     format!(
-        "usage: cargo xtask <sim | ci | bench <name>|list | bench-compare <rev> <bench> [--rounds N]>\n{}",
-        compare::usage()
+        "usage: cargo xtask <sim | ci | bench <name>|list | bench-compare <rev> <bench> [--rounds N] | fuzz ...>\n{}\n  {}",
+        compare::usage(),
+        fuzz::usage()
     )
 }
 
@@ -330,6 +358,7 @@ fn main() -> ExitCode {
             None => Err(usage()),
         },
         Some("bench-compare") => compare::bench_compare(&args[1..]),
+        Some("fuzz") => fuzz::fuzz(&args[1..]),
         Some("help" | "--help" | "-h") => {
             println!("{}", usage());
             println!("benches (cargo xtask bench list):");
