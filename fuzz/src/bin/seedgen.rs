@@ -27,11 +27,9 @@ use strata_types::{
 /// The one place seeds build a buffer descriptor (the runtime's own constructor may
 /// change; only this function follows it).
 fn desc(identity: BufferIdentity, nbytes: u64, location: BufferLocation) -> BufferDesc {
-    BufferDesc {
-        identity,
-        nbytes,
-        location,
-    }
+    // SAFETY: seeds are bytes written to the corpus; no task ever runs on these
+    // descriptors in this process.
+    unsafe { BufferDesc::from_parts(identity, nbytes, location) }
 }
 
 fn tensor(
