@@ -3,10 +3,20 @@
 //! through their mailboxes, collects completions, and runs control commands.
 //!
 //! Placement is directed, as in the reference engine: a next-level task runs on exactly
-//! the worker id it names; a group launches all its members together, and the group at the
-//! head of the group FIFO reserves its targets (no single is dispatched to them) until it
-//! can launch; sub tasks go to any idle sub-worker. Only the dispatchable run (the oldest in
-//! flight) is dispatched; ready tasks of the next run wait in their own partition.
+//! the worker id it names; a group launches all its members together; sub tasks go to any
+//! idle sub-worker. Only the dispatchable run (the oldest in flight) is dispatched; ready
+//! tasks of the next run wait in their own partition.
+//!
+//! Per-worker submit order: each next-level worker has one FIFO of its ready tasks, singles
+//! and groups alike (a group is queued on every worker it names), kept in submission order
+//! (task ids grow with every submit). Only a worker's head may start there, so a later task
+//! never overtakes an earlier one on the same worker, in either direction: a group waits
+//! for the singles submitted before it on each of its workers, and reserves each of them
+//! against later singles until it launches (when it heads every one of their FIFOs and all
+//! of them are idle). Programs whose tasks synchronise through signals rather than data
+//! depend on it. Every FIFO is ordered by the same ids, so the oldest ready group heads all
+//! of its FIFOs once the singles before it have started: no two groups wait for each
+//! other.
 //!
 //! Waiting is spin-then-park on the worker's doorbell, which children ring after every
 //! completion and the orchestrator rings when it hands over work.
@@ -202,17 +212,42 @@ impl LaneState {
     }
 }
 
+/// A ready next-level task in a worker's FIFO.
+#[derive(Debug, Clone, Copy)]
+struct Queued {
+    task: TaskRef,
+    /// A group: it is queued on each of its workers, and launches from all at once.
+    group: bool,
+}
+
+impl Queued {
+    /// Submission order (task ids grow with every submit, across runs).
+    fn seq(&self) -> u64 {
+        self.task.id().0
+    }
+}
+
 #[derive(Debug, Default)]
 struct RunQueues {
-    workers: Vec<VecDeque<TaskRef>>,
-    groups: VecDeque<TaskRef>,
+    /// Per next-level worker, its ready tasks (singles and groups) in submission order.
+    workers: Vec<VecDeque<Queued>>,
     subs: VecDeque<TaskRef>,
 }
 
 impl RunQueues {
     fn is_empty(&self) -> bool {
-        self.groups.is_empty() && self.subs.is_empty() && self.workers.iter().all(|q| q.is_empty())
+        self.subs.is_empty() && self.workers.iter().all(|q| q.is_empty())
     }
+}
+
+/// Queues `q` in submission order. Tasks mostly become ready in that order, so the scan
+/// from the back usually stops at once.
+fn insert_in_order(fifo: &mut VecDeque<Queued>, q: Queued) {
+    let mut at = fifo.len();
+    while at > 0 && fifo[at - 1].seq() > q.seq() {
+        at -= 1;
+    }
+    fifo.insert(at, q);
 }
 
 /// What one scheduler pass did.
@@ -435,14 +470,36 @@ impl<E: Endpoint> SchedLoop<E> {
                 return;
             }
         }
+        let targets = match route {
+            Route::Group => match self.sched.peek(r.task, |p| p.worker_targets()) {
+                Some(t) => t,
+                // Cancelled or poisoned meanwhile: nothing to dispatch.
+                None => return,
+            },
+            _ => Vec::new(),
+        };
         let q = self.queues.entry(r.run).or_insert_with(|| RunQueues {
             workers: (0..n_next).map(|_| VecDeque::new()).collect(),
             ..RunQueues::default()
         });
         match route {
             Route::Sub => q.subs.push_back(r.task),
-            Route::Group => q.groups.push_back(r.task),
-            Route::Worker(w) => q.workers[w].push_back(r.task),
+            Route::Group => {
+                let entry = Queued {
+                    task: r.task,
+                    group: true,
+                };
+                for w in targets {
+                    insert_in_order(&mut q.workers[w], entry);
+                }
+            }
+            Route::Worker(w) => insert_in_order(
+                &mut q.workers[w],
+                Queued {
+                    task: r.task,
+                    group: false,
+                },
+            ),
         }
     }
 
@@ -645,14 +702,15 @@ impl<E: Endpoint> SchedLoop<E> {
             .queues
             .values_mut()
             .flat_map(|q| {
-                let mut v: Vec<TaskRef> = q.groups.drain(..).collect();
-                v.extend(q.subs.drain(..));
+                let mut v: Vec<TaskRef> = q.subs.drain(..).collect();
                 for w in &mut q.workers {
-                    v.extend(w.drain(..));
+                    v.extend(w.drain(..).map(|e| e.task));
                 }
                 v
             })
             .collect();
+        // A group is queued on each of its workers: failing it once is enough (the graph
+        // refuses to claim it again).
         for t in all {
             self.fail_task(t, why);
         }
@@ -677,59 +735,61 @@ impl<E: Endpoint> SchedLoop<E> {
             return false;
         }
         let mut progress = false;
-        let mut reserved = vec![false; self.n_next];
-
-        // Groups: the head launches when all its targets are idle; otherwise it reserves
-        // them.
-        while let Some(&g) = self.queues.get(&run).and_then(|q| q.groups.front()) {
-            let Some(targets) = self.sched.peek(g, |p| p.worker_targets()) else {
-                // Cancelled or poisoned meanwhile.
-                self.queues.get_mut(&run).map(|q| q.groups.pop_front());
-                progress = true;
-                continue;
-            };
-            if let Some(&dead) = targets.iter().find(|&&w| self.lanes[w].dead.is_some()) {
-                self.queues.get_mut(&run).map(|q| q.groups.pop_front());
-                let why = self.lanes[dead].dead.clone().unwrap_or_default();
-                self.fail_task(g, &why);
-                progress = true;
-                continue;
-            }
-            if targets.iter().all(|&w| self.idle(w)) {
-                self.queues.get_mut(&run).map(|q| q.groups.pop_front());
-                if let Some(c) = self.sched.claim(g) {
-                    self.launch(g, c, run, &targets);
-                }
-                progress = true;
-                continue;
-            }
-            for w in targets {
-                reserved[w] = true;
-            }
-            break;
-        }
-
-        // Singles: fill the free frames of every unreserved worker from its FIFO (a dead
-        // worker's queued tasks fail).
-        for (w, &is_reserved) in reserved.iter().enumerate() {
-            if is_reserved {
-                continue;
-            }
-            while self.has_room(w) || self.lanes[w].dead.is_some() {
-                let Some(t) = self
-                    .queues
-                    .get_mut(&run)
-                    .and_then(|q| q.workers[w].pop_front())
-                else {
-                    break;
-                };
-                progress = true;
+        // Next-level workers: each starts only the head of its FIFO (submission order). A
+        // single takes a free frame; a group launches once it heads the FIFO of every
+        // worker it names and all of them are idle, and until then holds up what is
+        // queued behind it on each (a dead worker's queued tasks fail).
+        for w in 0..self.n_next {
+            while let Some(&head) = self.queues.get(&run).and_then(|q| q.workers[w].front()) {
                 if let Some(dead) = self.lanes[w].dead.clone() {
-                    self.fail_task(t, &dead);
+                    self.pop_head(run, w);
+                    // A group already failed through another of its workers is refused
+                    // here by the graph (not claimable).
+                    self.fail_task(head.task, &dead);
+                    progress = true;
                     continue;
                 }
-                if let Some(c) = self.sched.claim(t) {
-                    self.publish(w, t, 0, false, run, &c.payload);
+                if !head.group {
+                    if !self.has_room(w) {
+                        break;
+                    }
+                    self.pop_head(run, w);
+                    progress = true;
+                    if let Some(c) = self.sched.claim(head.task) {
+                        self.publish(w, head.task, 0, false, run, &c.payload);
+                    }
+                    continue;
+                }
+                let Some(targets) = self.sched.peek(head.task, |p| p.worker_targets()) else {
+                    // Cancelled, poisoned, or failed through another of its workers.
+                    self.pop_head(run, w);
+                    progress = true;
+                    continue;
+                };
+                if let Some(&dead) = targets.iter().find(|&&t| self.lanes[t].dead.is_some()) {
+                    self.pop_head(run, w);
+                    let why = self.lanes[dead].dead.clone().unwrap_or_default();
+                    self.fail_task(head.task, &why);
+                    progress = true;
+                    continue;
+                }
+                let heads_all = targets.iter().all(|&t| {
+                    self.idle(t)
+                        && self
+                            .queues
+                            .get(&run)
+                            .and_then(|q| q.workers[t].front())
+                            .is_some_and(|f| f.task == head.task)
+                });
+                if !heads_all {
+                    break;
+                }
+                for &t in &targets {
+                    self.pop_head(run, t);
+                }
+                progress = true;
+                if let Some(c) = self.sched.claim(head.task) {
+                    self.launch(head.task, c, run, &targets);
                 }
             }
         }
@@ -777,6 +837,13 @@ impl<E: Endpoint> SchedLoop<E> {
             self.queues.retain(|r, q| *r == run || !q.is_empty());
         }
         progress
+    }
+
+    /// Drops the head of worker `w`'s FIFO in `run`.
+    fn pop_head(&mut self, run: RunId, w: usize) {
+        if let Some(q) = self.queues.get_mut(&run) {
+            q.workers[w].pop_front();
+        }
     }
 
     /// Launches every member of a claimed task: member `i` on `lanes[i]`.
