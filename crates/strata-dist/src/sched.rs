@@ -79,6 +79,10 @@ pub(crate) struct Link {
     /// Wakes the scheduler thread when a caller left it dormant (set once the driver
     /// exists).
     waker: OnceLock<Arc<SeatWaker>>,
+    /// A test-only fault: the scheduler thread panics outside any pass with this message
+    /// (see [`Link::inject_thread_panic`]).
+    thread_fault: Mutex<Option<String>>,
+    thread_fault_flag: AtomicBool,
 }
 
 impl Link {
@@ -91,6 +95,8 @@ impl Link {
             unusable_flag: AtomicBool::new(false),
             hungry: AtomicBool::new(true),
             waker: OnceLock::new(),
+            thread_fault: Mutex::new(None),
+            thread_fault_flag: AtomicBool::new(false),
         }
     }
 
@@ -152,6 +158,28 @@ impl Link {
         self.pending.store(true, Ordering::SeqCst);
         self.doorbell.ring();
         self.wake_dormant();
+    }
+
+    /// Test hook: the scheduler thread panics with `message` at its next iteration,
+    /// outside any pass (so the loop is not broken: the thread is gone with the loop
+    /// still in its seat).
+    pub(crate) fn inject_thread_panic(&self, message: String) {
+        *self.thread_fault.lock().unwrap_or_else(|e| e.into_inner()) = Some(message);
+        self.thread_fault_flag.store(true, Ordering::SeqCst);
+        self.doorbell.ring();
+        self.wake_dormant();
+    }
+
+    #[cold]
+    fn fire_thread_fault(&self) {
+        let fault = self
+            .thread_fault
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(message) = fault {
+            panic!("{message}");
+        }
     }
 
     /// Wakes the scheduler (a run changed phase). A dormant scheduler thread stays
@@ -898,6 +926,13 @@ impl Driver {
             .spawn(move || me.thread_main())
     }
 
+    /// Takes the loop out of its seat for teardown, once the scheduler thread is gone
+    /// without having taken it (it panicked outside a pass): its children, still running,
+    /// for the worker to shut down. `None` if it was taken already.
+    pub(crate) fn take_exit(&self) -> Option<SchedExit> {
+        self.seat.take().map(SchedLoop::into_exit)
+    }
+
     /// Why the loop is broken (a pass panicked), if it is.
     pub(crate) fn broken(&self) -> Option<Broken> {
         self.seat.broken()
@@ -911,8 +946,23 @@ impl Driver {
     /// The scheduler thread: runs the loop until it stops (or breaks), parking while a
     /// caller drives it, and hands the children back for shutdown.
     fn thread_main(&self) -> SchedExit {
+        /// Makes the worker unusable if this thread unwinds (outside a pass: a pass's
+        /// panic is caught and breaks the loop instead); `close` then tears down.
+        struct OnUnwind<'a>(&'a Link);
+        impl Drop for OnUnwind<'_> {
+            fn drop(&mut self) {
+                if std::thread::panicking() {
+                    self.0
+                        .set_unusable("internal error: the scheduler thread panicked".into());
+                }
+            }
+        }
+        let _unwind = OnUnwind(&self.link);
         self.seat.register_loop_thread();
         loop {
+            if self.link.thread_fault_flag.load(Ordering::Relaxed) {
+                self.link.fire_thread_fault();
+            }
             if self.seat.park_while_driven(BUSY_SLICE) {
                 continue;
             }
