@@ -25,7 +25,7 @@ use crate::control::ControlCommand;
 use crate::endpoint::{Endpoint, LocalEndpoint};
 use crate::task::{DistTask, Route, Target};
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use strata_graph::{Claimed, Failure, FailureKind, ReadyTask, RunId, Scheduler, TaskRef};
@@ -79,6 +79,13 @@ pub(crate) struct Link {
     /// Wakes the scheduler thread when a caller left it dormant (set once the driver
     /// exists).
     waker: OnceLock<Arc<SeatWaker>>,
+    /// Per next-level worker, the submission sequence (task id) of the oldest ready task
+    /// the orchestrator still holds in its hand-over batch for that worker (`u64::MAX`:
+    /// none). A later task on the worker that a completion made ready meanwhile must not
+    /// start before it (per-worker submit order): the dispatch pass leaves it queued, and
+    /// the orchestrator hands its batch over as soon as it submits such a task
+    /// ([`Link::hold`], [`Link::release_holds`]).
+    held: Box<[AtomicU64]>,
     /// A test-only fault: the scheduler thread panics outside any pass with this message
     /// (see [`Link::inject_thread_panic`]).
     thread_fault: Mutex<Option<String>>,
@@ -86,8 +93,11 @@ pub(crate) struct Link {
 }
 
 impl Link {
-    pub(crate) fn new(doorbell: Doorbell) -> Self {
+    pub(crate) fn new(doorbell: Doorbell, next_level_workers: usize) -> Self {
         Link {
+            held: (0..next_level_workers)
+                .map(|_| AtomicU64::new(u64::MAX))
+                .collect(),
             doorbell,
             inbox: Mutex::new(Inbox::default()),
             pending: AtomicBool::new(false),
@@ -97,6 +107,24 @@ impl Link {
             waker: OnceLock::new(),
             thread_fault: Mutex::new(None),
             thread_fault_flag: AtomicBool::new(false),
+        }
+    }
+
+    /// The orchestrator holds ready task `seq` for `worker` in its batch (the first one
+    /// it holds for that worker since its last hand-over: the oldest).
+    pub(crate) fn hold(&self, worker: usize, seq: u64) {
+        if let Some(h) = self.held.get(worker) {
+            h.store(seq, Ordering::Release);
+        }
+    }
+
+    /// The orchestrator handed its batch over ([`Link::push_ready`] first: a pass that
+    /// sees a hold released then sees the tasks in the inbox).
+    pub(crate) fn release_holds(&self, workers: &[usize]) {
+        for &w in workers {
+            if let Some(h) = self.held.get(w) {
+                h.store(u64::MAX, Ordering::Release);
+            }
         }
     }
 
@@ -312,6 +340,8 @@ pub(crate) struct SchedLoop<E: Endpoint = LocalEndpoint> {
     last_liveness: std::time::Instant,
     /// A test-only fault taken from the inbox, not yet fired.
     fault: Option<PassFault>,
+    /// This pass's snapshot of [`Link::held`] (reused).
+    held: Vec<u64>,
 }
 
 /// What the scheduler thread hands back when it stops: the children, still running, for
@@ -370,6 +400,7 @@ impl<E: Endpoint> SchedLoop<E> {
             stopping: None,
             last_liveness: std::time::Instant::now(),
             fault: None,
+            held: vec![u64::MAX; n_next],
         }
     }
 
@@ -762,6 +793,15 @@ impl<E: Endpoint> SchedLoop<E> {
             self.queues.retain(|_, q| !q.is_empty());
             return false;
         }
+        // Tasks the orchestrator still holds come before anything later on their worker.
+        // The holds are read first: a hold released since was released after its tasks
+        // reached the inbox, which the intake below then routes.
+        for (h, link) in self.held.iter_mut().zip(self.link.held.iter()) {
+            *h = link.load(Ordering::Acquire);
+        }
+        if self.link.pending.load(Ordering::Acquire) {
+            self.intake();
+        }
         let mut progress = false;
         // Next-level workers: each starts only the head of its FIFO (submission order). A
         // single takes a free frame; a group launches once it heads the FIFO of every
@@ -776,6 +816,12 @@ impl<E: Endpoint> SchedLoop<E> {
                     self.fail_task(head.task, &dead);
                     progress = true;
                     continue;
+                }
+                if head.seq() > self.held[w] {
+                    // An older ready task for this worker is still in the orchestrator's
+                    // batch (handed over at once: the orchestrator flushes when it submits
+                    // a task that may become ready behind it).
+                    break;
                 }
                 if !head.group {
                     if !self.has_room(w) {
@@ -802,7 +848,8 @@ impl<E: Endpoint> SchedLoop<E> {
                     continue;
                 }
                 let heads_all = targets.iter().all(|&t| {
-                    self.idle(t)
+                    head.seq() <= self.held[t]
+                        && self.idle(t)
                         && self
                             .queues
                             .get(&run)

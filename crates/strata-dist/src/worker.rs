@@ -401,7 +401,10 @@ impl DistWorker {
             wait_timeout: Duration::from_secs(10),
             pipeline_depth: cfg.pipeline_depth,
         })?;
-        let link = Arc::new(Link::new(doorbell));
+        let link = Arc::new(Link::new(
+            doorbell,
+            kinds.iter().filter(|k| **k != ChildKind::Sub).count(),
+        ));
         let endpoints: Vec<LocalEndpoint> = children
             .into_lanes()
             .into_iter()
@@ -544,6 +547,7 @@ impl DistWorker {
             config: encoded,
             wake_deferred: false,
             handed_over: false,
+            held_workers: Vec::new(),
         };
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&mut o, args)))
             .unwrap_or_else(|p| {
