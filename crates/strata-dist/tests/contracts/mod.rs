@@ -1060,17 +1060,18 @@ pub fn a_task_a_completion_makes_ready_never_overtakes_a_batched_earlier_one<M: 
     const ROUNDS: u64 = 20;
     let orch = w.register_orchestration("batched_then_ready", move |o, a| {
         let round: u64 = a.scalar(0).ok_or("the round is scalar 0")?;
-        // Queued work on worker 0 (both frames taken, one more waiting) until the
-        // orchestration ends (word 2), so the scheduler is not idle and ready tasks are
+        // P (handed over at once: the scheduler is idle): done once T2 is submitted
+        // (word 5), then says so (word 6).
+        let p = Signals::task(&[t.arg(ArgTag::InOut)], (5, round), (6, round), None, 0);
+        o.submit_next_level(s.orch, &p, 1)?;
+        // Then work queued on worker 0 until the orchestration ends (word 2): a full
+        // batch is handed over, so the scheduler is not idle and later ready tasks are
         // batched.
-        for _ in 0..3 {
+        for _ in 0..18 {
             let busy = Signals::task(&[], (2, round), (NO_WORD, 0), None, 0);
             o.submit_next_level(s.orch, &busy, 0)?;
         }
         std::thread::sleep(Duration::from_millis(10));
-        // P: done once T2 is submitted (word 5), then says so (word 6).
-        let p = Signals::task(&[t.arg(ArgTag::InOut)], (5, round), (6, round), None, 0);
-        o.submit_next_level(s.orch, &p, 1)?;
         let t1 = Signals::task(&[], (NO_WORD, 0), (0, round), None, 0);
         o.submit_next_level(s.orch, &t1, 2)?;
         let t2 = Signals::task(&[t.arg(ArgTag::Input)], (0, round), (NO_WORD, 0), None, 0);
