@@ -243,11 +243,20 @@ impl<'w> Orch<'w> {
     ) -> Result<(), DistError> {
         self.wake_deferred();
         self.submitted = true;
-        // The next-level workers the task runs on (per-worker submit order).
-        let workers: Vec<usize> = if self.ctx.next.is_empty() {
-            Vec::new()
-        } else {
-            task.worker_targets()
+        // The next-level workers the task runs on (per-worker submit order); no
+        // allocation for a single.
+        let single: [usize; 1];
+        let group: Vec<usize>;
+        let workers: &[usize] = match route {
+            Route::Worker(w) => {
+                single = [w];
+                &single
+            }
+            Route::Group => {
+                group = task.worker_targets();
+                &group
+            }
+            Route::Sub => &[],
         };
         let route = route.word();
         let s = if members.len() == 1 {
@@ -258,7 +267,7 @@ impl<'w> Orch<'w> {
             self.graph
                 .submit(TaskSpec::group(task, &lists).with_route(route))?
         };
-        self.after_submit(s, &workers)
+        self.after_submit(s, workers)
     }
 
     fn after_submit(
