@@ -50,6 +50,9 @@ pub struct Orch<'w> {
     /// Descriptors this run received from its parent (a nested level-3 worker's run: the
     /// level-4 worker admitted them), which may name the parent's memory.
     pub(crate) admitted: HashMap<BufferIdentity, BufferDesc>,
+    /// The next-level workers for which `ready` holds a task (their holds are set in
+    /// the link until the batch is handed over).
+    pub(crate) held_workers: Vec<usize>,
 }
 
 impl std::fmt::Debug for Orch<'_> {
@@ -91,6 +94,10 @@ impl<'w> Orch<'w> {
         let first = !self.handed_over;
         self.handed_over = true;
         self.ctx.link.push_ready(&mut self.ready, !first);
+        if !self.held_workers.is_empty() {
+            self.ctx.link.release_holds(&self.held_workers);
+            self.held_workers.clear();
+        }
         self.wake_deferred |= first;
     }
 
@@ -300,26 +307,55 @@ impl<'w> Orch<'w> {
     ) -> Result<(), DistError> {
         self.wake_deferred();
         self.submitted = true;
+        // The next-level workers the task runs on (per-worker submit order); no
+        // allocation for a single.
+        let single: [usize; 1];
+        let group: Vec<usize>;
+        let workers: &[usize] = match route {
+            Route::Worker(w) => {
+                single = [w];
+                &single
+            }
+            Route::Group => {
+                group = task.worker_targets();
+                &group
+            }
+            Route::Sub => &[],
+        };
         let route = route.word();
-        let spec = if members.len() == 1 {
-            TaskSpec::new(task, &members[0]).with_route(route)
+        let s = if members.len() == 1 {
+            self.graph
+                .submit(TaskSpec::new(task, &members[0]).with_route(route))?
         } else {
             let lists: Vec<&[Access]> = members.iter().map(|m| &m[..]).collect();
-            let s = self
-                .graph
-                .submit(TaskSpec::group(task, &lists).with_route(route))?;
-            return self.after_submit(s);
+            self.graph
+                .submit(TaskSpec::group(task, &lists).with_route(route))?
         };
-        let s = self.graph.submit(spec)?;
-        self.after_submit(s)
+        self.after_submit(s, workers)
     }
 
-    fn after_submit(&mut self, s: strata_graph::Submitted) -> Result<(), DistError> {
+    fn after_submit(
+        &mut self,
+        s: strata_graph::Submitted,
+        workers: &[usize],
+    ) -> Result<(), DistError> {
         if s.ready {
             self.ready.push(self.graph.ready_task(s.task));
             if self.ready.len() >= READY_BATCH || self.ctx.link.is_hungry() {
                 self.flush();
+            } else {
+                for &w in workers {
+                    if !self.held_workers.contains(&w) {
+                        self.held_workers.push(w);
+                        self.ctx.link.hold(w, s.task.id().0);
+                    }
+                }
             }
+        } else if workers.iter().any(|w| self.held_workers.contains(w)) {
+            // A completion may make this task ready at any moment, behind a ready task
+            // of the same worker still in the batch: hand the batch over now (until then
+            // the scheduler keeps this task back, `Link::hold`).
+            self.flush();
         }
         Ok(())
     }

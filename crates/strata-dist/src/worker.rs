@@ -402,7 +402,10 @@ impl DistWorker {
             wait_timeout: Duration::from_secs(10),
             pipeline_depth: cfg.pipeline_depth,
         })?;
-        let link = Arc::new(Link::new(doorbell));
+        let link = Arc::new(Link::new(
+            doorbell,
+            kinds.iter().filter(|k| **k != ChildKind::Sub).count(),
+        ));
         let endpoints: Vec<LocalEndpoint> = children
             .into_lanes()
             .into_iter()
@@ -559,6 +562,7 @@ impl DistWorker {
             } else {
                 HashMap::new()
             },
+            held_workers: Vec::new(),
         };
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&mut o, args)))
             .unwrap_or_else(|p| {
@@ -709,6 +713,20 @@ impl DistWorker {
         Ok(())
     }
 
+    /// Test-only fault injection: the scheduler thread panics with `message` outside any
+    /// pass (the loop itself is not broken, the thread is gone). Not part of the API.
+    ///
+    /// # Errors
+    /// A worker that is not initialised or already unusable.
+    #[doc(hidden)]
+    pub fn inject_scheduler_thread_panic(&mut self, message: &str) -> Result<(), DistError> {
+        self.runtime("inject_scheduler_thread_panic")?
+            .ctx
+            .link
+            .inject_thread_panic(message.to_owned());
+        Ok(())
+    }
+
     // ----- close -------------------------------------------------------------------------
 
     /// Waits for runs in flight (up to the close grace), stops the scheduler, shuts every
@@ -739,14 +757,22 @@ impl DistWorker {
         rt.graph.shutdown();
         rt.ctx.link.stop(deadline);
         let already_reported = rt.ctx.link.unusable().is_some();
-        let exit = rt
-            .sched
-            .take()
-            .map(|h| h.join())
-            .transpose()
-            .map_err(|_| DistError::Internal("the scheduler thread panicked".into()))?;
+        // A scheduler thread that panicked outside a pass left the loop in its seat,
+        // children and all: take it out and shut them down all the same (a run handle
+        // still holding the driver would otherwise keep them alive), then report it.
+        let (exit, panicked) = match rt.sched.take().map(|h| h.join()) {
+            None => (None, None),
+            Some(Ok(exit)) => (Some(exit), None),
+            Some(Err(p)) => (
+                rt.driver.take_exit(),
+                Some(DistError::Internal(format!(
+                    "the scheduler thread panicked: {}",
+                    strata_sync::panic_message(&*p)
+                ))),
+            ),
+        };
         let Some(mut exit) = exit else {
-            return Ok(());
+            return panicked.map_or(Ok(()), Err);
         };
         let shutdown = exit.children.shutdown(self.config.close_grace);
         // A thread child that did not stop was detached still running its task: it may
@@ -775,6 +801,10 @@ impl DistWorker {
                 comm.release_all();
             }
         }
+        if let Some(e) = panicked {
+            return Err(e);
+        }
+        // Children left unreaped stay with `exit`: its drop retries them.
         let report = shutdown?;
         // A child that died before close was reported then (its run failed, the worker
         // became unusable); anything else abnormal is news.
