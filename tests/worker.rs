@@ -218,12 +218,15 @@ fn mismatched_levels_and_callables_are_typed_errors() {
 
     // Private host memory is refused with the fix in the message.
     let private = [0f32; 16];
-    let buf = BufferDesc {
-        identity: IdentityMinter::new().mint(),
-        nbytes: 64,
-        location: BufferLocation::HostLocal {
-            addr: private.as_ptr() as u64,
-        },
+    // SAFETY: the worker must refuse this descriptor at submit; nothing dereferences it.
+    let buf = unsafe {
+        BufferDesc::from_parts(
+            IdentityMinter::new().mint(),
+            64,
+            BufferLocation::HostLocal {
+                addr: private.as_ptr() as u64,
+            },
+        )
     };
     let view = TensorView::contiguous(DataType::F32, &[16]).unwrap();
     let t = TensorArg::new(buf, view, ArgTag::Input).unwrap();

@@ -2,7 +2,8 @@
 //!
 //! - `cargo xtask sim` builds every example and runs it end to end on the emulator, with a
 //!   progress bar, then prints a summary table (example, result, time).
-//! - `cargo xtask ci` runs what `.ci/run` runs: fmt, clippy, the test suite, loom models, docs.
+//! - `cargo xtask ci` runs what `.ci/run` runs: fmt, clippy, the test suite, loom models, docs,
+//!   and a short run of every fuzz target.
 //! - `cargo xtask bench <name>` runs one side-by-side benchmark; each prints a human table
 //!   and, as its last line, one JSON object with its figures. Each alternates its
 //!   variants with its peer or floor in rounds and prints the machine (CPU model, load
@@ -15,8 +16,11 @@
 //!   (default 10⁴) through a Process-mode level-3 worker (strata-dist's `soak` test
 //!   binary, in release) and fails if the process tree's resident memory, descriptors,
 //!   `/dev/shm` entries or threads grew between the first and the last tenth.
+//! - `cargo xtask fuzz --list | <target>|all [--seconds N] | --seeds | --replay` fuzzes
+//!   the decoders of bytes another process wrote, on stable Rust (module `fuzz`).
 
 mod compare;
+mod fuzz;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -136,8 +140,31 @@ fn ci() -> Result<(), String> {
             .args(["doc", "--workspace", "--no-deps"])
             .env("RUSTDOCFLAGS", "-D warnings"),
     )?;
+    // The fuzz harness is its own workspace: format and lint it here, then a smoke run of
+    // every target (the long runs are `cargo xtask fuzz all --seconds N` by hand).
+    run_step(
+        "cargo fmt --check (fuzz)",
+        cargo()
+            .current_dir(workspace_root().join("fuzz"))
+            .args(["fmt", "--all", "--", "--check"]),
+    )?;
+    run_step(
+        "cargo clippy (fuzz)",
+        cargo()
+            .current_dir(workspace_root().join("fuzz"))
+            .env_remove("CARGO_TARGET_DIR")
+            .args(["clippy", "--all-targets", "--", "-D", "warnings"]),
+    )?;
+    fuzz::fuzz(&[
+        "all".into(),
+        "--seconds".into(),
+        CI_FUZZ_SECONDS.to_string(),
+    ])?;
     Ok(())
 }
+
+/// Seconds of fuzzing per target in `cargo xtask ci`.
+const CI_FUZZ_SECONDS: u64 = 15;
 
 /// The workspace crates that have loom models: a `crates/*` package whose manifest has
 /// `[target.'cfg(loom)'.dependencies]` and whose `src/` holds a `#[cfg(all(test, loom))]`
@@ -345,8 +372,9 @@ fn soak(args: &[String]) -> Result<(), String> {
 
 fn usage() -> String {
     format!(
-        "usage: cargo xtask <sim | ci | soak [--tasks N] [--runs M] | bench <name>|list | bench-compare <rev> <bench> [--rounds N]>\n{}",
-        compare::usage()
+        "usage: cargo xtask <sim | ci | soak [--tasks N] [--runs M] | bench <name>|list | bench-compare <rev> <bench> [--rounds N] | fuzz ...>\n{}\n  {}",
+        compare::usage(),
+        fuzz::usage()
     )
 }
 
@@ -361,6 +389,7 @@ fn main() -> ExitCode {
             None => Err(usage()),
         },
         Some("bench-compare") => compare::bench_compare(&args[1..]),
+        Some("fuzz") => fuzz::fuzz(&args[1..]),
         Some("help" | "--help" | "-h") => {
             println!("{}", usage());
             println!("benches (cargo xtask bench list):");

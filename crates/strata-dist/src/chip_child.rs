@@ -105,70 +105,83 @@ impl Handler for ChipHandler {
     }
 
     fn control(&mut self, req: &ControlRequest<'_>) -> Result<ControlReply, Failure> {
-        let fail = |e: strata_chip::ChipError| Failure::new(codes::FAILED, e.to_string());
-        let command = ControlCommand::from_request(req).map_err(|e| match e {
-            ControlDecodeError::UnknownCommand(c) => Failure::new(
-                codes::UNSUPPORTED,
-                format!("chip children do not support control command {c}"),
-            ),
-            malformed => bad(malformed.to_string()),
-        })?;
-        match command {
-            ControlCommand::Allocate { bytes } => Ok(ControlReply::new(
-                self.chip.malloc(bytes).map_err(fail)?.addr(),
-            )),
-            ControlCommand::Free { addr } => {
-                let (ptr, _) = self.allocation(addr)?;
-                self.chip.free(ptr).map_err(fail)?;
-                Ok(ControlReply::new(0))
-            }
-            ControlCommand::Copy {
-                direction,
-                addr,
-                region,
-                offset,
-                len,
-            } => {
-                let (base, size) = self.allocation(addr)?;
-                if len > size {
-                    return Err(bad(format!(
-                        "copy of {len} bytes into a {size}-byte allocation at {addr:#x}"
-                    )));
-                }
-                let host = self
-                    .shared
-                    .ptr(region, offset, len)
-                    .map_err(|e| bad(e.to_string()))?;
-                // SAFETY: `ptr` checked the host range against the mapped region; the
-                // parent issues control commands only while no task of this worker runs,
-                // so nothing else touches either range.
-                unsafe {
-                    match direction {
-                        CopyDirection::ToDevice => {
-                            self.chip.copy_to_raw(base, host, len).map_err(fail)?
-                        }
-                        CopyDirection::FromDevice => {
-                            self.chip.copy_from_raw(host, base, len).map_err(fail)?
-                        }
-                    }
-                }
-                Ok(ControlReply::new(0))
-            }
-            ControlCommand::CommittedBytes => Ok(ControlReply::new(
-                self.chip.committed_device_memory().map_err(fail)?,
-            )),
-        }
+        serve_chip_control(&self.chip, &self.shared, req)
     }
 }
 
-impl ChipHandler {
-    fn allocation(&self, addr: u64) -> Result<(strata_chip::DevicePtr, u64), Failure> {
-        let view = strata_types::TensorView::contiguous(strata_types::DataType::U8, &[1])
-            .map_err(|e| bad(e.to_string()))?;
-        let t = self
-            .chip
-            .device_tensor_at(addr, view)
-            .map_err(|e| bad(e.to_string()))?;
-        Ok((t.ptr(), t.nbytes()))
+/// What a chip child does with a control frame its parent wrote: decode the request
+/// ([`ControlCommand::from_request`]), bounds-check its device address and shared-memory
+/// range, and carry it out on `chip`. The chip child's handler is exactly this; it is
+/// public (hidden) so the fuzz harness (`fuzz/`) drives the same code with hostile bytes.
+///
+/// # Errors
+/// The [`Failure`] the child reports: [`codes::UNSUPPORTED`] for an unknown command,
+/// [`codes::BAD_REQUEST`] for a malformed or out-of-bounds one, [`codes::FAILED`] for a
+/// chip error.
+#[doc(hidden)]
+pub fn serve_chip_control(
+    chip: &ChipWorker,
+    shared: &SharedMemory,
+    req: &ControlRequest<'_>,
+) -> Result<ControlReply, Failure> {
+    let fail = |e: strata_chip::ChipError| Failure::new(codes::FAILED, e.to_string());
+    let command = ControlCommand::from_request(req).map_err(|e| match e {
+        ControlDecodeError::UnknownCommand(c) => Failure::new(
+            codes::UNSUPPORTED,
+            format!("chip children do not support control command {c}"),
+        ),
+        malformed => bad(malformed.to_string()),
+    })?;
+    match command {
+        ControlCommand::Allocate { bytes } => {
+            Ok(ControlReply::new(chip.malloc(bytes).map_err(fail)?.addr()))
+        }
+        ControlCommand::Free { addr } => {
+            let (ptr, _) = chip_allocation(chip, addr)?;
+            chip.free(ptr).map_err(fail)?;
+            Ok(ControlReply::new(0))
+        }
+        ControlCommand::Copy {
+            direction,
+            addr,
+            region,
+            offset,
+            len,
+        } => {
+            let (base, size) = chip_allocation(chip, addr)?;
+            if len > size {
+                return Err(bad(format!(
+                    "copy of {len} bytes into a {size}-byte allocation at {addr:#x}"
+                )));
+            }
+            let host = shared
+                .ptr(region, offset, len)
+                .map_err(|e| bad(e.to_string()))?;
+            // SAFETY: `ptr` checked the host range against the mapped region; the
+            // parent issues control commands only while no task of this worker runs,
+            // so nothing else touches either range.
+            unsafe {
+                match direction {
+                    CopyDirection::ToDevice => chip.copy_to_raw(base, host, len).map_err(fail)?,
+                    CopyDirection::FromDevice => {
+                        chip.copy_from_raw(host, base, len).map_err(fail)?
+                    }
+                }
+            }
+            Ok(ControlReply::new(0))
+        }
+        ControlCommand::CommittedBytes => Ok(ControlReply::new(
+            chip.committed_device_memory().map_err(fail)?,
+        )),
     }
+}
+
+/// The allocation that starts at device address `addr`: its pointer and size.
+fn chip_allocation(chip: &ChipWorker, addr: u64) -> Result<(strata_chip::DevicePtr, u64), Failure> {
+    let view = strata_types::TensorView::contiguous(strata_types::DataType::U8, &[1])
+        .map_err(|e| bad(e.to_string()))?;
+    let t = chip
+        .device_tensor_at(addr, view)
+        .map_err(|e| bad(e.to_string()))?;
+    Ok((t.ptr(), t.nbytes()))
 }

@@ -140,6 +140,22 @@ impl CommCtx {
         self.lock().alloc.stats()
     }
 
+    /// Whether `desc` is exactly the descriptor of a window buffer allocated now (of the
+    /// run that owns the windows, or persistent).
+    pub(crate) fn window_live(&self, desc: &BufferDesc) -> bool {
+        let st = self.lock();
+        let BufferLocation::HostShared { offset, .. } = desc.location() else {
+            return false;
+        };
+        st.identities.iter().any(|(buf, id)| {
+            *id == desc.identity()
+                && st.alloc.placement(buf).is_ok_and(|p| {
+                    p.arena_offset == offset
+                        && Some(desc.nbytes()) == p.rank_stride.checked_mul(u64::from(p.nranks))
+                })
+        })
+    }
+
     /// Frees every window buffer, persistent ones included (at close).
     pub(crate) fn release_all(&self) {
         let mut st = self.lock();
@@ -291,13 +307,18 @@ impl WindowTensor {
     }
 
     fn buffer(&self) -> BufferDesc {
-        BufferDesc {
-            identity: self.identity,
-            nbytes: self.placement.rank_stride * u64::from(self.placement.nranks),
-            location: BufferLocation::HostShared {
-                region: self.region,
-                offset: self.placement.arena_offset,
-            },
+        // SAFETY: the window buffer's bytes in the arena belong to it alone while it is
+        // allocated, under this identity (`CommState::identities`); a task naming it is
+        // admitted only while it is live (`CommCtx::window_live`).
+        unsafe {
+            BufferDesc::from_parts(
+                self.identity,
+                self.placement.rank_stride * u64::from(self.placement.nranks),
+                BufferLocation::HostShared {
+                    region: self.region,
+                    offset: self.placement.arena_offset,
+                },
+            )
         }
     }
 

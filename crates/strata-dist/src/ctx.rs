@@ -34,7 +34,8 @@ pub(crate) struct Ctx {
     /// The chips' comm arena (level 3 with chips).
     pub(crate) comm: Option<crate::comm::CommCtx>,
     pub(crate) minter: Arc<IdentityMinter>,
-    pub(crate) child_tensors: Mutex<HashMap<BufferIdentity, (usize, u64)>>,
+    /// Live chip tensors: identity → (worker, device address, bytes).
+    pub(crate) child_tensors: Mutex<HashMap<BufferIdentity, (usize, u64, u64)>>,
 }
 
 impl Ctx {
@@ -88,23 +89,29 @@ impl Ctx {
             },
         )?;
         let identity = self.minter.mint();
-        let t = ChildTensor {
-            worker,
-            addr,
-            buffer: BufferDesc {
+        // SAFETY: the chip's allocator just gave these bytes to this allocation alone; the
+        // fresh identity is recorded with its extent, and tasks naming it are admitted only
+        // while it is live (`child_tensor_live`).
+        let buffer = unsafe {
+            BufferDesc::from_parts(
                 identity,
-                nbytes: view.nbytes(),
-                location: BufferLocation::Device {
+                view.nbytes(),
+                BufferLocation::Device {
                     worker: worker as u32,
                     addr,
                 },
-            },
+            )
+        };
+        let t = ChildTensor {
+            worker,
+            addr,
+            buffer,
             view,
         };
         self.child_tensors
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(identity, (worker, addr));
+            .insert(identity, (worker, addr, view.nbytes()));
         Ok(t)
     }
 
@@ -114,8 +121,8 @@ impl Ctx {
             .child_tensors
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .remove(&t.buffer.identity);
-        if removed != Some((t.worker, t.addr)) {
+            .remove(&t.buffer.identity());
+        if removed != Some((t.worker, t.addr, t.buffer.nbytes())) {
             return Err(DistError::InvalidArgs(format!(
                 "the tensor at device address {:#x} of worker {} is not a live allocation of this worker (double free, or allocated elsewhere)",
                 t.addr, t.worker
@@ -132,14 +139,19 @@ impl Ctx {
         direction: CopyDirection,
     ) -> Result<(), DistError> {
         let lane = self.chip_lane(dev.worker)?;
-        if !self.child_tensor_live(&dev.buffer.identity, dev.worker, dev.addr) {
+        if !self.child_tensor_live(
+            &dev.buffer.identity(),
+            dev.worker,
+            dev.addr,
+            dev.buffer.nbytes(),
+        ) {
             return Err(DistError::InvalidArgs(format!(
                 "device tensor {:#x} of worker {} was freed",
                 dev.addr, dev.worker
             )));
         }
         let hb = host.buffer();
-        let BufferLocation::HostShared { region, offset } = hb.location else {
+        let BufferLocation::HostShared { region, offset } = hb.location() else {
             return Err(DistError::InvalidArgs(
                 "the host end must be a SharedTensor".into(),
             ));
@@ -178,11 +190,12 @@ impl Ctx {
         identity: &BufferIdentity,
         worker: usize,
         addr: u64,
+        nbytes: u64,
     ) -> bool {
         self.child_tensors
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .get(identity)
-            .is_some_and(|&(w, base)| w == worker && addr == base)
+            .is_some_and(|&(w, base, n)| w == worker && addr == base && n == nbytes)
     }
 }

@@ -30,6 +30,17 @@ pub enum DistError {
     /// Invalid task arguments (what was wrong and how to fix it).
     #[error("{0}")]
     InvalidArgs(String),
+    /// A tensor argument whose descriptor names no live buffer of this worker: a
+    /// [`crate::RunTensor`] kept from another run or from a scope that ended, a window
+    /// tensor whose buffer was freed, a freed chip tensor, or a forged descriptor (one
+    /// decoded from bytes). Running it would alias live bytes without a dependency edge.
+    #[error("tensor argument {index} is not a live buffer of this worker: {reason}")]
+    StaleTensor {
+        /// Index of the tensor argument.
+        index: usize,
+        /// What the descriptor names and why it is refused.
+        reason: String,
+    },
     /// A worker id that names no next-level child.
     #[error("worker id {id} is out of range: this worker has {count} next-level workers (ids 0..{count})")]
     UnknownWorker {

@@ -50,3 +50,10 @@ pub use registry::{HostOrchFn, HostOrchHandle, NextLevelCallable, SubHandle};
 pub use strata_comm::{AllreduceAlgo, CommStats, Domain, ReduceOp, WindowBuffer};
 pub use tensor::{ChildTensor, RunTensor};
 pub use worker::{DistWorker, RunHandle};
+
+/// Entry points for the fuzz harness (`fuzz/`): the exact code a child runs on bytes its
+/// parent wrote. Not a stable API.
+#[doc(hidden)]
+pub mod fuzzing {
+    pub use crate::chip_child::serve_chip_control;
+}

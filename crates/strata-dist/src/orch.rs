@@ -7,13 +7,15 @@ use crate::error::{DistError, OrchError};
 use crate::registry::{NextLevelCallable, Programs, SubHandle};
 use crate::task::{DistTask, Member, Route, Target};
 use crate::tensor::{ChildTensor, RunTensor};
+use std::collections::HashMap;
 use std::sync::Arc;
 use strata_graph::{Access, BufferKey, KeySpace, Orchestrator, ReadyTask, RunId, TaskSpec};
 use strata_host::SharedTensor;
 use strata_mailbox::EncodedConfig;
 use strata_types::wire::encode_args;
 use strata_types::{
-    BufferDesc, BufferLocation, CallConfig, DataType, TaskArgs, TensorArg, TensorView,
+    BufferDesc, BufferIdentity, BufferLocation, CallConfig, DataType, TaskArgs, TensorArg,
+    TensorView,
 };
 
 mod windows;
@@ -40,6 +42,17 @@ pub struct Orch<'w> {
     pub(crate) wake_deferred: bool,
     /// Ready tasks were handed to the scheduler in this run.
     pub(crate) handed_over: bool,
+    /// The intermediates this run allocated ([`Orch::alloc`]) that are still live, with
+    /// the scope depth they were allocated at: a task may name only these in the heap
+    /// rings (a [`RunTensor`] kept from another run, or from a scope that ended, names
+    /// bytes the ring may have handed to someone else).
+    pub(crate) run_tensors: HashMap<BufferIdentity, (BufferDesc, usize)>,
+    /// Descriptors this run received from its parent (a nested level-3 worker's run: the
+    /// level-4 worker admitted them), which may name the parent's memory.
+    pub(crate) admitted: HashMap<BufferIdentity, BufferDesc>,
+    /// The next-level workers for which `ready` holds a task (their holds are set in
+    /// the link until the batch is handed over).
+    pub(crate) held_workers: Vec<usize>,
 }
 
 impl std::fmt::Debug for Orch<'_> {
@@ -81,6 +94,10 @@ impl<'w> Orch<'w> {
         let first = !self.handed_over;
         self.handed_over = true;
         self.ctx.link.push_ready(&mut self.ready, !first);
+        if !self.held_workers.is_empty() {
+            self.ctx.link.release_holds(&self.held_workers);
+            self.held_workers.clear();
+        }
         self.wake_deferred |= first;
     }
 
@@ -135,15 +152,20 @@ impl<'w> Orch<'w> {
         Ok(())
     }
 
-    /// Checks that every tensor argument is visible to `target` and builds the accesses.
+    /// Checks that every tensor argument is a live buffer of this worker that `target`
+    /// can see, builds the accesses, and collects the shared-tensor regions the task will
+    /// hold in use while it runs (`uses`, each once).
     fn accesses(
         &self,
         args: &TaskArgs,
         target: Target,
         out: &mut Vec<Access>,
+        uses: &mut Vec<u64>,
     ) -> Result<(), DistError> {
         for (i, t) in args.tensors().iter().enumerate() {
-            match t.buffer.location {
+            let b = t.buffer;
+            t.view.check_fits(b.nbytes())?;
+            match b.location() {
                 BufferLocation::HostLocal { .. } => {
                     return Err(DistError::InvalidArgs(format!(
                         "tensor argument {i} is in private host memory, which a child process cannot see; allocate it with SharedTensor (before init) or Orch::alloc"
@@ -155,10 +177,10 @@ impl<'w> Orch<'w> {
                             "tensor argument {i} lives in shared-memory region {region}, created after this worker started its children; create shared tensors before init()"
                         )));
                     }
-                    if !self.ctx.shared.is_live(region) {
-                        return Err(DistError::InvalidArgs(format!(
-                            "tensor argument {i}: shared-memory region {region} was released (its SharedTensor was dropped); keep the tensor alive while tasks use it"
-                        )));
+                    if let Some(region) = self.check_shared(i, &b, region)? {
+                        if !uses.contains(&region) {
+                            uses.push(region);
+                        }
                     }
                 }
                 BufferLocation::Device { worker, addr } => {
@@ -172,16 +194,65 @@ impl<'w> Orch<'w> {
                             "tensor argument {i} is in the device memory of worker {worker} but the task runs on worker {w}; device addresses mean nothing on another chip"
                         )));
                     }
-                    if !self.ctx.child_tensor_live(&t.buffer.identity, w, addr) {
-                        return Err(DistError::InvalidArgs(format!(
-                            "tensor argument {i} names device memory of worker {w} that is not a live allocation of this worker (freed, or never allocated with alloc_child_tensor)"
-                        )));
+                    if !self.ctx.child_tensor_live(&b.identity(), w, addr, b.nbytes()) {
+                        return Err(DistError::StaleTensor {
+                            index: i,
+                            reason: format!("it names device memory of worker {w} that is not a live allocation of this worker (freed, never allocated with alloc_child_tensor, or a descriptor that does not match its allocation)"),
+                        });
                     }
                 }
             }
             out.push(Access::of_arg(t));
         }
         Ok(())
+    }
+
+    /// Checks a shared-memory descriptor against the buffers this worker owns there: its
+    /// comm arena's live windows, this run's live intermediates, a live shared tensor
+    /// (exactly its descriptor), or a descriptor the parent admitted. Returns the region a
+    /// shared tensor lives in (the task holds it in use while it runs).
+    fn check_shared(
+        &self,
+        i: usize,
+        b: &BufferDesc,
+        region: u64,
+    ) -> Result<Option<u64>, DistError> {
+        let stale = |reason: String| DistError::StaleTensor { index: i, reason };
+        if self.ctx.comm.as_ref().is_some_and(|c| c.region == region) {
+            let live = self.ctx.comm.as_ref().is_some_and(|c| c.window_live(b));
+            return if live {
+                Ok(None)
+            } else {
+                Err(stale("it names the comm arena but no live window buffer of this run (a window tensor kept from an earlier run, whose buffer was freed)".into()))
+            };
+        }
+        if self.ctx.heap_regions.contains(&region) {
+            return match self.run_tensors.get(&b.identity()) {
+                Some((live, _)) if live == b => Ok(None),
+                _ => Err(stale(format!("it names heap ring region {region} but no live intermediate of run {:?} (a RunTensor kept from another run, or from a scope that ended, or a forged descriptor)", self.run))),
+            };
+        }
+        if let Some(owner) = self.ctx.shared.tensor_identity(region) {
+            let whole = self.ctx.shared.region_len(region).map(|l| l as u64);
+            let exact = owner == b.identity()
+                && b.location() == (BufferLocation::HostShared { region, offset: 0 })
+                && Some(b.nbytes()) == whole;
+            if !exact {
+                return Err(stale(format!("it names shared-tensor region {region} under a descriptor that is not its SharedTensor's (forged)")));
+            }
+            if !self.ctx.shared.is_live(region) {
+                return Err(DistError::InvalidArgs(format!(
+                    "tensor argument {i}: shared-memory region {region} was released (its SharedTensor was dropped); keep the tensor alive while tasks use it"
+                )));
+            }
+            return Ok(Some(region));
+        }
+        if self.admitted.get(&b.identity()) == Some(b) {
+            return Ok(None);
+        }
+        Err(stale(format!(
+            "shared-memory region {region} holds no buffer of this worker that matches it"
+        )))
     }
 
     /// The blob of a next-level task: window tensors (the comm arena's memory) order the
@@ -191,7 +262,7 @@ impl<'w> Orch<'w> {
         let Some(comm) = &self.ctx.comm else {
             return Self::blob(args);
         };
-        let in_arena = |t: &TensorArg| matches!(t.buffer.location, BufferLocation::HostShared { region, .. } if region == comm.region);
+        let in_arena = |t: &TensorArg| matches!(t.buffer.location(), BufferLocation::HostShared { region, .. } if region == comm.region);
         if !args.tensors().iter().any(in_arena) {
             return Self::blob(args);
         }
@@ -236,26 +307,55 @@ impl<'w> Orch<'w> {
     ) -> Result<(), DistError> {
         self.wake_deferred();
         self.submitted = true;
+        // The next-level workers the task runs on (per-worker submit order); no
+        // allocation for a single.
+        let single: [usize; 1];
+        let group: Vec<usize>;
+        let workers: &[usize] = match route {
+            Route::Worker(w) => {
+                single = [w];
+                &single
+            }
+            Route::Group => {
+                group = task.worker_targets();
+                &group
+            }
+            Route::Sub => &[],
+        };
         let route = route.word();
-        let spec = if members.len() == 1 {
-            TaskSpec::new(task, &members[0]).with_route(route)
+        let s = if members.len() == 1 {
+            self.graph
+                .submit(TaskSpec::new(task, &members[0]).with_route(route))?
         } else {
             let lists: Vec<&[Access]> = members.iter().map(|m| &m[..]).collect();
-            let s = self
-                .graph
-                .submit(TaskSpec::group(task, &lists).with_route(route))?;
-            return self.after_submit(s);
+            self.graph
+                .submit(TaskSpec::group(task, &lists).with_route(route))?
         };
-        let s = self.graph.submit(spec)?;
-        self.after_submit(s)
+        self.after_submit(s, workers)
     }
 
-    fn after_submit(&mut self, s: strata_graph::Submitted) -> Result<(), DistError> {
+    fn after_submit(
+        &mut self,
+        s: strata_graph::Submitted,
+        workers: &[usize],
+    ) -> Result<(), DistError> {
         if s.ready {
             self.ready.push(self.graph.ready_task(s.task));
             if self.ready.len() >= READY_BATCH || self.ctx.link.is_hungry() {
                 self.flush();
+            } else {
+                for &w in workers {
+                    if !self.held_workers.contains(&w) {
+                        self.held_workers.push(w);
+                        self.ctx.link.hold(w, s.task.id().0);
+                    }
+                }
             }
+        } else if workers.iter().any(|w| self.held_workers.contains(w)) {
+            // A completion may make this task ready at any moment, behind a ready task
+            // of the same worker still in the batch: hand the batch over now (until then
+            // the scheduler keeps this task back, `Link::hold`).
+            self.flush();
         }
         Ok(())
     }
@@ -291,13 +391,15 @@ impl<'w> Orch<'w> {
         let callable = callable.into();
         self.check_next(worker, &callable, "submit_next_level")?;
         let mut acc = Vec::with_capacity(args.tensors().len());
-        self.accesses(args, Target::Worker(worker), &mut acc)?;
+        let mut uses = Vec::new();
+        self.accesses(args, Target::Worker(worker), &mut acc, &mut uses)?;
         let task = DistTask {
             callable: callable.id(),
             config: self.config_for(config)?,
             members: vec![Member {
                 target: Target::Worker(worker),
                 blob: self.next_level_blob(args)?,
+                uses,
             }],
         };
         self.submit_task(task, Route::Worker(worker), &[acc])
@@ -336,11 +438,13 @@ impl<'w> Orch<'w> {
         let mut accesses = Vec::with_capacity(args.len());
         for (a, &w) in args.iter().zip(workers) {
             let mut acc = Vec::new();
-            self.accesses(a, Target::Worker(w), &mut acc)?;
+            let mut uses = Vec::new();
+            self.accesses(a, Target::Worker(w), &mut acc, &mut uses)?;
             accesses.push(acc);
             members.push(Member {
                 target: Target::Worker(w),
                 blob: self.next_level_blob(a)?,
+                uses,
             });
         }
         let route = if members.len() == 1 {
@@ -376,13 +480,15 @@ impl<'w> Orch<'w> {
     pub fn submit_sub(&mut self, callable: &SubHandle, args: &TaskArgs) -> Result<(), DistError> {
         self.check_sub(callable)?;
         let mut acc = Vec::with_capacity(args.tensors().len());
-        self.accesses(args, Target::Sub, &mut acc)?;
+        let mut uses = Vec::new();
+        self.accesses(args, Target::Sub, &mut acc, &mut uses)?;
         let task = DistTask {
             callable: callable.id,
             config: self.config.clone(),
             members: vec![Member {
                 target: Target::Sub,
                 blob: Self::blob(args)?,
+                uses,
             }],
         };
         self.submit_task(task, Route::Sub, &[acc])
@@ -410,11 +516,13 @@ impl<'w> Orch<'w> {
         let mut accesses = Vec::with_capacity(args.len());
         for a in args {
             let mut acc = Vec::new();
-            self.accesses(a, Target::Sub, &mut acc)?;
+            let mut uses = Vec::new();
+            self.accesses(a, Target::Sub, &mut acc, &mut uses)?;
             accesses.push(acc);
             members.push(Member {
                 target: Target::Sub,
                 blob: Self::blob(a)?,
+                uses,
             });
         }
         let task = DistTask {
@@ -441,7 +549,12 @@ impl<'w> Orch<'w> {
     /// Without a matching `scope_begin`.
     pub fn scope_end(&mut self) -> Result<(), DistError> {
         self.wake_deferred();
-        Ok(self.graph.scope_end()?)
+        self.graph.scope_end()?;
+        // The ended scope's intermediates go back to their ring once their tasks finish:
+        // from now on no task may name them.
+        let depth = self.graph.scope_depth();
+        self.run_tensors.retain(|_, (_, d)| *d <= depth);
+        Ok(())
     }
 
     /// Runs `f` inside a nested scope.
@@ -462,6 +575,10 @@ impl<'w> Orch<'w> {
     /// the current scope's heap ring (may wait for older intermediates of that ring to be
     /// reclaimed; a heap that can never fit it is an error naming the ring and its size).
     ///
+    /// The tensor belongs to this run and scope: a task of another run, or one submitted
+    /// after its scope ended, that names it is refused with [`DistError::StaleTensor`]
+    /// (its bytes may belong to another intermediate by then).
+    ///
     /// # Errors
     /// A bad shape, or a heap-ring error.
     pub fn alloc(&mut self, shape: &[u64], dtype: DataType) -> Result<RunTensor, DistError> {
@@ -472,15 +589,26 @@ impl<'w> Orch<'w> {
         self.flush();
         self.wake_deferred();
         let (_, slab) = self.graph.alloc(key, view.nbytes())?;
-        let buffer = BufferDesc {
-            identity,
-            nbytes: slab.len,
-            location: BufferLocation::HostShared {
-                region: self.ctx.heap_regions[slab.ring],
-                offset: slab.offset,
-            },
+        // SAFETY: the slab was just allocated to this identity alone; it is reclaimed only
+        // after its scope ended and every task naming it finished, and from the scope's end
+        // on this run refuses the descriptor (`run_tensors`); other runs never accept it.
+        let buffer = unsafe {
+            BufferDesc::from_parts(
+                identity,
+                slab.len,
+                BufferLocation::HostShared {
+                    region: self.ctx.heap_regions[slab.ring],
+                    offset: slab.offset,
+                },
+            )
         };
-        Ok(RunTensor { buffer, view })
+        self.run_tensors
+            .insert(identity, (buffer, self.graph.scope_depth()));
+        Ok(RunTensor {
+            buffer,
+            view,
+            run: self.run,
+        })
     }
 
     /// Device-memory control from inside a run must come before the run's first task

@@ -3,10 +3,20 @@
 //! through their mailboxes, collects completions, and runs control commands.
 //!
 //! Placement is directed, as in the reference engine: a next-level task runs on exactly
-//! the worker id it names; a group launches all its members together, and the group at the
-//! head of the group FIFO reserves its targets (no single is dispatched to them) until it
-//! can launch; sub tasks go to any idle sub-worker. Only the dispatchable run (the oldest in
-//! flight) is dispatched; ready tasks of the next run wait in their own partition.
+//! the worker id it names; a group launches all its members together; sub tasks go to any
+//! idle sub-worker. Only the dispatchable run (the oldest in flight) is dispatched; ready
+//! tasks of the next run wait in their own partition.
+//!
+//! Per-worker submit order: each next-level worker has one FIFO of its ready tasks, singles
+//! and groups alike (a group is queued on every worker it names), kept in submission order
+//! (task ids grow with every submit). Only a worker's head may start there, so a later task
+//! never overtakes an earlier one on the same worker, in either direction: a group waits
+//! for the singles submitted before it on each of its workers, and reserves each of them
+//! against later singles until it launches (when it heads every one of their FIFOs and all
+//! of them are idle). Programs whose tasks synchronise through signals rather than data
+//! depend on it. Every FIFO is ordered by the same ids, so the oldest ready group heads all
+//! of its FIFOs once the singles before it have started: no two groups wait for each
+//! other.
 //!
 //! Waiting is spin-then-park on the worker's doorbell, which children ring after every
 //! completion and the orchestrator rings when it hands over work.
@@ -15,11 +25,11 @@ use crate::control::ControlCommand;
 use crate::endpoint::{Endpoint, LocalEndpoint};
 use crate::task::{DistTask, Route, Target};
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use strata_graph::{Claimed, Failure, FailureKind, ReadyTask, RunId, Scheduler, TaskRef};
-use strata_host::{Children, Doorbell};
+use strata_host::{Children, Doorbell, SharedMemory};
 use strata_mailbox::{FrameIdentity, TaskPublication, TaskSlot};
 use strata_sync::{Broken, Driven, DriverSeat, SeatWaker, Turn};
 
@@ -69,11 +79,25 @@ pub(crate) struct Link {
     /// Wakes the scheduler thread when a caller left it dormant (set once the driver
     /// exists).
     waker: OnceLock<Arc<SeatWaker>>,
+    /// Per next-level worker, the submission sequence (task id) of the oldest ready task
+    /// the orchestrator still holds in its hand-over batch for that worker (`u64::MAX`:
+    /// none). A later task on the worker that a completion made ready meanwhile must not
+    /// start before it (per-worker submit order): the dispatch pass leaves it queued, and
+    /// the orchestrator hands its batch over as soon as it submits such a task
+    /// ([`Link::hold`], [`Link::release_holds`]).
+    held: Box<[AtomicU64]>,
+    /// A test-only fault: the scheduler thread panics outside any pass with this message
+    /// (see [`Link::inject_thread_panic`]).
+    thread_fault: Mutex<Option<String>>,
+    thread_fault_flag: AtomicBool,
 }
 
 impl Link {
-    pub(crate) fn new(doorbell: Doorbell) -> Self {
+    pub(crate) fn new(doorbell: Doorbell, next_level_workers: usize) -> Self {
         Link {
+            held: (0..next_level_workers)
+                .map(|_| AtomicU64::new(u64::MAX))
+                .collect(),
             doorbell,
             inbox: Mutex::new(Inbox::default()),
             pending: AtomicBool::new(false),
@@ -81,6 +105,26 @@ impl Link {
             unusable_flag: AtomicBool::new(false),
             hungry: AtomicBool::new(true),
             waker: OnceLock::new(),
+            thread_fault: Mutex::new(None),
+            thread_fault_flag: AtomicBool::new(false),
+        }
+    }
+
+    /// The orchestrator holds ready task `seq` for `worker` in its batch (the first one
+    /// it holds for that worker since its last hand-over: the oldest).
+    pub(crate) fn hold(&self, worker: usize, seq: u64) {
+        if let Some(h) = self.held.get(worker) {
+            h.store(seq, Ordering::Release);
+        }
+    }
+
+    /// The orchestrator handed its batch over ([`Link::push_ready`] first: a pass that
+    /// sees a hold released then sees the tasks in the inbox).
+    pub(crate) fn release_holds(&self, workers: &[usize]) {
+        for &w in workers {
+            if let Some(h) = self.held.get(w) {
+                h.store(u64::MAX, Ordering::Release);
+            }
         }
     }
 
@@ -144,6 +188,28 @@ impl Link {
         self.wake_dormant();
     }
 
+    /// Test hook: the scheduler thread panics with `message` at its next iteration,
+    /// outside any pass (so the loop is not broken: the thread is gone with the loop
+    /// still in its seat).
+    pub(crate) fn inject_thread_panic(&self, message: String) {
+        *self.thread_fault.lock().unwrap_or_else(|e| e.into_inner()) = Some(message);
+        self.thread_fault_flag.store(true, Ordering::SeqCst);
+        self.doorbell.ring();
+        self.wake_dormant();
+    }
+
+    #[cold]
+    fn fire_thread_fault(&self) {
+        let fault = self
+            .thread_fault
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(message) = fault {
+            panic!("{message}");
+        }
+    }
+
     /// Wakes the scheduler (a run changed phase). A dormant scheduler thread stays
     /// parked: the loop was left with nothing queued, so a phase change gives it nothing
     /// to dispatch.
@@ -171,11 +237,13 @@ impl Link {
     }
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug)]
 struct InFlight {
     task: TaskRef,
     member: usize,
     group: bool,
+    /// The shared-tensor regions this member holds in use until it ends.
+    uses: Vec<u64>,
 }
 
 /// A child's two task frames, as the scheduler uses them: the second frame holds the
@@ -202,17 +270,42 @@ impl LaneState {
     }
 }
 
+/// A ready next-level task in a worker's FIFO.
+#[derive(Debug, Clone, Copy)]
+struct Queued {
+    task: TaskRef,
+    /// A group: it is queued on each of its workers, and launches from all at once.
+    group: bool,
+}
+
+impl Queued {
+    /// Submission order (task ids grow with every submit, across runs).
+    fn seq(&self) -> u64 {
+        self.task.id().0
+    }
+}
+
 #[derive(Debug, Default)]
 struct RunQueues {
-    workers: Vec<VecDeque<TaskRef>>,
-    groups: VecDeque<TaskRef>,
+    /// Per next-level worker, its ready tasks (singles and groups) in submission order.
+    workers: Vec<VecDeque<Queued>>,
     subs: VecDeque<TaskRef>,
 }
 
 impl RunQueues {
     fn is_empty(&self) -> bool {
-        self.groups.is_empty() && self.subs.is_empty() && self.workers.iter().all(|q| q.is_empty())
+        self.subs.is_empty() && self.workers.iter().all(|q| q.is_empty())
     }
+}
+
+/// Queues `q` in submission order. Tasks mostly become ready in that order, so the scan
+/// from the back usually stops at once.
+fn insert_in_order(fifo: &mut VecDeque<Queued>, q: Queued) {
+    let mut at = fifo.len();
+    while at > 0 && fifo[at - 1].seq() > q.seq() {
+        at -= 1;
+    }
+    fifo.insert(at, q);
 }
 
 /// What one scheduler pass did.
@@ -249,12 +342,25 @@ pub(crate) struct SchedLoop<E: Endpoint = LocalEndpoint> {
     last_liveness: std::time::Instant,
     /// A test-only fault taken from the inbox, not yet fired.
     fault: Option<PassFault>,
+    /// The shared memory the tasks' tensors live in (their in-use marks).
+    shared: Arc<SharedMemory>,
+    /// In-use marks of tasks failed at the close deadline while their children still ran
+    /// them: released only once those children are known to be gone.
+    abandoned_uses: Vec<u64>,
+    /// This pass's snapshot of [`Link::held`] (reused).
+    held: Vec<u64>,
 }
 
 /// What the scheduler thread hands back when it stops: the children, still running, for
 /// the worker to shut down.
 pub(crate) struct SchedExit {
     pub(crate) children: Children,
+    /// In-use marks of shared tensors whose tasks were abandoned at the close deadline
+    /// (see [`SchedLoop::abandoned_uses`]): the worker releases them once the children are
+    /// reaped, or keeps them for good if a thread child was detached still running.
+    pub(crate) abandoned_uses: Vec<u64>,
+    /// The shared memory those marks are in.
+    pub(crate) shared: Arc<SharedMemory>,
 }
 
 impl SchedLoop<LocalEndpoint> {
@@ -263,6 +369,8 @@ impl SchedLoop<LocalEndpoint> {
     fn into_exit(mut self) -> SchedExit {
         SchedExit {
             children: LocalEndpoint::into_children(self.take_endpoints()),
+            abandoned_uses: std::mem::take(&mut self.abandoned_uses),
+            shared: self.shared.clone(),
         }
     }
 }
@@ -307,7 +415,17 @@ impl<E: Endpoint> SchedLoop<E> {
             stopping: None,
             last_liveness: std::time::Instant::now(),
             fault: None,
+            shared: SharedMemory::process().clone(),
+            abandoned_uses: Vec::new(),
+            held: vec![u64::MAX; n_next],
         }
+    }
+
+    /// Sets the shared memory the tasks' tensors live in (the process's table by
+    /// default).
+    pub(crate) fn with_shared(mut self, shared: Arc<SharedMemory>) -> Self {
+        self.shared = shared;
+        self
     }
 
     /// One pass: intake, completions, control requests, dispatch, liveness.
@@ -330,6 +448,11 @@ impl<E: Endpoint> SchedLoop<E> {
             self.fail_queued("the worker is closing");
             if !busy || std::time::Instant::now() >= deadline {
                 for lane in 0..self.lanes.len() {
+                    // The child may still be running these tasks (a thread child cannot
+                    // be stopped): their tensors stay in use until it is known gone.
+                    for f in self.lanes[lane].frames.iter_mut().flatten() {
+                        self.abandoned_uses.append(&mut f.uses);
+                    }
                     let f = self.endpoint_failure(
                         lane,
                         "the worker closed before this task finished (close_grace passed)",
@@ -435,14 +558,36 @@ impl<E: Endpoint> SchedLoop<E> {
                 return;
             }
         }
+        let targets = match route {
+            Route::Group => match self.sched.peek(r.task, |p| p.worker_targets()) {
+                Some(t) => t,
+                // Cancelled or poisoned meanwhile: nothing to dispatch.
+                None => return,
+            },
+            _ => Vec::new(),
+        };
         let q = self.queues.entry(r.run).or_insert_with(|| RunQueues {
             workers: (0..n_next).map(|_| VecDeque::new()).collect(),
             ..RunQueues::default()
         });
         match route {
             Route::Sub => q.subs.push_back(r.task),
-            Route::Group => q.groups.push_back(r.task),
-            Route::Worker(w) => q.workers[w].push_back(r.task),
+            Route::Group => {
+                let entry = Queued {
+                    task: r.task,
+                    group: true,
+                };
+                for w in targets {
+                    insert_in_order(&mut q.workers[w], entry);
+                }
+            }
+            Route::Worker(w) => insert_in_order(
+                &mut q.workers[w],
+                Queued {
+                    task: r.task,
+                    group: false,
+                },
+            ),
         }
     }
 
@@ -474,6 +619,11 @@ impl<E: Endpoint> SchedLoop<E> {
         let Some(f) = self.lanes[lane].frames[slot.index()].take() else {
             return;
         };
+        // Before the graph hears of it: a caller that sees the run done may copy the
+        // tensors at once.
+        for &r in &f.uses {
+            self.shared.release_task_use(r);
+        }
         let mut ready = std::mem::take(&mut self.ready);
         let result = if f.group {
             self.sched
@@ -592,7 +742,7 @@ impl<E: Endpoint> SchedLoop<E> {
         member: usize,
         group: bool,
         run: RunId,
-        p: &DistTask,
+        p: &mut DistTask,
     ) {
         let Some(slot) = self.lanes[lane].free_frame() else {
             // Unreachable: every caller checks for a free frame first.
@@ -607,12 +757,36 @@ impl<E: Endpoint> SchedLoop<E> {
             lease_generation: 1,
             dispatch_id: self.lanes[lane].seq,
         };
+        // Mark the member's shared tensors in use before the child can touch them.
+        let uses = std::mem::take(&mut p.members[member].uses);
+        let mut refused = None;
+        for (k, &r) in uses.iter().enumerate() {
+            if let Err(e) = self.shared.acquire_task_use(r) {
+                for &held in &uses[..k] {
+                    self.shared.release_task_use(held);
+                }
+                refused = Some(e);
+                break;
+            }
+        }
+        if let Some(e) = refused {
+            self.lanes[lane].frames[slot.index()] = Some(InFlight {
+                task,
+                member,
+                group,
+                uses: Vec::new(),
+            });
+            let f = Failure::new(FailureKind::Task, format!("{}: {e}", self.label(lane)));
+            self.finish(lane, slot, Err(f));
+            return;
+        }
         let publication =
             TaskPublication::run(p.callable, identity, &p.config, &p.members[member].blob);
         self.lanes[lane].frames[slot.index()] = Some(InFlight {
             task,
             member,
             group,
+            uses,
         });
         if let Err(e) = self.endpoints[lane].publish(slot, &publication) {
             let f = self.endpoint_failure(lane, &e.to_string());
@@ -645,14 +819,15 @@ impl<E: Endpoint> SchedLoop<E> {
             .queues
             .values_mut()
             .flat_map(|q| {
-                let mut v: Vec<TaskRef> = q.groups.drain(..).collect();
-                v.extend(q.subs.drain(..));
+                let mut v: Vec<TaskRef> = q.subs.drain(..).collect();
                 for w in &mut q.workers {
-                    v.extend(w.drain(..));
+                    v.extend(w.drain(..).map(|e| e.task));
                 }
                 v
             })
             .collect();
+        // A group is queued on each of its workers: failing it once is enough (the graph
+        // refuses to claim it again).
         for t in all {
             self.fail_task(t, why);
         }
@@ -676,60 +851,78 @@ impl<E: Endpoint> SchedLoop<E> {
             self.queues.retain(|_, q| !q.is_empty());
             return false;
         }
-        let mut progress = false;
-        let mut reserved = vec![false; self.n_next];
-
-        // Groups: the head launches when all its targets are idle; otherwise it reserves
-        // them.
-        while let Some(&g) = self.queues.get(&run).and_then(|q| q.groups.front()) {
-            let Some(targets) = self.sched.peek(g, |p| p.worker_targets()) else {
-                // Cancelled or poisoned meanwhile.
-                self.queues.get_mut(&run).map(|q| q.groups.pop_front());
-                progress = true;
-                continue;
-            };
-            if let Some(&dead) = targets.iter().find(|&&w| self.lanes[w].dead.is_some()) {
-                self.queues.get_mut(&run).map(|q| q.groups.pop_front());
-                let why = self.lanes[dead].dead.clone().unwrap_or_default();
-                self.fail_task(g, &why);
-                progress = true;
-                continue;
-            }
-            if targets.iter().all(|&w| self.idle(w)) {
-                self.queues.get_mut(&run).map(|q| q.groups.pop_front());
-                if let Some(c) = self.sched.claim(g) {
-                    self.launch(g, c, run, &targets);
-                }
-                progress = true;
-                continue;
-            }
-            for w in targets {
-                reserved[w] = true;
-            }
-            break;
+        // Tasks the orchestrator still holds come before anything later on their worker.
+        // The holds are read first: a hold released since was released after its tasks
+        // reached the inbox, which the intake below then routes.
+        for (h, link) in self.held.iter_mut().zip(self.link.held.iter()) {
+            *h = link.load(Ordering::Acquire);
         }
-
-        // Singles: fill the free frames of every unreserved worker from its FIFO (a dead
-        // worker's queued tasks fail).
-        for (w, &is_reserved) in reserved.iter().enumerate() {
-            if is_reserved {
-                continue;
-            }
-            while self.has_room(w) || self.lanes[w].dead.is_some() {
-                let Some(t) = self
-                    .queues
-                    .get_mut(&run)
-                    .and_then(|q| q.workers[w].pop_front())
-                else {
-                    break;
-                };
-                progress = true;
+        if self.link.pending.load(Ordering::Acquire) {
+            self.intake();
+        }
+        let mut progress = false;
+        // Next-level workers: each starts only the head of its FIFO (submission order). A
+        // single takes a free frame; a group launches once it heads the FIFO of every
+        // worker it names and all of them are idle, and until then holds up what is
+        // queued behind it on each (a dead worker's queued tasks fail).
+        for w in 0..self.n_next {
+            while let Some(&head) = self.queues.get(&run).and_then(|q| q.workers[w].front()) {
                 if let Some(dead) = self.lanes[w].dead.clone() {
-                    self.fail_task(t, &dead);
+                    self.pop_head(run, w);
+                    // A group already failed through another of its workers is refused
+                    // here by the graph (not claimable).
+                    self.fail_task(head.task, &dead);
+                    progress = true;
                     continue;
                 }
-                if let Some(c) = self.sched.claim(t) {
-                    self.publish(w, t, 0, false, run, &c.payload);
+                if head.seq() > self.held[w] {
+                    // An older ready task for this worker is still in the orchestrator's
+                    // batch (handed over at once: the orchestrator flushes when it submits
+                    // a task that may become ready behind it).
+                    break;
+                }
+                if !head.group {
+                    if !self.has_room(w) {
+                        break;
+                    }
+                    self.pop_head(run, w);
+                    progress = true;
+                    if let Some(mut c) = self.sched.claim(head.task) {
+                        self.publish(w, head.task, 0, false, run, &mut c.payload);
+                    }
+                    continue;
+                }
+                let Some(targets) = self.sched.peek(head.task, |p| p.worker_targets()) else {
+                    // Cancelled, poisoned, or failed through another of its workers.
+                    self.pop_head(run, w);
+                    progress = true;
+                    continue;
+                };
+                if let Some(&dead) = targets.iter().find(|&&t| self.lanes[t].dead.is_some()) {
+                    self.pop_head(run, w);
+                    let why = self.lanes[dead].dead.clone().unwrap_or_default();
+                    self.fail_task(head.task, &why);
+                    progress = true;
+                    continue;
+                }
+                let heads_all = targets.iter().all(|&t| {
+                    head.seq() <= self.held[t]
+                        && self.idle(t)
+                        && self
+                            .queues
+                            .get(&run)
+                            .and_then(|q| q.workers[t].front())
+                            .is_some_and(|f| f.task == head.task)
+                });
+                if !heads_all {
+                    break;
+                }
+                for &t in &targets {
+                    self.pop_head(run, t);
+                }
+                progress = true;
+                if let Some(c) = self.sched.claim(head.task) {
+                    self.launch(head.task, c, run, &targets);
                 }
             }
         }
@@ -779,8 +972,15 @@ impl<E: Endpoint> SchedLoop<E> {
         progress
     }
 
+    /// Drops the head of worker `w`'s FIFO in `run`.
+    fn pop_head(&mut self, run: RunId, w: usize) {
+        if let Some(q) = self.queues.get_mut(&run) {
+            q.workers[w].pop_front();
+        }
+    }
+
     /// Launches every member of a claimed task: member `i` on `lanes[i]`.
-    fn launch(&mut self, t: TaskRef, c: Claimed<DistTask>, run: RunId, lanes: &[usize]) {
+    fn launch(&mut self, t: TaskRef, mut c: Claimed<DistTask>, run: RunId, lanes: &[usize]) {
         let group = c.payload.members.len() > 1 || c.group_size > 1;
         for (i, &lane) in lanes.iter().enumerate() {
             if group && !self.sched.start_member(t, i).unwrap_or(false) {
@@ -790,7 +990,7 @@ impl<E: Endpoint> SchedLoop<E> {
                 Target::Worker(w) => w,
                 Target::Sub => lane,
             };
-            self.publish(lane, t, i, group, run, &c.payload);
+            self.publish(lane, t, i, group, run, &mut c.payload);
         }
     }
 }
@@ -831,6 +1031,13 @@ impl Driver {
             .spawn(move || me.thread_main())
     }
 
+    /// Takes the loop out of its seat for teardown, once the scheduler thread is gone
+    /// without having taken it (it panicked outside a pass): its children, still running,
+    /// for the worker to shut down. `None` if it was taken already.
+    pub(crate) fn take_exit(&self) -> Option<SchedExit> {
+        self.seat.take().map(SchedLoop::into_exit)
+    }
+
     /// Why the loop is broken (a pass panicked), if it is.
     pub(crate) fn broken(&self) -> Option<Broken> {
         self.seat.broken()
@@ -844,8 +1051,23 @@ impl Driver {
     /// The scheduler thread: runs the loop until it stops (or breaks), parking while a
     /// caller drives it, and hands the children back for shutdown.
     fn thread_main(&self) -> SchedExit {
+        /// Makes the worker unusable if this thread unwinds (outside a pass: a pass's
+        /// panic is caught and breaks the loop instead); `close` then tears down.
+        struct OnUnwind<'a>(&'a Link);
+        impl Drop for OnUnwind<'_> {
+            fn drop(&mut self) {
+                if std::thread::panicking() {
+                    self.0
+                        .set_unusable("internal error: the scheduler thread panicked".into());
+                }
+            }
+        }
+        let _unwind = OnUnwind(&self.link);
         self.seat.register_loop_thread();
         loop {
+            if self.link.thread_fault_flag.load(Ordering::Relaxed) {
+                self.link.fire_thread_fault();
+            }
             if self.seat.park_while_driven(BUSY_SLICE) {
                 continue;
             }

@@ -57,6 +57,10 @@ pub(crate) enum Target {
 pub(crate) struct Member {
     pub(crate) target: Target,
     pub(crate) blob: Vec<u8>,
+    /// The shared-tensor regions the member names (each once): the scheduler holds each
+    /// in use from dispatch until the member ends, so host-side copies refuse meanwhile
+    /// and a tensor dropped meanwhile keeps its pages (`SharedMemory::acquire_task_use`).
+    pub(crate) uses: Vec<u64>,
 }
 
 /// The payload of a task in the graph.

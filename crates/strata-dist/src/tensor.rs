@@ -4,6 +4,7 @@
 //! orchestration facade both name them without naming each other.
 
 use crate::error::DistError;
+use strata_graph::RunId;
 use strata_types::{ArgTag, BufferDesc, TensorArg, TensorView};
 
 /// A tensor in the device memory of one chip child, allocated with
@@ -50,13 +51,23 @@ impl ChildTensor {
 /// A runtime-owned intermediate in shared memory, allocated with
 /// [`Orch::alloc`](crate::Orch::alloc) from the current scope's heap ring. It lives until
 /// its scope ends and every task that uses it finished; every child can see it.
+///
+/// It is tagged with its run: a task of another run (or one submitted after its scope
+/// ended) that names it is refused with [`DistError::StaleTensor`], never run over bytes
+/// the ring has handed to another intermediate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct RunTensor {
     pub(crate) buffer: BufferDesc,
     pub(crate) view: TensorView,
+    pub(crate) run: RunId,
 }
 
 impl RunTensor {
+    /// The run that allocated it (the only run whose tasks may name it).
+    pub fn run(&self) -> RunId {
+        self.run
+    }
+
     /// Its view.
     pub fn view(&self) -> TensorView {
         self.view

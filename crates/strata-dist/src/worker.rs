@@ -66,10 +66,11 @@ struct Runtime {
     /// which the scheduler loop owns until close.
     mailbox_bases: Vec<usize>,
     /// The heap rings' regions, returned (pages discarded, region pooled for the next
-    /// worker) once the children are gone.
-    _heap_leases: Vec<strata_host::RegionLease>,
-    /// The comm arena's region, returned after the children are gone.
-    _comm_lease: Option<strata_host::RegionLease>,
+    /// worker) once the children are gone — or quarantined if a thread child was detached
+    /// still running (it may still write them).
+    heap_leases: Vec<strata_host::RegionLease>,
+    /// The comm arena's region, returned (or quarantined) likewise.
+    comm_lease: Option<strata_host::RegionLease>,
 }
 
 /// An L3 (or L4) worker: host orchestrations that dispatch chip orchestrations to chip
@@ -410,7 +411,10 @@ impl DistWorker {
             wait_timeout: Duration::from_secs(10),
             pipeline_depth: cfg.pipeline_depth,
         })?;
-        let link = Arc::new(Link::new(doorbell));
+        let link = Arc::new(Link::new(
+            doorbell,
+            kinds.iter().filter(|k| **k != ChildKind::Sub).count(),
+        ));
         let endpoints: Vec<LocalEndpoint> = children
             .into_lanes()
             .into_iter()
@@ -423,7 +427,10 @@ impl DistWorker {
             .take_while(|k| *k != ChildKind::Sub)
             .collect();
         let waiter = orch.run_waiter();
-        let driver = Driver::new(SchedLoop::new(sched, endpoints, link.clone(), next.len()));
+        let driver = Driver::new(
+            SchedLoop::new(sched, endpoints, link.clone(), next.len())
+                .with_shared(self.shared.clone()),
+        );
         let handle = driver
             .spawn()
             .map_err(|e| DistError::Internal(format!("cannot start the scheduler thread: {e}")))?;
@@ -449,8 +456,8 @@ impl DistWorker {
             config: Arc::new(EncodedConfig::new(&CallConfig::default())?),
             children_pids,
             mailbox_bases,
-            _heap_leases: heap_leases,
-            _comm_lease: comm_lease,
+            heap_leases,
+            comm_lease,
         })
     }
 
@@ -515,19 +522,21 @@ impl DistWorker {
         args: &TaskArgs,
         config: &CallConfig,
     ) -> Result<RunHandle, DistError> {
-        self.submit_run(orch, args, config, false)
+        self.submit_run(orch, args, config, false, false)
     }
 
     /// Builds a run. `waits`: the caller waits for it right away (`run`), so it drives the
     /// loop itself and a scheduler thread left dormant need not be woken for the run's
     /// first hand-over; otherwise the run is handed to a caller that may wait much later,
-    /// and the scheduler thread is woken.
+    /// and the scheduler thread is woken. `nested`: `args` come from a level-4 parent that
+    /// admitted them (they may name its memory), so the run's tasks may name them too.
     fn submit_run(
         &mut self,
         orch: &HostOrchHandle,
         args: &TaskArgs,
         config: &CallConfig,
         waits: bool,
+        nested: bool,
     ) -> Result<RunHandle, DistError> {
         let rt = self.runtime("submit")?;
         let f = rt
@@ -554,6 +563,16 @@ impl DistWorker {
             config: encoded,
             wake_deferred: false,
             handed_over: false,
+            run_tensors: HashMap::new(),
+            admitted: if nested {
+                args.tensors()
+                    .iter()
+                    .map(|t| (t.buffer.identity(), t.buffer))
+                    .collect()
+            } else {
+                HashMap::new()
+            },
+            held_workers: Vec::new(),
         };
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&mut o, args)))
             .unwrap_or_else(|p| {
@@ -595,7 +614,7 @@ impl DistWorker {
     /// # Errors
     /// As `submit`, and the run's first task error.
     pub fn run(&mut self, orch: &HostOrchHandle, args: &TaskArgs) -> Result<(), DistError> {
-        self.submit_run(orch, args, &CallConfig::default(), true)?
+        self.submit_run(orch, args, &CallConfig::default(), true, false)?
             .wait(None)
     }
 
@@ -609,7 +628,18 @@ impl DistWorker {
         args: &TaskArgs,
         config: &CallConfig,
     ) -> Result<(), DistError> {
-        self.submit_run(orch, args, config, true)?.wait(None)
+        self.submit_run(orch, args, config, true, false)?.wait(None)
+    }
+
+    /// [`DistWorker::run_with`] for a level-3 worker serving its level-4 parent: the
+    /// task's arguments were admitted by the parent, so the run may pass them on.
+    pub(crate) fn run_nested(
+        &mut self,
+        orch: &HostOrchHandle,
+        args: &TaskArgs,
+        config: &CallConfig,
+    ) -> Result<(), DistError> {
+        self.submit_run(orch, args, config, true, true)?.wait(None)
     }
 
     // ----- device memory outside runs ---------------------------------------------------
@@ -722,6 +752,20 @@ impl DistWorker {
         Ok(())
     }
 
+    /// Test-only fault injection: the scheduler thread panics with `message` outside any
+    /// pass (the loop itself is not broken, the thread is gone). Not part of the API.
+    ///
+    /// # Errors
+    /// A worker that is not initialised or already unusable.
+    #[doc(hidden)]
+    pub fn inject_scheduler_thread_panic(&mut self, message: &str) -> Result<(), DistError> {
+        self.runtime("inject_scheduler_thread_panic")?
+            .ctx
+            .link
+            .inject_thread_panic(message.to_owned());
+        Ok(())
+    }
+
     // ----- close -------------------------------------------------------------------------
 
     /// Waits for runs in flight (up to the close grace), stops the scheduler, shuts every
@@ -752,19 +796,55 @@ impl DistWorker {
         rt.graph.shutdown();
         rt.ctx.link.stop(deadline);
         let already_reported = rt.ctx.link.unusable().is_some();
-        let exit = rt
-            .sched
-            .take()
-            .map(|h| h.join())
-            .transpose()
-            .map_err(|_| DistError::Internal("the scheduler thread panicked".into()))?;
-        let Some(mut exit) = exit else {
-            return Ok(());
+        // A scheduler thread that panicked outside a pass left the loop in its seat,
+        // children and all: take it out and shut them down all the same (a run handle
+        // still holding the driver would otherwise keep them alive), then report it.
+        let (exit, panicked) = match rt.sched.take().map(|h| h.join()) {
+            None => (None, None),
+            Some(Ok(exit)) => (Some(exit), None),
+            Some(Err(p)) => (
+                rt.driver.take_exit(),
+                Some(DistError::Internal(format!(
+                    "the scheduler thread panicked: {}",
+                    strata_sync::panic_message(&*p)
+                ))),
+            ),
         };
-        let report = exit.children.shutdown(self.config.close_grace)?;
-        if let Some(comm) = &rt.ctx.comm {
-            comm.release_all();
+        let Some(mut exit) = exit else {
+            return panicked.map_or(Ok(()), Err);
+        };
+        let shutdown = exit.children.shutdown(self.config.close_grace);
+        // A thread child that did not stop was detached still running its task: it may
+        // go on writing into the heap rings, the comm arena and the shared tensors that
+        // task names. That memory is quarantined — never handed to the next run or the
+        // next worker — rather than reused under a live writer.
+        let detached = shutdown.as_ref().map_or(true, |r| {
+            r.children
+                .iter()
+                .any(|c| c.pid.is_none() && c.end.is_none())
+        });
+        if detached {
+            for lease in rt.heap_leases.drain(..) {
+                self.shared.quarantine(lease);
+            }
+            if let Some(lease) = rt.comm_lease.take() {
+                self.shared.quarantine(lease);
+            }
+            // The abandoned tasks' tensors stay in use for good: host copies refuse and
+            // their pages are never discarded.
+        } else {
+            for r in exit.abandoned_uses.drain(..) {
+                exit.shared.release_task_use(r);
+            }
+            if let Some(comm) = &rt.ctx.comm {
+                comm.release_all();
+            }
         }
+        if let Some(e) = panicked {
+            return Err(e);
+        }
+        // Children left unreaped stay with `exit`: its drop retries them.
+        let report = shutdown?;
         // A child that died before close was reported then (its run failed, the worker
         // became unusable); anything else abnormal is news.
         let news: Vec<String> = report

@@ -12,6 +12,7 @@
 
 mod common;
 mod contracts;
+mod identity;
 
 use common::*;
 use std::time::{Duration, Instant};
@@ -499,9 +500,79 @@ fn init_refuses_to_fork_while_threads_run_unless_opted_in() -> Outcome {
     Ok(())
 }
 
+/// Whether `pid` names no process any more (it exited and was reaped: a zombie still
+/// answers signal 0).
+fn reaped(pid: i32) -> bool {
+    // SAFETY: signal 0 only checks for existence.
+    unsafe { libc::kill(pid, 0) != 0 }
+}
+
+/// The scheduler thread panics outside a pass (injected through the hidden hook), while
+/// the caller still holds a run handle: `close` reports the panic and still shuts down and
+/// reaps every child. Before, it returned the error at once and left the children to the
+/// loop still seated in the driver, which the run handle kept alive.
+fn close_reaps_every_child_after_the_scheduler_thread_panicked() -> Outcome {
+    let mut w = l3(ExecMode::Process, 2, 1);
+    let noop = w.register_sub("noop", |_| Ok(()));
+    let orch = w.register_orchestration("noop", move |o, _| {
+        o.submit_sub(&noop, &TaskArgs::new())?;
+        Ok(())
+    });
+    w.init().ctx("init")?;
+    let pids = w.child_pids();
+    let mut handle = w.submit(&orch, &TaskArgs::new()).ctx("submit")?;
+    handle
+        .wait(Some(Duration::from_secs(10)))
+        .ctx("the healthy run")?;
+    w.inject_scheduler_thread_panic("deliberate scheduler thread panic")
+        .ctx("inject")?;
+    // The thread is gone once the worker refuses work naming it.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match w.submit(&orch, &TaskArgs::new()) {
+            Err(DistError::Unusable(why)) => {
+                check!(why.contains("scheduler thread panicked"), "{why}");
+                break;
+            }
+            Ok(mut h) => {
+                let _ = h.wait(Some(Duration::from_secs(1)));
+            }
+            Err(e) => return Err(format!("unexpected submit error: {e}")),
+        }
+        check!(
+            Instant::now() < deadline,
+            "the scheduler thread never panicked"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let closed = w.close();
+    match &closed {
+        Err(DistError::Internal(why)) => check!(
+            why.contains("deliberate scheduler thread panic"),
+            "close names the panic: {why}"
+        ),
+        other => return Err(format!("expected DistError::Internal, got {other:?}")),
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !pids.iter().all(|&p| reaped(p)) {
+        check!(
+            Instant::now() < deadline,
+            "close returned with children not reaped: {:?} of {pids:?}",
+            pids.iter().filter(|&&p| !reaped(p)).collect::<Vec<_>>()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    drop(handle);
+    Ok(())
+}
+
 fn main() {
     become_subreaper();
     let process_only: &[Scenario] = &[
+        (
+            "close_reaps_every_child_after_the_scheduler_thread_panicked",
+            close_reaps_every_child_after_the_scheduler_thread_panicked,
+        ),
         (
             "a_sub_child_killed_mid_task_fails_the_run_naming_it",
             a_sub_child_killed_mid_task_fails_the_run_naming_it,
@@ -539,5 +610,10 @@ fn main() {
             init_refuses_to_fork_while_threads_run_unless_opted_in,
         ),
     ];
-    run(&[contracts::suite::<Process>().as_slice(), process_only].concat());
+    run(&[
+        contracts::suite::<Process>().as_slice(),
+        identity::suite::<Process>().as_slice(),
+        process_only,
+    ]
+    .concat());
 }

@@ -38,11 +38,11 @@ impl BufferKey {
 
     /// The key of a tensor argument's buffer (device buffers are keyed per owning chip).
     pub fn of_arg(arg: &TensorArg) -> Self {
-        let space = match arg.buffer.location {
+        let space = match arg.buffer.location() {
             BufferLocation::Device { worker, .. } => KeySpace::Device(worker),
             _ => KeySpace::Host,
         };
-        BufferKey::new(arg.buffer.identity, space)
+        BufferKey::new(arg.buffer.identity(), space)
     }
 }
 
@@ -78,7 +78,7 @@ pub struct Placement {
 impl Placement {
     /// Where a tensor argument's buffer is.
     pub fn of_arg(arg: &TensorArg) -> Self {
-        let (domain, base) = match arg.buffer.location {
+        let (domain, base) = match arg.buffer.location() {
             BufferLocation::HostShared { region, offset } => {
                 (AddressDomain::HostShared { region }, offset)
             }

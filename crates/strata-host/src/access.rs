@@ -198,10 +198,11 @@ macro_rules! read_methods {
 /// * **Between tasks, the engine orders conflicting accesses.** A task that writes a
 ///   tensor (OUTPUT, OUTPUT_EXISTING, INOUT) does not run while an earlier task that
 ///   reads or writes overlapping bytes is still running, and vice versa. Arguments
-///   tagged NO_DEP are not tracked: ordering them is the caller's responsibility, and two
-///   concurrent tasks writing (or one writing, one reading) the same NO_DEP bytes is a
-///   data race. The parent's own accesses ([`crate::SharedTensor::to_vec`], `write`)
-///   must not overlap a running task that writes the tensor.
+///   tagged NO_DEP are not tracked, so the safe [`crate::SubCall::tensor`] refuses them;
+///   only the `unsafe` [`crate::SubCall::tensor_untracked`] reads one, and ordering it is
+///   then the caller's responsibility. The host's own copies
+///   ([`crate::SharedTensor::to_vec`], `write`) refuse with
+///   [`crate::HostError::Busy`] while a task that names the tensor is in flight.
 /// * **Within one task, [`crate::SubCall`] checks borrows.** A mutable view of an
 ///   argument is refused while any argument whose bytes overlap it is borrowed, and a
 ///   shared view is refused while an overlapping argument is borrowed mutably (the check

@@ -702,6 +702,9 @@ pub struct Children {
     mode: ExecMode,
     lanes: Vec<Lane>,
     report: Option<ShutdownReport>,
+    /// Test-only: the next shutdown's waits for processes fail (see
+    /// [`Children::inject_reap_failure`]).
+    reap_fault: bool,
 }
 
 impl Children {
@@ -771,6 +774,7 @@ impl Children {
             mode: opts.mode,
             lanes: Vec::with_capacity(programs.len()),
             report: None,
+            reap_fault: false,
         };
         let started = children.start_all(
             shared,
@@ -977,6 +981,7 @@ impl Children {
             mode,
             lanes,
             report: None,
+            reap_fault: false,
         }
     }
 
@@ -1003,7 +1008,13 @@ impl Children {
     ///    `end: None`).
     /// 4. Drops the lanes and their mailboxes (only now, after reaping).
     ///
-    /// Idempotent: a second call returns the first report. Also run on drop.
+    /// A signal only ever reaches a child that has not been reaped (through its pidfd
+    /// where the kernel has them, see [`strata_mailbox::ChildProcess::kill`]), never a
+    /// later process that reused its pid.
+    ///
+    /// Idempotent once every child was reaped: a later call returns the first report.
+    /// A call that left processes unreaped keeps them: the next call (and the drop)
+    /// kills and reaps them again, updating the report. Also run on drop.
     ///
     /// # Errors
     /// [`HostError::Reap`] if a killed process could not be reaped within 10 s (the
@@ -1011,29 +1022,63 @@ impl Children {
     /// report ([`ShutdownReport::into_result`] turns them into one).
     pub fn shutdown(&mut self, grace: Duration) -> Result<ShutdownReport, HostError> {
         if let Some(r) = &self.report {
-            return Ok(r.clone());
+            if self.lanes.is_empty() {
+                return Ok(r.clone());
+            }
+            // An earlier call could not reap these: try again.
+            let mut killed = vec![false; self.lanes.len()];
+            self.kill_and_reap(&mut killed, KILL_REAP_BOUND);
+            return self.finish_shutdown(None, &killed);
         }
         let dead_before: Vec<bool> = self.lanes.iter().map(|l| l.is_dead()).collect();
         for lane in &mut self.lanes {
             lane.parent.request_shutdown();
         }
+        let fault = std::mem::take(&mut self.reap_fault);
         let deadline = Instant::now() + grace;
-        poll_until_ended(&mut self.lanes, deadline);
+        if !fault {
+            poll_until_ended(&mut self.lanes, deadline);
+        }
         let mut killed = vec![false; self.lanes.len()];
+        let bound = if fault {
+            Duration::ZERO
+        } else {
+            KILL_REAP_BOUND
+        };
+        self.kill_and_reap(&mut killed, bound);
+        self.finish_shutdown(Some(&dead_before), &killed)
+    }
+
+    /// `SIGKILL`s every process child not known to have ended (marking it in `killed`)
+    /// and polls them all for up to `bound`.
+    fn kill_and_reap(&mut self, killed: &mut [bool], bound: Duration) {
         for (i, lane) in self.lanes.iter().enumerate() {
             if let (Watch::Process(p), None) = (&lane.watch, lane.watch.end()) {
-                // `p.pid()` is a child of this process that has not been reaped (its exit
-                // is unknown), so neither the pid nor its group id can have been reused.
-                // Its own strata children die by their parent-death signal.
+                // Never a reaped child: the watch refuses to signal one (its pid may be
+                // reused), and through its pidfd where the kernel has them. An unreaped
+                // child still holds its pid and its group id, so the group kill reaches
+                // only what it left in its group; its own strata children die by their
+                // parent-death signal.
+                p.kill(libc::SIGKILL);
                 kill_group(p.pid());
                 killed[i] = true;
             }
         }
-        if killed.iter().any(|&k| k) {
-            poll_until_ended(&mut self.lanes, Instant::now() + KILL_REAP_BOUND);
+        if killed.iter().any(|&k| k) && !bound.is_zero() {
+            poll_until_ended(&mut self.lanes, Instant::now() + bound);
         }
+    }
+
+    /// Records the report (the first time, from `dead_before`; on a retry, updating the
+    /// entries of the lanes retried) and releases every lane whose child ended; the
+    /// lanes of unreaped processes are kept for the next call.
+    fn finish_shutdown(
+        &mut self,
+        dead_before: Option<&[bool]>,
+        killed: &[bool],
+    ) -> Result<ShutdownReport, HostError> {
         let mut unreaped = Vec::new();
-        let mut report = ShutdownReport::default();
+        let mut report = self.report.take().unwrap_or_default();
         for (i, lane) in self.lanes.iter_mut().enumerate() {
             let end = lane.watch.end();
             if end.is_none() {
@@ -1046,14 +1091,22 @@ impl Children {
                     }
                 }
             }
-            report.children.push(ChildReport {
-                index: lane.index,
-                label: lane.label.clone(),
-                pid: lane.pid(),
-                end,
-                killed: killed[i],
-                died_before_shutdown: dead_before[i],
-            });
+            match dead_before {
+                Some(dead) => report.children.push(ChildReport {
+                    index: lane.index,
+                    label: lane.label.clone(),
+                    pid: lane.pid(),
+                    end,
+                    killed: killed[i],
+                    died_before_shutdown: dead[i],
+                }),
+                None => {
+                    if let Some(c) = report.children.iter_mut().find(|c| c.index == lane.index) {
+                        c.end = end;
+                        c.killed |= killed[i];
+                    }
+                }
+            }
         }
         self.report = Some(report.clone());
         if unreaped.is_empty() {
@@ -1061,13 +1114,22 @@ impl Children {
             Ok(report)
         } else {
             // Keep the lanes (and their watches) of unreaped children: dropping them
-            // would lose the pids. Everything else is released.
+            // would lose the pids, and the next call retries them. Everything else is
+            // released.
             self.lanes.retain(|l| l.pid().is_some() && !l.is_dead());
             Err(HostError::Reap {
                 what: unreaped.join(", "),
                 hint: "the process ignored SIGKILL for 10 s (uninterruptible sleep?); check it with `ps -o stat,wchan -p <pid>`",
             })
         }
+    }
+
+    /// Test hook: the next [`Children::shutdown`] sees every wait for a process child
+    /// fail (as if `waitpid` kept failing), so it kills the processes but reaps none and
+    /// returns [`HostError::Reap`] at once; the call after it must reap them.
+    #[doc(hidden)]
+    pub fn inject_reap_failure(&mut self) {
+        self.reap_fault = true;
     }
 }
 
@@ -1097,8 +1159,9 @@ fn poll_until_ended(lanes: &mut [Lane], deadline: Instant) {
 }
 
 impl Drop for Children {
+    /// Shuts down, or retries the reaps an earlier shutdown could not finish.
     fn drop(&mut self) {
-        if self.report.is_none() {
+        if self.report.is_none() || !self.lanes.is_empty() {
             let _ = self.shutdown(DROP_GRACE);
         }
     }

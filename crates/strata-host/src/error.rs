@@ -154,6 +154,18 @@ pub enum HostError {
         /// Its label.
         label: String,
     },
+    /// A host-side access ([`crate::SharedTensor::to_vec`], [`crate::SharedTensor::write`])
+    /// refused because tasks that name the tensor are in flight: copying now would race
+    /// with them. Wait for the run (or runs) that use it, then try again.
+    #[error("shared tensor in region {region} ({label}) is busy: {tasks} task(s) that name it are in flight; wait for their run before reading or writing it from the host")]
+    Busy {
+        /// The region.
+        region: u64,
+        /// Its label.
+        label: String,
+        /// Tasks in flight that name it.
+        tasks: u32,
+    },
     /// A byte range that leaves its region.
     #[error("bytes [{offset}, {offset} + {len}) are outside shared-memory region {region} of {region_len} bytes")]
     OutOfBounds {

@@ -6,8 +6,9 @@ use memmap2::{MmapOptions, MmapRaw};
 use nix::sys::memfd::{memfd_create, MemFdCreateFlag};
 use std::ffi::CString;
 use std::fs::File;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use strata_types::BufferIdentity;
 
 /// One `MAP_SHARED` mapping of a fresh memfd, its size sealed (`F_SEAL_SHRINK |
 /// F_SEAL_GROW | F_SEAL_SEAL`). The descriptor is closed right after mapping (the
@@ -67,6 +68,21 @@ const LIVE: u8 = 0;
 const POOLED: u8 = 1;
 /// Released by its owner for good (a dropped [`crate::SharedTensor`]): pages discarded.
 const RELEASED: u8 = 2;
+/// Released by its owner while tasks that name it were in flight: new tasks are refused,
+/// the pages stay until the last of those tasks ends (then [`RELEASED`]).
+const DRAINING: u8 = 3;
+/// Quarantined ([`SharedMemory::quarantine`]): a writer that can no longer be stopped (a
+/// detached thread child) may still touch it, so it is never pooled, discarded or reused.
+const QUARANTINED: u8 = 4;
+
+/// One task in flight names the region (low half of [`Region::uses`]).
+const TASK_USE: u64 = 1;
+/// One host-side access is copying the region (high half of [`Region::uses`]).
+const HOST_USE: u64 = 1 << 32;
+
+fn task_uses(word: u64) -> u32 {
+    (word & 0xffff_ffff) as u32
+}
 
 #[derive(Debug)]
 struct Region {
@@ -74,6 +90,11 @@ struct Region {
     len: usize,
     label: String,
     state: AtomicU8,
+    /// Tasks in flight that name the region (low 32 bits) and host-side copies running
+    /// now (high 32 bits); the two exclude each other (see [`SharedMemory::acquire_task_use`]).
+    uses: AtomicU64,
+    /// The identity of the [`crate::SharedTensor`] that owns the region, if one does.
+    tensor: OnceLock<BufferIdentity>,
     /// The process that created it. Only that process discards its pages or reuses it:
     /// the memfd is shared with every forked descendant, and a child dropping its copy of
     /// a tensor or worker must not pull the memory out from under its parent.
@@ -221,6 +242,8 @@ impl SharedMemory {
             len: bytes,
             label: label.to_owned(),
             state: AtomicU8::new(LIVE),
+            uses: AtomicU64::new(0),
+            tensor: OnceLock::new(),
             creator: std::process::id(),
         }));
         // Publish the slot only once it is filled.
@@ -276,7 +299,12 @@ impl SharedMemory {
     /// [`HostError::UnknownRegion`], [`HostError::OutOfBounds`].
     pub fn ptr(&self, region: u64, offset: u64, len: u64) -> Result<*mut u8, HostError> {
         self.with_region(region, |r| {
-            if r.state.load(Ordering::Acquire) != LIVE {
+            // A draining region still holds the pages of the tasks in flight that name it,
+            // and a quarantined one those of a writer that may still live.
+            if !matches!(
+                r.state.load(Ordering::Acquire),
+                LIVE | DRAINING | QUARANTINED
+            ) {
                 return Err(HostError::RegionReleased {
                     region,
                     label: r.label.clone(),
@@ -346,14 +374,151 @@ impl SharedMemory {
     /// Releases region `region` for good: its pages go back to the kernel, and later
     /// lookups fail with [`HostError::RegionReleased`]. Idempotent.
     ///
+    /// While tasks that name the region are in flight ([`SharedMemory::acquire_task_use`])
+    /// the release is deferred: new tasks are refused at once, but the pages stay until
+    /// the last of those tasks ends ([`SharedMemory::release_task_use`]), so a child never
+    /// writes into memory pulled out from under it. A quarantined region is never
+    /// released.
+    ///
     /// # Errors
     /// [`HostError::UnknownRegion`].
     pub fn release_region(&self, region: u64) -> Result<(), HostError> {
         self.with_region(region, |r| {
-            if r.state.swap(RELEASED, Ordering::AcqRel) != RELEASED && r.ours() {
-                r.map.discard_pages();
+            if r.state
+                .compare_exchange(LIVE, DRAINING, Ordering::SeqCst, Ordering::SeqCst)
+                .is_ok()
+                && task_uses(r.uses.load(Ordering::SeqCst)) == 0
+            {
+                Self::finish_draining(r);
             }
         })
+    }
+
+    /// The last use of a draining region is gone: release it (exactly one caller wins).
+    fn finish_draining(r: &Region) {
+        if r.state
+            .compare_exchange(DRAINING, RELEASED, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+            && r.ours()
+        {
+            r.map.discard_pages();
+        }
+    }
+
+    /// Marks region `region` in use by one more task in flight: the scheduler calls it
+    /// when it dispatches a task that names the region, and [`SharedMemory::release_task_use`]
+    /// when the task ended. While any task holds it, host-side copies
+    /// ([`crate::SharedTensor::to_vec`], [`crate::SharedTensor::write`]) are refused with
+    /// [`HostError::Busy`] and a release by the owner is deferred. One atomic increment;
+    /// if a host-side copy is running at that moment, waits for it to finish (a bounded
+    /// memory copy, no user code).
+    ///
+    /// # Errors
+    /// [`HostError::RegionReleased`] if the owner released it (the tensor was dropped
+    /// before the task was dispatched); [`HostError::UnknownRegion`].
+    pub fn acquire_task_use(&self, region: u64) -> Result<(), HostError> {
+        self.with_region(region, |r| {
+            let before = r.uses.fetch_add(TASK_USE, Ordering::SeqCst);
+            if !matches!(r.state.load(Ordering::SeqCst), LIVE | QUARANTINED) {
+                Self::drop_task_use(r);
+                return Err(HostError::RegionReleased {
+                    region,
+                    label: r.label.clone(),
+                });
+            }
+            if before >= HOST_USE {
+                // A host copy started before this task: it is a plain memcpy, so wait.
+                while r.uses.load(Ordering::SeqCst) >= HOST_USE {
+                    std::thread::yield_now();
+                }
+            }
+            Ok(())
+        })?
+    }
+
+    /// Ends one task use taken with [`SharedMemory::acquire_task_use`]; the last use of a
+    /// region its owner released completes the release.
+    pub fn release_task_use(&self, region: u64) {
+        let _ = self.with_region(region, Self::drop_task_use);
+    }
+
+    fn drop_task_use(r: &Region) {
+        let before = r.uses.fetch_sub(TASK_USE, Ordering::SeqCst);
+        if task_uses(before) == 1 && r.state.load(Ordering::SeqCst) == DRAINING {
+            Self::finish_draining(r);
+        }
+    }
+
+    /// Tasks in flight that name region `region` (0 for an unknown region).
+    pub fn task_uses(&self, region: u64) -> u32 {
+        self.with_region(region, |r| task_uses(r.uses.load(Ordering::Acquire)))
+            .unwrap_or(0)
+    }
+
+    /// Starts a host-side copy of region `region`: refused while tasks that name it are
+    /// in flight; one copy at a time (a second waits for the first, a bounded memcpy, so
+    /// two host writes from different threads never interleave).
+    pub(crate) fn host_access(&self, region: u64) -> Result<HostAccess<'_>, HostError> {
+        self.with_region(region, |r| loop {
+            let cur = r.uses.load(Ordering::SeqCst);
+            if task_uses(cur) != 0 {
+                return Err(HostError::Busy {
+                    region,
+                    label: r.label.clone(),
+                    tasks: task_uses(cur),
+                });
+            }
+            if cur != 0 {
+                std::thread::yield_now();
+                continue;
+            }
+            if r.uses
+                .compare_exchange_weak(0, HOST_USE, Ordering::SeqCst, Ordering::SeqCst)
+                .is_ok()
+            {
+                return Ok(());
+            }
+        })??;
+        Ok(HostAccess { mem: self, region })
+    }
+
+    /// Records that `identity` owns region `region` (a new [`crate::SharedTensor`]).
+    pub(crate) fn set_tensor_identity(&self, region: u64, identity: BufferIdentity) {
+        let _ = self.with_region(region, |r| r.tensor.set(identity));
+    }
+
+    /// The identity of the [`crate::SharedTensor`] that owns region `region`, if a shared
+    /// tensor owns it. The engine checks a task's shared-tensor descriptor against it, so
+    /// a descriptor naming the region under another identity (forged) is refused.
+    pub fn tensor_identity(&self, region: u64) -> Option<BufferIdentity> {
+        self.with_region(region, |r| r.tensor.get().copied())
+            .ok()
+            .flatten()
+    }
+
+    /// Quarantines a leased region a writer that cannot be stopped may still touch (a
+    /// thread child detached at shutdown, still running its task): the lease is never
+    /// returned, so the region is never discarded, pooled or handed to another worker.
+    /// Leaked on purpose; [`SharedMemory::quarantined`] counts it.
+    pub fn quarantine(&self, lease: RegionLease) {
+        let region = lease.region;
+        std::mem::forget(lease);
+        let _ = self.with_region(region, |r| {
+            r.state.store(QUARANTINED, Ordering::Release);
+        });
+    }
+
+    /// How many regions are quarantined and their total bytes.
+    pub fn quarantined(&self) -> (usize, usize) {
+        (1..=self.regions() as u64)
+            .filter_map(|id| {
+                self.with_region(id, |r| {
+                    (r.state.load(Ordering::Acquire) == QUARANTINED).then_some(r.len)
+                })
+                .ok()
+                .flatten()
+            })
+            .fold((0, 0), |(n, b), len| (n + 1, b + len))
     }
 
     /// Whether region `region` exists and is in use (not released, not pooled).
@@ -387,6 +552,22 @@ impl SharedMemory {
         (1..=self.regions() as u64)
             .filter_map(|r| self.region_len(r))
             .sum()
+    }
+}
+
+/// A host-side copy in progress ([`SharedMemory::host_access`]); tasks that name the
+/// region wait at dispatch until it drops.
+#[derive(Debug)]
+pub(crate) struct HostAccess<'a> {
+    mem: &'a SharedMemory,
+    region: u64,
+}
+
+impl Drop for HostAccess<'_> {
+    fn drop(&mut self) {
+        let _ = self.mem.with_region(self.region, |r| {
+            r.uses.fetch_sub(HOST_USE, Ordering::SeqCst);
+        });
     }
 }
 
@@ -468,6 +649,63 @@ mod tests {
         );
         assert_eq!(mem.regions(), 1);
         assert!(mem.ptr(a, 0, 64).is_ok());
+    }
+
+    #[test]
+    fn task_uses_exclude_host_copies_and_defer_the_owners_release() {
+        let mem = SharedMemory::new();
+        let r = mem.create_region(4096, "t").unwrap();
+        mem.acquire_task_use(r).unwrap();
+        mem.acquire_task_use(r).unwrap();
+        assert_eq!(mem.task_uses(r), 2);
+        assert!(matches!(
+            mem.host_access(r),
+            Err(HostError::Busy { tasks: 2, .. })
+        ));
+        // SAFETY: 8 bytes of a region only this test uses.
+        unsafe { mem.ptr(r, 0, 8).unwrap().cast::<u64>().write(42) };
+        mem.release_region(r).unwrap();
+        assert!(!mem.is_live(r), "no new task may name it");
+        assert!(mem.acquire_task_use(r).is_err());
+        assert_eq!(mem.task_uses(r), 2, "a refused acquisition leaves no mark");
+        let p = mem.ptr(r, 0, 8).expect("the pages stay while tasks run");
+        mem.release_task_use(r);
+        // SAFETY: as above; the region is still draining.
+        assert_eq!(unsafe { p.cast::<u64>().read() }, 42);
+        mem.release_task_use(r);
+        assert_eq!(mem.task_uses(r), 0);
+        assert!(matches!(
+            mem.ptr(r, 0, 8),
+            Err(HostError::RegionReleased { .. })
+        ));
+
+        let q = mem.create_region(4096, "q").unwrap();
+        let guard = mem.host_access(q).unwrap();
+        let other = std::thread::scope(|s| {
+            let h = s.spawn(|| mem.acquire_task_use(q));
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            assert_eq!(mem.task_uses(q), 1, "the task is counted at once");
+            drop(guard);
+            h.join().unwrap()
+        });
+        other.unwrap();
+        assert!(mem.host_access(q).is_err());
+        mem.release_task_use(q);
+        drop(mem.host_access(q).unwrap());
+    }
+
+    #[test]
+    fn quarantined_leases_are_never_pooled() {
+        let mem = SharedMemory::new();
+        let lease = mem.lease_region(8192, "heap").unwrap();
+        let id = lease.id();
+        mem.quarantine(lease);
+        assert_eq!(mem.quarantined(), (1, 8192));
+        assert!(
+            mem.ptr(id, 0, 8).is_ok(),
+            "a live writer may still reach it"
+        );
+        assert_ne!(mem.lease_region(8192, "heap").unwrap().id(), id);
     }
 
     #[test]

@@ -297,13 +297,50 @@ impl SubCall<'_> {
         Ok(m)
     }
 
-    /// A read view of tensor argument `i` (any tag), typed as `T`.
+    /// A read view of tensor argument `i`, typed as `T`: any tag the engine orders
+    /// (INPUT, OUTPUT, INOUT, OUTPUT_EXISTING). A NO_DEP argument is refused: the engine
+    /// does not order other tasks against it, so a safe slice over it could race with a
+    /// concurrent writer; reach it with the `unsafe` [`SubCall::tensor_untracked`].
     ///
     /// # Errors
-    /// A message if the argument does not exist, holds another element type, is
-    /// misaligned for `T`, or overlaps an argument currently borrowed mutably.
+    /// A message if the argument does not exist, is NO_DEP, holds another element type,
+    /// is misaligned for `T`, or overlaps an argument currently borrowed mutably.
     pub fn tensor<T: Element>(&self, i: usize) -> Result<TensorRef<'_, T>, String> {
         let m = self.mapped::<T>(i)?;
+        if m.tag == ArgTag::NoDep {
+            return Err(format!(
+                "tensor argument {i} is tagged NO_DEP (untracked): the engine does not order other tasks against it; only the unsafe call.tensor_untracked({i}) reaches it"
+            ));
+        }
+        self.shared_view(i, m)
+    }
+
+    /// A read view of a NO_DEP (untracked) argument `i`, typed as `T`.
+    ///
+    /// # Safety
+    /// The engine does not order other tasks against a NO_DEP argument. The caller must
+    /// guarantee (through other arguments that are tracked, or by construction of the
+    /// program) that no other task writes these bytes while the returned view lives.
+    /// Within this call the borrow check still applies.
+    ///
+    /// # Errors
+    /// As [`SubCall::tensor`], but the argument must be NO_DEP (a tracked one is reached
+    /// with the safe accessors).
+    pub unsafe fn tensor_untracked<T: Element>(
+        &self,
+        i: usize,
+    ) -> Result<TensorRef<'_, T>, String> {
+        let m = self.mapped::<T>(i)?;
+        if m.tag != ArgTag::NoDep {
+            return Err(format!(
+                "tensor argument {i} is tagged {} (tracked): use call.tensor({i}) or call.tensor_mut({i})",
+                m.tag
+            ));
+        }
+        self.shared_view(i, m)
+    }
+
+    fn shared_view<T: Element>(&self, i: usize, m: &Mapped) -> Result<TensorRef<'_, T>, String> {
         for (j, other) in self.tensors.iter().enumerate() {
             if self.borrows[j].get() < 0 && m.overlaps(other) {
                 return Err(format!(
@@ -317,7 +354,8 @@ impl SubCall<'_> {
         // (both checked when the call was built); the start is aligned for T and T has
         // the view's element size (checked by `mapped`); no overlapping argument is
         // borrowed mutably, and the shared count now registered keeps it so until the
-        // view drops. Other processes are excluded by the engine's ordering contract.
+        // view drops. Other tasks are excluded by the engine's ordering of tracked
+        // arguments (`tensor`) or by the caller's promise (`tensor_untracked`).
         Ok(unsafe { TensorRef::new(m.base as *mut u8, m.view, Some(cell)) })
     }
 
@@ -454,7 +492,7 @@ impl Handler for SubHandler {
         };
         self.mapped.clear();
         for (i, t) in req.args.tensors().iter().enumerate() {
-            let (region, offset) = match t.buffer.location {
+            let (region, offset) = match t.buffer.location() {
                 BufferLocation::HostShared { region, offset } => (region, offset),
                 other => {
                     return Err(Failure::new(
@@ -478,9 +516,9 @@ impl Handler for SubHandler {
             };
             let base = self
                 .shared
-                .ptr(region, offset, t.buffer.nbytes)
+                .ptr(region, offset, t.buffer.nbytes())
                 .map_err(|e| bad(&e))?;
-            t.view.check_fits(t.buffer.nbytes).map_err(|e| bad(&e))?;
+            t.view.check_fits(t.buffer.nbytes()).map_err(|e| bad(&e))?;
             let (start, end) = t.view.byte_span();
             self.mapped.push(Mapped {
                 base: base as usize,

@@ -15,13 +15,17 @@ use strata_types::{
 /// Create it **before** the children start (its region must exist when they fork);
 /// afterwards [`SharedTensor::new`] fails with "allocate shared tensors before init()".
 /// Cloning is cheap and shares the bytes. When the last clone (in the process that
-/// created it) drops, the memory goes back to the kernel; a task that still names the
-/// tensor then fails with [`HostError::RegionReleased`].
+/// created it) drops, the memory goes back to the kernel — once the tasks in flight that
+/// name it have ended (their children keep writing into live pages until then); a task
+/// dispatched after the drop fails with [`HostError::RegionReleased`].
 ///
-/// Reading and writing from the parent ([`SharedTensor::to_vec`],
-/// [`SharedTensor::write`]) is safe Rust but only meaningful while no task that uses the
-/// tensor is running: the engine orders tasks against each other, not against the
-/// parent's own accesses.
+/// Reading and writing from the host ([`SharedTensor::to_vec`], [`SharedTensor::write`])
+/// never races a task: while tasks that name the tensor are in flight (dispatched to a
+/// child and not yet ended, whatever their tag, NO_DEP included) both **refuse** with
+/// [`HostError::Busy`] rather than wait — waiting could block forever on a task of a run
+/// the caller itself must drive; wait for the run, then copy. A task dispatched while a
+/// copy runs waits for the copy (a plain memcpy) before its child is told to start. The
+/// `unsafe` [`SharedTensor::as_slice`] / [`SharedTensor::as_mut_slice`] skip the check.
 ///
 /// ```
 /// use strata_host::{SharedMemory, SharedTensor};
@@ -85,17 +89,25 @@ impl SharedTensor {
             ),
         })?;
         let region = mem.create_region(bytes, &format!("tensor-{dtype}-{shape:?}"))?;
+        let identity = minter.mint();
+        mem.set_tensor_identity(region, identity);
+        // SAFETY: the region was just created for this tensor alone and is owned by it
+        // (released when its last handle drops, after the tasks that name it); the
+        // identity is fresh and recorded as the region's owner, which the engine checks.
+        let buffer = unsafe {
+            BufferDesc::from_parts(
+                identity,
+                nbytes,
+                BufferLocation::HostShared { region, offset: 0 },
+            )
+        };
         Ok(SharedTensor {
             _owner: Arc::new(RegionOwner {
                 mem: mem.clone(),
                 region,
             }),
             mem: mem.clone(),
-            buffer: BufferDesc {
-                identity: minter.mint(),
-                nbytes,
-                location: BufferLocation::HostShared { region, offset: 0 },
-            },
+            buffer,
             view,
             region,
         })
@@ -159,7 +171,7 @@ impl SharedTensor {
 
     /// Size in bytes.
     pub fn nbytes(&self) -> u64 {
-        self.buffer.nbytes
+        self.buffer.nbytes()
     }
 
     /// Element type.
@@ -191,7 +203,7 @@ impl SharedTensor {
     }
 
     fn base(&self) -> Result<*mut u8, HostError> {
-        self.mem.ptr(self.region, 0, self.buffer.nbytes)
+        self.mem.ptr(self.region, 0, self.buffer.nbytes())
     }
 
     fn check<T: Element>(&self) -> Result<(), HostError> {
@@ -213,15 +225,18 @@ impl SharedTensor {
     /// Copies the elements out.
     ///
     /// # Errors
-    /// [`HostError::DtypeMismatch`] unless `T` is the tensor's element type.
+    /// [`HostError::DtypeMismatch`] unless `T` is the tensor's element type;
+    /// [`HostError::Busy`] while tasks that name the tensor are in flight.
     pub fn to_vec<T: Element>(&self) -> Result<Vec<T>, HostError> {
         self.check::<T>()?;
         let base = self.base()?;
+        let _access = self.mem.host_access(self.region)?;
         let mut out = Vec::<T>::with_capacity(self.numel());
         // SAFETY: the region holds `numel` elements of T from `base` (page-aligned, so
         // aligned for T); `out` has capacity for them and does not overlap shared memory;
-        // every bit pattern is a valid T (`Element`). Concurrent writers are excluded by
-        // the documented contract (no running task uses the tensor).
+        // every bit pattern is a valid T (`Element`). No task that names the tensor is in
+        // flight, and none is dispatched while `_access` lives; only the unsafe slices
+        // could write it now, and their callers promised not to.
         unsafe {
             std::ptr::copy_nonoverlapping(base.cast::<T>(), out.as_mut_ptr(), self.numel());
             out.set_len(self.numel());
@@ -232,7 +247,8 @@ impl SharedTensor {
     /// Overwrites every element with `data` (row-major).
     ///
     /// # Errors
-    /// [`HostError::DtypeMismatch`], [`HostError::LengthMismatch`].
+    /// [`HostError::DtypeMismatch`], [`HostError::LengthMismatch`]; [`HostError::Busy`]
+    /// while tasks that name the tensor are in flight.
     pub fn write<T: Element>(&self, data: &[T]) -> Result<(), HostError> {
         self.check::<T>()?;
         if data.len() != self.numel() {
@@ -242,9 +258,11 @@ impl SharedTensor {
             });
         }
         let base = self.base()?;
+        let _access = self.mem.host_access(self.region)?;
         // SAFETY: the region holds exactly `data.len()` elements of T from `base`
-        // (aligned); `data` is ordinary memory, so the ranges do not overlap. Concurrent
-        // accesses are excluded by the documented contract.
+        // (aligned); `data` is ordinary memory, so the ranges do not overlap. No task that
+        // names the tensor is in flight or dispatched while `_access` lives, and host copies
+        // exclude each other.
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), base.cast::<T>(), data.len()) };
         Ok(())
     }
@@ -298,7 +316,7 @@ mod tests {
         let m = IdentityMinter::new();
         let a = SharedTensor::from_slice(&mem, &m, &[4], &[1u64, 2, 3, 4]).unwrap();
         let b = SharedTensor::zeros::<f16>(&mem, &m, &[2, 2]).unwrap();
-        assert_ne!(a.buffer().identity, b.buffer().identity);
+        assert_ne!(a.buffer().identity(), b.buffer().identity());
         assert_eq!(a.region(), 1);
         assert_eq!(b.region(), 2);
         assert_eq!(b.to_vec::<f16>().unwrap(), vec![f16::ZERO; 4]);

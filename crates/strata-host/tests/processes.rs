@@ -770,9 +770,156 @@ fn idle_children_use_almost_no_cpu() -> Outcome {
     Ok(())
 }
 
+// -------------------------------------------------------------------------------------
+// Reaping: retried when it failed, never a reused pid
+// -------------------------------------------------------------------------------------
+
+/// Whether `pid` is still a child of this process that nobody reaped (running, or a
+/// zombie): only then is its pid certainly not another process's.
+fn still_our_child(pid: i32) -> bool {
+    // SAFETY: an all-zero siginfo_t is a valid value.
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    // SAFETY: WNOWAIT only peeks at the child's state (reaps nothing); `info` is
+    // writable.
+    unsafe {
+        libc::waitid(
+            libc::P_PID,
+            pid as libc::id_t,
+            &mut info,
+            libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+        ) == 0
+    }
+}
+
+/// Kills and reaps `pid` on drop if it is still our unreaped child (so never a pid that
+/// was reaped and may belong to someone else now).
+struct ReapIfOurs(i32);
+
+impl Drop for ReapIfOurs {
+    fn drop(&mut self) {
+        if still_our_child(self.0) {
+            // SAFETY: an unreaped child of ours: its pid cannot have been reused.
+            unsafe {
+                libc::kill(self.0, libc::SIGKILL);
+                libc::waitpid(self.0, std::ptr::null_mut(), 0);
+            }
+        }
+    }
+}
+
+/// A shutdown whose reaps fail (injected: every wait for a process fails) kills the
+/// children but cannot reap them and says so; the next shutdown — and the drop, for a
+/// `Children` dropped after such a failure — retries and reaps them, updating the
+/// report. Before, the first report was returned again and the zombies were forgotten.
+fn a_reap_that_failed_is_retried_not_forgotten() -> Outcome {
+    let reg = SubRegistry::new();
+    for retry_by_drop in [false, true] {
+        let mem = SharedMemory::new();
+        let mut children = Children::spawn(&mem, subs(&reg, 2), process_opts()).ctx("spawn")?;
+        let pids = children.pids();
+        // Reap them ourselves if the scenario bails out.
+        let _reap = pids.iter().map(|&p| ReapIfOurs(p)).collect::<Vec<_>>();
+        children.inject_reap_failure();
+        match children.shutdown(Duration::ZERO) {
+            Err(HostError::Reap { what, .. }) => {
+                check!(what.contains("sub_worker 0"), "{what}")
+            }
+            other => return Err(format!("expected a reap error, got {other:?}")),
+        }
+        check!(
+            pids.iter().all(|&p| still_our_child(p)),
+            "the failed shutdown reaped nothing"
+        );
+        if retry_by_drop {
+            drop(children);
+        } else {
+            let report = children.shutdown(BOUND).ctx("the retried shutdown")?;
+            for c in &report.children {
+                check!(
+                    c.killed
+                        && c.end
+                            .as_ref()
+                            .is_some_and(|e| e.signal() == Some(libc::SIGKILL)),
+                    "the retry reaps the killed child and reports it: {c}"
+                );
+            }
+        }
+        for &p in &pids {
+            check!(
+                !still_our_child(p),
+                "child {p} was left unreaped (retry by drop: {retry_by_drop})"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Someone else in the process reaps a child (a stray `waitpid`), and its pid goes to a
+/// new process of ours; shutting the children down must neither reap nor kill that
+/// process. Pid reuse is forced by writing `/proc/sys/kernel/ns_last_pid` (root only;
+/// skipped, saying so, where it cannot be written or another process takes the pid).
+fn shutdown_never_kills_or_reaps_a_process_that_reused_a_childs_pid() -> Outcome {
+    let mem = SharedMemory::new();
+    let mut children =
+        Children::spawn(&mem, subs(&SubRegistry::new(), 1), process_opts()).ctx("spawn")?;
+    let pid = children.pids()[0];
+    // A stray reaper: kill and reap the child behind the watch's back.
+    // SAFETY: `pid` is our unreaped child; reaping it is the fault under test.
+    unsafe {
+        libc::kill(pid, libc::SIGKILL);
+        libc::waitpid(pid, std::ptr::null_mut(), 0);
+    }
+    let mut decoy = None;
+    for _ in 0..50 {
+        if std::fs::write("/proc/sys/kernel/ns_last_pid", format!("{}", pid - 1)).is_err() {
+            break;
+        }
+        let d = Forked::fork(|| loop {
+            std::thread::sleep(Duration::from_millis(10));
+        })?;
+        let d = ReapIfOurs(std::mem::ManuallyDrop::new(d).0);
+        if d.0 == pid {
+            decoy = Some(d);
+            break;
+        }
+    }
+    let Some(decoy) = decoy else {
+        println!("    skipped: could not make a new process reuse pid {pid}");
+        let _ = children.shutdown(BOUND);
+        return Ok(());
+    };
+    let report = children.shutdown(Duration::ZERO).ctx("shutdown")?;
+    check!(
+        still_our_child(decoy.0),
+        "the shutdown reaped the process that reused pid {pid}: {report}"
+    );
+    // SAFETY: signal 0 only checks that the decoy (our child) exists.
+    let alive = unsafe { libc::kill(decoy.0, 0) } == 0;
+    let zombie = std::fs::read_to_string(format!("/proc/{}/stat", decoy.0))
+        .map(|s| s.contains(") Z "))
+        .unwrap_or(true);
+    check!(
+        alive && !zombie,
+        "the shutdown killed the process that reused pid {pid}: {report}"
+    );
+    check!(
+        !report.children[0].killed,
+        "a child reaped by someone else is not killed: {report}"
+    );
+    Ok(())
+}
+
 fn main() {
     become_subreaper();
     let process_only: &[Scenario] = &[
+        (
+            "a_reap_that_failed_is_retried_not_forgotten",
+            a_reap_that_failed_is_retried_not_forgotten,
+        ),
+        (
+            "shutdown_never_kills_or_reaps_a_process_that_reused_a_childs_pid",
+            shutdown_never_kills_or_reaps_a_process_that_reused_a_childs_pid,
+        ),
         (
             "threads_started_after_the_fork_do_not_deadlock",
             threads_started_after_the_fork_do_not_deadlock,

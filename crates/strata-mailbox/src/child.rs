@@ -392,14 +392,14 @@ impl Child {
             return Ok(ServeExit::ParentDied);
         }
         loop {
-            let Some(snap) = self.wait_for_work()? else {
+            let Some(mut snap) = self.wait_for_work()? else {
                 return Ok(ServeExit::ParentDied);
             };
             if snap.control == MailboxState::Shutdown || self.mailbox.shutdown_requested() {
                 self.fail_outstanding()?;
                 return Ok(ServeExit::Shutdown);
             }
-            for slot in TaskSlot::ALL {
+            for slot in self.publication_order(&mut snap) {
                 match snap.task(slot) {
                     MailboxState::TaskReady => self.run(slot, TaskPhase::Run, handler),
                     MailboxState::Activate => self.run(slot, TaskPhase::Activated, handler),
@@ -412,6 +412,41 @@ impl Child {
                 return Ok(ServeExit::Shutdown);
             }
         }
+    }
+
+    /// The task frames in the order the parent published them (by dispatch id), so that
+    /// the parent's per-worker submit order holds: a frame published while the other one
+    /// ran may be the older of two actionable frames. The snapshot read the frames one
+    /// after the other, so a frame published just before the one it saw actionable may
+    /// have been read too early: it is read again (after the acquiring read of the newer
+    /// one, the older publication is visible) and `snap` updated.
+    fn publication_order(&self, snap: &mut Snapshot) -> [TaskSlot; 2] {
+        let actionable = |s: MailboxState| {
+            matches!(
+                s,
+                MailboxState::TaskReady | MailboxState::Activate | MailboxState::PrepareReady
+            )
+        };
+        let [a, b] = TaskSlot::ALL;
+        for (seen, other) in [(a, b), (b, a)] {
+            if actionable(snap.task(seen)) && !actionable(snap.task(other)) {
+                let raw = self.mailbox.task(other).state.load(Ordering::Acquire);
+                // A garbage word is reported by the next snapshot.
+                if let Ok(live) = MailboxState::decode(raw, FrameId::Task(other)) {
+                    if actionable(live) {
+                        snap.tasks[other.index()] = live;
+                    }
+                }
+            }
+        }
+        if actionable(snap.task(a)) && actionable(snap.task(b)) {
+            // The identity was written before the state word just acquired.
+            let id = |s: TaskSlot| self.mailbox.task(s).dispatch_id.load(Ordering::Relaxed);
+            if id(b) < id(a) {
+                return [b, a];
+            }
+        }
+        [a, b]
     }
 
     /// Waits until something is actionable; `None` if the parent died meanwhile.

@@ -762,3 +762,63 @@ fn the_publish_hook_runs_after_every_publication_the_parent_acts_on() {
         MailboxState::TaskFailed
     );
 }
+
+/// Two ready frames run in the order the parent published them, whatever their slots: the
+/// parent publishes dispatch 2 into slot 1 and then dispatch 3 into slot 0 while the child
+/// is held (in its publication hook, right after completing dispatch 1), so its next
+/// snapshot finds both ready. Before, the child ran slot 0 first (dispatch 3 overtook 2).
+#[test]
+fn two_ready_frames_run_in_publication_order_whatever_their_slots() {
+    use std::sync::atomic::AtomicBool;
+    quiet_panics();
+    let mb = Mailbox::create().unwrap();
+    let child_mb = mb.try_clone().unwrap();
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let s2 = seen.clone();
+    let hold = Arc::new(AtomicBool::new(false));
+    let gate = Arc::new(AtomicBool::new(false));
+    let (h, g) = (hold.clone(), gate.clone());
+    let hook = PublishHook::new(move || {
+        if h.swap(false, Ordering::SeqCst) {
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while !g.load(Ordering::SeqCst) && std::time::Instant::now() < deadline {
+                std::thread::yield_now();
+            }
+        }
+    });
+    let child = std::thread::spawn(move || {
+        let mut c = Child::with_parent(child_mb, std::process::id()).with_options(ServeOptions {
+            wait: WaitOptions::new().with_spin(Duration::from_micros(5)),
+            on_publish: Some(hook),
+            ..ServeOptions::default()
+        });
+        c.init_ready(0)?;
+        c.serve(&mut TestHandler(s2))
+    });
+    let mut parent = Parent::new(mb);
+    parent.wait_init(&opts(), &mut AssumeAlive).unwrap();
+    let cfg = EncodedConfig::default();
+    let (b1, b2, b3) = (scalars(&[1]), scalars(&[2]), scalars(&[3]));
+    hold.store(true, Ordering::SeqCst);
+    let t1 = TaskPublication::run(OK, ident(1), &cfg, &b1);
+    parent
+        .run_task(TaskSlot::Slot0, &t1, &opts(), &mut AssumeAlive)
+        .unwrap();
+    // The child is held right after completing dispatch 1.
+    let t2 = TaskPublication::run(OK, ident(2), &cfg, &b2);
+    parent.publish(TaskSlot::Slot1, &t2).unwrap();
+    let t3 = TaskPublication::run(OK, ident(3), &cfg, &b3);
+    parent.publish(TaskSlot::Slot0, &t3).unwrap();
+    gate.store(true, Ordering::SeqCst);
+    for slot in [TaskSlot::Slot1, TaskSlot::Slot0] {
+        parent.wait_task(slot, &opts(), &mut AssumeAlive).unwrap();
+        parent.reset(slot).unwrap();
+    }
+    assert_eq!(
+        seen.lock().unwrap().sums,
+        vec![1, 2, 3],
+        "dispatches started out of publication order"
+    );
+    parent.request_shutdown();
+    assert_eq!(child.join().unwrap().unwrap(), ServeExit::Shutdown);
+}

@@ -142,7 +142,7 @@ mod scenarios {
                         .tensors()
                         .first()
                         .ok_or_else(|| Failure::new(10, "SUM needs an output tensor"))?;
-                    let offset = match t.buffer.location {
+                    let offset = match t.buffer.location() {
                         BufferLocation::HostShared {
                             region: RESULTS_REGION,
                             offset,
@@ -244,13 +244,17 @@ mod scenarios {
 
     /// A SUM task: one output tensor at `slot_index * 8` of the results region, then scalars.
     fn sum_args(minter: &IdentityMinter, slot_index: u64, scalars: &[u64]) -> Vec<u8> {
-        let buffer = BufferDesc {
-            identity: minter.mint(),
-            nbytes: 8,
-            location: BufferLocation::HostShared {
-                region: RESULTS_REGION,
-                offset: slot_index * 8,
-            },
+        // SAFETY: each task names its own 8-byte slot of the results region, which this
+        // test allocated; no two descriptors cover the same bytes.
+        let buffer = unsafe {
+            BufferDesc::from_parts(
+                minter.mint(),
+                8,
+                BufferLocation::HostShared {
+                    region: RESULTS_REGION,
+                    offset: slot_index * 8,
+                },
+            )
         };
         let view = TensorView::contiguous(DataType::U64, &[1]).expect("a 1-element view");
         let mut args = TaskArgs::new();

@@ -44,14 +44,76 @@ impl BufferLocation {
 }
 
 /// A buffer: its identity, size and location.
+///
+/// Descriptors are built by the runtime only (a `SharedTensor`, a run's intermediate, a
+/// chip tensor, a window): the fields are private and the one constructor,
+/// [`BufferDesc::from_parts`], is `unsafe`. Dependencies are keyed by the identity, so a
+/// descriptor that named live bytes under another identity would let two tasks touch them
+/// with no edge between them. A descriptor decoded from bytes ([`crate::wire`]) is only a
+/// claim: the runtime checks every descriptor a task names against the buffers it owns
+/// before the task is admitted, and refuses one that is stale or forged.
+///
+/// Safe code cannot write one down:
+///
+/// ```compile_fail
+/// use strata_types::*;
+/// let forged = BufferDesc {
+///     identity: IdentityMinter::new().mint(),
+///     nbytes: 64,
+///     location: BufferLocation::HostShared { region: 1, offset: 0 },
+/// };
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct BufferDesc {
+    identity: BufferIdentity,
+    nbytes: u64,
+    location: BufferLocation,
+}
+
+impl BufferDesc {
+    /// A descriptor from its parts.
+    ///
+    /// # Safety
+    /// Only a runtime layer that owns the bytes may build one: the caller guarantees that
+    /// `nbytes` bytes at `location` are a buffer it allocated, that every other descriptor
+    /// covering any of these bytes carries the same `identity` (so the engine orders every
+    /// task touching them), and that the bytes stay allocated while a task may use the
+    /// descriptor. Breaking this lets safe task code hold overlapping `&mut`/`&` slices.
+    ///
+    /// ```
+    /// use strata_types::*;
+    /// // SAFETY: a doc example: the descriptor is never given to a task.
+    /// let d = unsafe {
+    ///     BufferDesc::from_parts(IdentityMinter::new().mint(), 64, BufferLocation::HostLocal { addr: 0x1000 })
+    /// };
+    /// assert_eq!(d.nbytes(), 64);
+    /// ```
+    pub const unsafe fn from_parts(
+        identity: BufferIdentity,
+        nbytes: u64,
+        location: BufferLocation,
+    ) -> Self {
+        BufferDesc {
+            identity,
+            nbytes,
+            location,
+        }
+    }
+
     /// The identity dependency keys are derived from.
-    pub identity: BufferIdentity,
+    pub fn identity(&self) -> BufferIdentity {
+        self.identity
+    }
+
     /// Size of the whole buffer in bytes.
-    pub nbytes: u64,
+    pub fn nbytes(&self) -> u64 {
+        self.nbytes
+    }
+
     /// Where the bytes are.
-    pub location: BufferLocation,
+    pub fn location(&self) -> BufferLocation {
+        self.location
+    }
 }
 
 /// One tensor argument: a view into a buffer and how the task accesses it.
@@ -59,7 +121,8 @@ pub struct BufferDesc {
 /// ```
 /// use strata_types::*;
 /// let id = IdentityMinter::new().mint();
-/// let buf = BufferDesc { identity: id, nbytes: 64, location: BufferLocation::HostLocal { addr: 0x1000 } };
+/// // SAFETY: a doc example: the descriptor is never given to a task.
+/// let buf = unsafe { BufferDesc::from_parts(id, 64, BufferLocation::HostLocal { addr: 0x1000 }) };
 /// let view = TensorView::contiguous(DataType::F32, &[16]).unwrap();
 /// let arg = TensorArg::new(buf, view, ArgTag::Input).unwrap();
 /// assert_eq!(arg.tag, ArgTag::Input);
@@ -82,7 +145,7 @@ impl TensorArg {
     /// # Errors
     /// [`TypesError::ViewOutOfBounds`] if the view reaches past the buffer.
     pub fn new(buffer: BufferDesc, view: TensorView, tag: ArgTag) -> Result<Self, TypesError> {
-        view.check_fits(buffer.nbytes)?;
+        view.check_fits(buffer.nbytes())?;
         Ok(TensorArg { buffer, view, tag })
     }
 
@@ -92,7 +155,8 @@ impl TensorArg {
     /// ```
     /// # use strata_types::*;
     /// # let id = IdentityMinter::new().mint();
-    /// # let buf = BufferDesc { identity: id, nbytes: 64, location: BufferLocation::HostLocal { addr: 0x1000 } };
+    /// # // SAFETY: a doc example: the descriptor is never given to a task.
+    /// # let buf = unsafe { BufferDesc::from_parts(id, 64, BufferLocation::HostLocal { addr: 0x1000 }) };
     /// # let view = TensorView::contiguous(DataType::F32, &[16]).unwrap();
     /// let a = TensorArg::new(buf, view, ArgTag::InOut).unwrap();
     /// assert_eq!(a.with_tag(ArgTag::Input).tag, ArgTag::Input);
@@ -312,10 +376,13 @@ mod tests {
     use crate::{DataType, IdentityMinter};
 
     fn arg(tag: ArgTag) -> TensorArg {
-        let buf = BufferDesc {
-            identity: IdentityMinter::new().mint(),
-            nbytes: 16,
-            location: BufferLocation::HostLocal { addr: 0 },
+        // SAFETY: a unit test's descriptor, never given to a task.
+        let buf = unsafe {
+            BufferDesc::from_parts(
+                IdentityMinter::new().mint(),
+                16,
+                BufferLocation::HostLocal { addr: 0 },
+            )
         };
         TensorArg::new(
             buf,

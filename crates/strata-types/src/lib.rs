@@ -12,10 +12,11 @@
 //! ```
 //! use strata_types::*;
 //! let minter = IdentityMinter::new();
-//! let buffer = BufferDesc {
-//!     identity: minter.mint(),
-//!     nbytes: 128 * 128 * 4,
-//!     location: BufferLocation::HostShared { region: 1, offset: 0 },
+//! // Descriptors come from the runtime (a `SharedTensor`, a run's intermediate, …); a
+//! // layer below it builds one with the unsafe `from_parts`.
+//! // SAFETY: a doc example: the descriptor is never given to a task.
+//! let buffer = unsafe {
+//!     BufferDesc::from_parts(minter.mint(), 128 * 128 * 4, BufferLocation::HostShared { region: 1, offset: 0 })
 //! };
 //! let whole = TensorView::contiguous(DataType::F32, &[128, 128])?;
 //! let top_half = whole.slice(0, 0, 64)?;

@@ -51,11 +51,11 @@ fn malformed(m: impl Into<String>) -> TypesError {
 /// Encodes one tensor argument into exactly [`TENSOR_WIRE_BYTES`] bytes.
 pub fn encode_tensor(arg: &TensorArg, out: &mut [u8; TENSOR_WIRE_BYTES]) {
     out.fill(0);
-    let id = arg.buffer.identity;
+    let id = arg.buffer.identity();
     put_u64(out, 0, id.owner().0);
     put_u64(out, 8, id.buffer_id());
     put_u32(out, 16, id.generation());
-    let (kind, a, b) = match arg.buffer.location {
+    let (kind, a, b) = match arg.buffer.location() {
         BufferLocation::HostShared { region, offset } => (LOC_HOST_SHARED, region, offset),
         BufferLocation::Device { worker, addr } => (LOC_DEVICE, worker as u64, addr),
         BufferLocation::HostLocal { addr } => (LOC_HOST_LOCAL, addr, 0),
@@ -64,7 +64,7 @@ pub fn encode_tensor(arg: &TensorArg, out: &mut [u8; TENSOR_WIRE_BYTES]) {
     out[21] = arg.view.dtype().code();
     out[22] = arg.view.ndims() as u8;
     out[23] = arg.tag.code();
-    put_u64(out, 24, arg.buffer.nbytes);
+    put_u64(out, 24, arg.buffer.nbytes());
     put_u64(out, 32, a);
     put_u64(out, 40, b);
     put_u64(out, 48, arg.view.byte_offset());
@@ -126,16 +126,11 @@ pub fn decode_tensor(buf: &[u8; TENSOR_WIRE_BYTES]) -> Result<TensorArg, TypesEr
     }
     let view = TensorView::new(dtype, &shape[..ndims], &strides[..ndims], get_u64(buf, 48))
         .map_err(wrap)?;
-    TensorArg::new(
-        BufferDesc {
-            identity,
-            nbytes,
-            location,
-        },
-        view,
-        tag,
-    )
-    .map_err(wrap)
+    // SAFETY: decoding builds a *claimed* descriptor: the runtime that admits a task
+    // checks every descriptor it names against the buffers it owns (see `BufferDesc`), and
+    // a child only receives descriptors its parent admitted.
+    let buffer = unsafe { BufferDesc::from_parts(identity, nbytes, location) };
+    TensorArg::new(buffer, view, tag).map_err(wrap)
 }
 
 /// Bytes [`encode_args`] writes for `args`.
@@ -149,8 +144,9 @@ pub fn args_wire_len(args: &TaskArgs) -> usize {
 /// use strata_types::*;
 /// use strata_types::wire::{encode_args, decode_args};
 /// let mut args = TaskArgs::new();
-/// let buf = BufferDesc { identity: IdentityMinter::new().mint(), nbytes: 64,
-///     location: BufferLocation::HostShared { region: 3, offset: 128 } };
+/// // SAFETY: a doc example: the descriptor is never given to a task.
+/// let buf = unsafe { BufferDesc::from_parts(IdentityMinter::new().mint(), 64,
+///     BufferLocation::HostShared { region: 3, offset: 128 }) };
 /// args.push_tensor(TensorArg::new(buf, TensorView::contiguous(DataType::F32, &[4, 4]).unwrap(), ArgTag::InOut).unwrap()).unwrap();
 /// args.push_scalar(2.0f32).unwrap();
 /// let mut blob = vec![0u8; 4096];
@@ -318,11 +314,8 @@ mod tests {
     }
 
     fn sample(loc: BufferLocation) -> TensorArg {
-        let buf = BufferDesc {
-            identity: IdentityMinter::new().mint(),
-            nbytes: 1 << 20,
-            location: loc,
-        };
+        // SAFETY: a unit test's descriptor, never given to a task.
+        let buf = unsafe { BufferDesc::from_parts(IdentityMinter::new().mint(), 1 << 20, loc) };
         let v = TensorView::contiguous(DataType::BF16, &[8, 16, 4]).unwrap();
         TensorArg::new(
             buf,

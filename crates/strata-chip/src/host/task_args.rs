@@ -67,7 +67,7 @@ impl RunArgs<'static> {
     ) -> Result<RunArgs<'static>, TaskArgsError> {
         let mut run = RunArgs::new();
         for (index, t) in args.tensors().iter().enumerate() {
-            match t.buffer.location {
+            match t.buffer.location() {
                 BufferLocation::HostShared { region, offset } => {
                     let base = map_shared(region, offset, t.view.byte_span().1)
                         .map_err(|message| TaskArgsError::Shared { index, message })?;

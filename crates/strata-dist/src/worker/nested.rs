@@ -46,7 +46,7 @@ impl Handler for NestedHandler {
     fn task(&mut self, req: &TaskRequest<'_>) -> Result<(), Failure> {
         let handle = HostOrchHandle { id: req.callable };
         self.worker
-            .run_with(&handle, req.args, req.config)
+            .run_nested(&handle, req.args, req.config)
             .map_err(|e| Failure::new(codes::FAILED, e.to_string()))
     }
 

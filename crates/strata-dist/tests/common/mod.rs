@@ -67,11 +67,18 @@ pub fn kill(pid: i32) -> Outcome {
     Ok(())
 }
 
-/// Waits until the shared flag `t[0]` is non-zero.
+/// Waits until the shared flag `t[0]` is non-zero. The task that sets it is still in
+/// flight, so `to_vec` would refuse (`Busy`): the flag is read as an atomic word.
 pub fn wait_flag(t: &SharedTensor) -> Outcome {
-    wait_for("the task to start", || {
-        t.to_vec::<u64>().map(|v| v[0] != 0).unwrap_or(false)
-    })
+    let base = t
+        .memory()
+        .ptr(t.region(), 0, t.nbytes())
+        .map_err(|e| e.to_string())?;
+    // SAFETY: the region holds at least one u64 from a page-aligned start (aligned for
+    // AtomicU64, valid for any bit pattern), and lives while `t` does; the child writes
+    // the word, this thread only loads it atomically.
+    let flag = unsafe { &*base.cast::<AtomicU64>() };
+    wait_for("the task to start", || flag.load(Ordering::SeqCst) != 0)
 }
 
 // -------------------------------------------------------------------------------------
@@ -347,5 +354,122 @@ pub fn expected_pids(mode: ExecMode, processes: usize) -> usize {
     match mode {
         ExecMode::Process => processes,
         ExecMode::Threads => 0,
+    }
+}
+
+// -------------------------------------------------------------------------------------
+// Signals: chip tasks that synchronise through shared words rather than data, and log
+// where they started (per-worker launch order).
+// -------------------------------------------------------------------------------------
+
+/// Scalar meaning "no word" in a [`Signals`] task.
+pub const NO_WORD: u64 = u64::MAX;
+
+/// Words of a [`Signals`] log (pairs of worker and label).
+const SIGNAL_LOG: usize = 1024;
+/// Signal words before the log.
+const SIGNAL_WORDS: usize = 16;
+
+/// Chip tasks that wait for a word, then set one, and log their start: programs whose
+/// tasks synchronise through signals (the order the engine starts them in is then part
+/// of the program's meaning).
+#[derive(Clone)]
+pub struct Signals {
+    /// Words `0..SIGNAL_WORDS`: signals; then the log's length; then the log.
+    pub words: SharedWords,
+    /// The chip orchestration: scalars = [`Signals::task`].
+    pub orch: OrchHandle,
+}
+
+impl Signals {
+    /// Registers the kernel and its chip orchestration (before `init`).
+    pub fn new(w: &mut DistWorker) -> Signals {
+        let words = SharedWords::new(w, SIGNAL_WORDS + 1 + SIGNAL_LOG);
+        let kw = words.clone();
+        let k = w
+            .register_kernel("signal", move |ctx| {
+                let s: Vec<u64> = (0..6)
+                    .map(|i| ctx.scalar::<u64>(i))
+                    .collect::<Result<_, _>>()?;
+                let [wait_word, wait_value, set_word, set_value, log, spin_us] = s[..] else {
+                    return Err(KernelError::new("a signal task takes 6 scalars"));
+                };
+                if log != 0 {
+                    let i = kw.at(SIGNAL_WORDS).fetch_add(2, Ordering::SeqCst) as usize;
+                    assert!(i + 1 < SIGNAL_LOG, "the signal log is full");
+                    kw.at(SIGNAL_WORDS + 1 + i)
+                        .store(log >> 32, Ordering::SeqCst);
+                    kw.at(SIGNAL_WORDS + 2 + i)
+                        .store((log & 0xffff_ffff) - 1, Ordering::SeqCst);
+                }
+                let spin = Instant::now();
+                while spin.elapsed() < Duration::from_micros(spin_us) {
+                    std::hint::spin_loop();
+                }
+                let mut outcome = Ok(());
+                if wait_word != NO_WORD {
+                    let deadline = Instant::now() + Duration::from_secs(3);
+                    while kw.get(wait_word as usize) < wait_value {
+                        if Instant::now() > deadline {
+                            outcome = Err(KernelError::new(format!(
+                                "signal {wait_word} never reached {wait_value}"
+                            )));
+                            break;
+                        }
+                        std::thread::sleep(Duration::from_micros(100));
+                    }
+                }
+                // Set even after a timeout, so that what waits for this task ends.
+                if set_word != NO_WORD {
+                    kw.at(set_word as usize)
+                        .fetch_max(set_value, Ordering::SeqCst);
+                }
+                outcome
+            })
+            .unwrap();
+        let orch = w
+            .register_chip_orchestration("signal", move |o, a| {
+                let mut c = CoreArgs::new();
+                for i in 0..6 {
+                    c.scalar_bits(a.scalar::<u64>(i)?);
+                }
+                o.submit_aiv(k, &c)?;
+                Ok(())
+            })
+            .unwrap();
+        Signals { words, orch }
+    }
+
+    /// A task's arguments: wait until word `wait.0` ≥ `wait.1`, then raise word `set.0` to
+    /// `set.1` (either may be `(NO_WORD, 0)`), logging `(worker, label)` first if `label`
+    /// is not 0 and spinning `spin_us` µs.
+    pub fn task(
+        tensors: &[TensorArg],
+        wait: (u64, u64),
+        set: (u64, u64),
+        log: Option<(usize, u64)>,
+        spin_us: u64,
+    ) -> TaskArgs {
+        // Label + 1: 0 means "no log".
+        let log = log.map_or(0, |(w, l)| ((w as u64) << 32) | (l + 1));
+        args(tensors, &[wait.0, wait.1, set.0, set.1, log, spin_us])
+    }
+
+    /// Empties the launch log.
+    pub fn clear_log(&self) {
+        self.words.at(SIGNAL_WORDS).store(0, Ordering::SeqCst);
+    }
+
+    /// The logged `(worker, label)` pairs, in start order.
+    pub fn log(&self) -> Vec<(usize, u64)> {
+        let n = (self.words.get(SIGNAL_WORDS) as usize).min(SIGNAL_LOG);
+        (0..n / 2)
+            .map(|i| {
+                (
+                    self.words.get(SIGNAL_WORDS + 1 + 2 * i) as usize,
+                    self.words.get(SIGNAL_WORDS + 2 + 2 * i),
+                )
+            })
+            .collect()
     }
 }

@@ -43,6 +43,9 @@ pub fn suite<M: Mode>() -> Vec<Scenario> {
         a_level_4_worker_drives_level_3_children,
         lifecycle_misuse_is_refused,
         a_blocked_group_reserves_its_targets_and_precedes_conflicting_singles,
+        a_group_never_overtakes_a_single_submitted_before_it_on_a_worker,
+        a_later_single_never_overtakes_a_group_behind_another_blocked_group,
+        a_task_a_completion_makes_ready_never_overtakes_a_batched_earlier_one,
         group_members_run_on_the_worker_ids_they_name,
         a_busy_worker_does_not_hold_up_other_workers_or_sub_tasks,
         a_sub_worker_failure_two_levels_down_surfaces_at_level_4,
@@ -966,6 +969,126 @@ pub fn a_blocked_group_reserves_its_targets_and_precedes_conflicting_singles<M: 
         "the group ran before the single queued behind it: {log:?}"
     );
     assert!(pos(11) > pos(1), "member 1 waited for worker 1: {log:?}");
+    Ok(())
+}
+
+/// Per-worker submit order, single → group: single X on worker 2, then a group on
+/// workers 1 and 2 whose worker-2 member waits for X's signal. Both become ready in the
+/// same completion (of P, which holds until the orchestration has submitted them), so one
+/// dispatch pass sees both: the group must not start its member on worker 2 before X
+/// (it would wait for a signal queued behind it). Run many times.
+pub fn a_group_never_overtakes_a_single_submitted_before_it_on_a_worker<M: Mode>() -> Outcome {
+    let mode = M::VALUE;
+    let mut w = l3(mode, 3, 0);
+    let sig = Signals::new(&mut w);
+    let token = w.shared_tensor(&[1], DataType::U64).ctx("token")?;
+    let (s, t) = (sig.clone(), token.clone());
+    const ROUNDS: u64 = 50;
+    let orch = w.register_orchestration("single_then_group", move |o, a| {
+        let round: u64 = a.scalar(0).ok_or("the round is scalar 0")?;
+        let read = [t.arg(ArgTag::Input)];
+        // P (word 2: the orchestration is done) produces the token X and the group read.
+        let p = Signals::task(&[t.arg(ArgTag::InOut)], (2, round), (NO_WORD, 0), None, 0);
+        o.submit_next_level(s.orch, &p, 0)?;
+        let x = Signals::task(&read, (NO_WORD, 0), (0, round), None, 0);
+        o.submit_next_level(s.orch, &x, 2)?;
+        let idle = Signals::task(&read, (NO_WORD, 0), (NO_WORD, 0), None, 0);
+        let waits = Signals::task(&read, (0, round), (NO_WORD, 0), None, 0);
+        o.submit_next_level_group(s.orch, &[idle, waits], &[1, 2])?;
+        s.words.at(2).store(round, Ordering::SeqCst);
+        Ok(())
+    });
+    w.init().ctx("init")?;
+    for round in 1..=ROUNDS {
+        w.run(&orch, &args(&[], &[round]))
+            .map_err(|e| format!("round {round}: the group overtook X on worker 2: {e}"))?;
+    }
+    w.close().ctx("close")?;
+    Ok(())
+}
+
+/// Per-worker submit order, group → single: a group on workers 1 and 2, then single Y on
+/// worker 2 that waits for the signal of the group's worker-2 member. An earlier group
+/// (on workers 0 and 3, held up by a task on worker 0) heads the groups; the later group
+/// is not the head, yet Y must still wait behind it on worker 2. Run many times.
+pub fn a_later_single_never_overtakes_a_group_behind_another_blocked_group<M: Mode>() -> Outcome {
+    let mode = M::VALUE;
+    let mut w = l3(mode, 4, 0);
+    let sig = Signals::new(&mut w);
+    let token = w.shared_tensor(&[1], DataType::U64).ctx("token")?;
+    let (s, t) = (sig.clone(), token.clone());
+    const ROUNDS: u64 = 50;
+    let orch = w.register_orchestration("group_then_single", move |o, a| {
+        let round: u64 = a.scalar(0).ok_or("the round is scalar 0")?;
+        let read = [t.arg(ArgTag::Input)];
+        let nothing = || Signals::task(&[], (NO_WORD, 0), (NO_WORD, 0), None, 0);
+        // H holds worker 0 until Y is done (word 4), so the first group stays blocked.
+        let h = Signals::task(&[], (4, round), (NO_WORD, 0), None, 0);
+        o.submit_next_level(s.orch, &h, 0)?;
+        o.submit_next_level_group(s.orch, &[nothing(), nothing()], &[0, 3])?;
+        // P (word 2: the orchestration is done) produces the token the group and Y read.
+        let p = Signals::task(&[t.arg(ArgTag::InOut)], (2, round), (NO_WORD, 0), None, 0);
+        o.submit_next_level(s.orch, &p, 1)?;
+        let idle = Signals::task(&read, (NO_WORD, 0), (NO_WORD, 0), None, 0);
+        let signals = Signals::task(&read, (NO_WORD, 0), (0, round), None, 0);
+        o.submit_next_level_group(s.orch, &[idle, signals], &[1, 2])?;
+        let y = Signals::task(&read, (0, round), (4, round), None, 0);
+        o.submit_next_level(s.orch, &y, 2)?;
+        s.words.at(2).store(round, Ordering::SeqCst);
+        Ok(())
+    });
+    w.init().ctx("init")?;
+    for round in 1..=ROUNDS {
+        w.run(&orch, &args(&[], &[round]))
+            .map_err(|e| format!("round {round}: Y overtook the group on worker 2: {e}"))?;
+    }
+    w.close().ctx("close")?;
+    Ok(())
+}
+
+/// Per-worker submit order across the orchestrator's hand-over batch: while the
+/// scheduler has queued work, ready tasks are handed over in batches. T1 (ready at submit,
+/// so batched) and then T2 (waiting for P's output) go to worker 2, and T2 waits for T1's
+/// signal; P finishes while the orchestration still runs. T2, made ready by P's
+/// completion, must not start before T1, which is still in the batch. Run many times.
+pub fn a_task_a_completion_makes_ready_never_overtakes_a_batched_earlier_one<M: Mode>() -> Outcome {
+    let mode = M::VALUE;
+    let mut w = l3(mode, 3, 0);
+    let sig = Signals::new(&mut w);
+    let token = w.shared_tensor(&[1], DataType::U64).ctx("token")?;
+    let (s, t) = (sig.clone(), token.clone());
+    const ROUNDS: u64 = 20;
+    let orch = w.register_orchestration("batched_then_ready", move |o, a| {
+        let round: u64 = a.scalar(0).ok_or("the round is scalar 0")?;
+        // P (handed over at once: the scheduler is idle): done once T2 is submitted
+        // (word 5), then says so (word 6).
+        let p = Signals::task(&[t.arg(ArgTag::InOut)], (5, round), (6, round), None, 0);
+        o.submit_next_level(s.orch, &p, 1)?;
+        // Then work queued on worker 0 until the orchestration ends (word 2): a full
+        // batch is handed over, so the scheduler is not idle and later ready tasks are
+        // batched.
+        for _ in 0..18 {
+            let busy = Signals::task(&[], (2, round), (NO_WORD, 0), None, 0);
+            o.submit_next_level(s.orch, &busy, 0)?;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+        let t1 = Signals::task(&[], (NO_WORD, 0), (0, round), None, 0);
+        o.submit_next_level(s.orch, &t1, 2)?;
+        let t2 = Signals::task(&[t.arg(ArgTag::Input)], (0, round), (NO_WORD, 0), None, 0);
+        o.submit_next_level(s.orch, &t2, 2)?;
+        s.words.at(5).store(round, Ordering::SeqCst);
+        // Let P's completion make T2 ready while this orchestration still runs.
+        let _ = s.words.wait_at_least(6, round, Duration::from_secs(2));
+        std::thread::sleep(Duration::from_millis(10));
+        s.words.at(2).store(round, Ordering::SeqCst);
+        Ok(())
+    });
+    w.init().ctx("init")?;
+    for round in 1..=ROUNDS {
+        w.run(&orch, &args(&[], &[round]))
+            .map_err(|e| format!("round {round}: T2 overtook the batched T1 on worker 2: {e}"))?;
+    }
+    w.close().ctx("close")?;
     Ok(())
 }
 

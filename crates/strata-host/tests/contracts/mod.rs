@@ -212,12 +212,13 @@ pub fn closures_keep_their_state_and_failures_are_task_failures<M: Mode>() -> Ou
             && msg == format!("sub_worker 0: callable {unknown} not registered"),
         "unknown digest: {code} {msg}"
     );
+    // SAFETY: the test checks that a sub-worker refuses host-local memory; the child
+    // never dereferences this descriptor.
+    let local_buf = unsafe {
+        BufferDesc::from_parts(minter.mint(), 8, BufferLocation::HostLocal { addr: 0x1000 })
+    };
     let local = TensorArg::new(
-        BufferDesc {
-            identity: minter.mint(),
-            nbytes: 8,
-            location: BufferLocation::HostLocal { addr: 0x1000 },
-        },
+        local_buf,
         TensorView::contiguous(DataType::U64, &[1]).ctx("view")?,
         ArgTag::Input,
     )
