@@ -9,7 +9,7 @@
 use crate::control::{ControlCommand, CopyDirection};
 use crate::endpoint::ChildKind;
 use crate::error::DistError;
-use crate::sched::{ControlJob, Link};
+use crate::sched::{ControlFailure, ControlJob, Link};
 use crate::tensor::ChildTensor;
 use std::collections::HashMap;
 use std::sync::{mpsc, Arc, Mutex};
@@ -54,9 +54,17 @@ impl Ctx {
             worker: self.labels.get(lane).cloned().unwrap_or_default(),
             message: "the scheduler stopped before answering".into(),
         })?;
-        r.map_err(|message| DistError::Control {
-            worker: self.labels.get(lane).cloned().unwrap_or_default(),
-            message,
+        let worker = || self.labels.get(lane).cloned().unwrap_or_default();
+        r.map_err(|e| match e {
+            ControlFailure::Failed(message) => DistError::Control {
+                worker: worker(),
+                message,
+            },
+            ControlFailure::Unresponsive { message, after } => DistError::Unresponsive {
+                worker: worker(),
+                message,
+                after,
+            },
         })
     }
 

@@ -414,7 +414,10 @@ impl DistWorker {
             .take_while(|k| *k != ChildKind::Sub)
             .collect();
         let waiter = orch.run_waiter();
-        let driver = Driver::new(SchedLoop::new(sched, endpoints, link.clone(), next.len()));
+        let driver = Driver::new(
+            SchedLoop::new(sched, endpoints, link.clone(), next.len())
+                .with_deadlines(cfg.control_timeout, cfg.task_timeout),
+        );
         let handle = driver
             .spawn()
             .map_err(|e| DistError::Internal(format!("cannot start the scheduler thread: {e}")))?;
@@ -700,7 +703,13 @@ impl DistWorker {
             return Ok(());
         };
         self.state = State::Closed;
-        let deadline = Instant::now() + self.config.close_grace;
+        // A grace past what an `Instant` holds is clamped to a century (it waits as long as
+        // the runs take, in practice) rather than overflow.
+        let now = Instant::now();
+        let deadline = now
+            .checked_add(self.config.close_grace)
+            .or_else(|| now.checked_add(FAR_FUTURE))
+            .unwrap_or(now);
         while let Some(run) = rt.graph.dispatchable_run() {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() || rt.ctx.link.unusable().is_some() {
@@ -748,6 +757,9 @@ impl Drop for DistWorker {
     }
 }
 
+/// What a grace too large for an [`Instant`] is clamped to: a century.
+const FAR_FUTURE: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
 /// A run in flight (see [`DistWorker::submit`]).
 pub struct RunHandle {
     run: RunId,
@@ -792,7 +804,8 @@ impl RunHandle {
         // run's wait stays at cache-line speed, with no third party); park once it made
         // no progress for the spin budget.
         let (waiter, run) = (&self.waiter, self.run);
-        let deadline = timeout.map(|t| Instant::now() + t);
+        // A timeout past what an `Instant` holds (e.g. `Duration::MAX`) is no deadline.
+        let deadline = timeout.and_then(strata_sync::deadline_after);
         let broken = |b: strata_sync::Broken| DistError::Internal(b.to_string());
         self.driver
             .drive_until(deadline, || {

@@ -195,12 +195,28 @@ impl TensorCreateInfo {
         Ok(TensorView::contiguous(self.dtype, shape)?)
     }
 
-    /// Bytes of data (before 1024-byte alignment).
+    /// Bytes of data (before 1024-byte alignment); `u64::MAX` when the shape's product
+    /// overflows a u64 (such a tensor is refused by [`TensorCreateInfo::view`], and
+    /// [`TensorCreateInfo::checked_nbytes`] says so).
     pub fn nbytes(&self) -> u64 {
-        self.shape[..self.ndims.min(MAX_DIMS)]
+        self.checked_nbytes().unwrap_or(u64::MAX)
+    }
+
+    /// Bytes of data, checked.
+    ///
+    /// # Errors
+    /// [`ChipError::Types`] (geometry overflow) when the elements' bytes do not fit a u64.
+    pub fn checked_nbytes(&self) -> Result<u64, ChipError> {
+        let shape = &self.shape[..self.ndims.min(MAX_DIMS)];
+        shape
             .iter()
-            .product::<u64>()
-            * self.dtype.size_bytes() as u64
+            .try_fold(self.dtype.size_bytes() as u64, |n, &d| n.checked_mul(d))
+            .ok_or_else(|| {
+                ChipError::Types(strata_types::TypesError::GeometryOverflow {
+                    shape: shape.to_vec(),
+                    strides: Vec::new(),
+                })
+            })
     }
 }
 
