@@ -330,3 +330,21 @@ impl ChipConfig {
         Ok(rings)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{ChipConfig, MAX_DEVICE_MEMORY_BYTES};
+
+    #[test]
+    fn a_ring_heap_past_the_device_memory_limit_is_refused_naming_the_limit() {
+        for heap in [u64::MAX, u64::MAX - 1000, MAX_DEVICE_MEMORY_BYTES + 1] {
+            let mut c = ChipConfig::default();
+            c.rings[1].heap_bytes = heap;
+            let err = c.validate().unwrap_err().to_string();
+            assert!(
+                err.contains("ring 1") && err.contains("2^46"),
+                "heap {heap}: {err}"
+            );
+        }
+    }
+}

@@ -512,3 +512,20 @@ impl MixedKernels {
             | ((self.aiv1.is_some() as u8) << 2)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::TensorCreateInfo;
+    use strata_types::DataType;
+
+    #[test]
+    fn nbytes_of_a_shape_whose_product_overflows_saturates_and_is_an_error_when_checked() {
+        let ci = TensorCreateInfo::new(DataType::F32, &[u64::MAX / 2, 3]);
+        assert_eq!(ci.nbytes(), u64::MAX);
+        let err = ci.checked_nbytes().unwrap_err().to_string();
+        assert!(err.contains("overflow"), "{err}");
+        assert!(ci.view().is_err());
+        let ok = TensorCreateInfo::new(DataType::F32, &[1 << 20, 4]);
+        assert_eq!(ok.checked_nbytes().unwrap(), 16 << 20);
+    }
+}
