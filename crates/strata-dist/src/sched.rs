@@ -348,7 +348,11 @@ impl<E: Endpoint> SchedLoop<E> {
 
     /// Sets the control deadline and the tasks' default budget (see
     /// [`crate::DistConfig::control_timeout`] and [`crate::DistConfig::task_timeout`]).
-    pub(crate) fn with_deadlines(mut self, control_timeout: Duration, task_timeout: Duration) -> Self {
+    pub(crate) fn with_deadlines(
+        mut self,
+        control_timeout: Duration,
+        task_timeout: Duration,
+    ) -> Self {
         self.control_timeout = control_timeout;
         self.task_timeout = task_timeout;
         self

@@ -692,6 +692,11 @@ impl DistWorker {
     /// child down and reaps it (killing what does not exit in time), and unlinks their
     /// shared memory. Idempotent; also runs on drop.
     ///
+    /// Bounded: it returns within `close_grace` + 0.5 s (the children's least grace) +
+    /// `control_timeout` (a control request the scheduler may be waiting on) + 10 s (the
+    /// reap bound after `SIGKILL`), a stopped or stuck child included (`SIGKILL` ends a
+    /// stopped process). A thread child that does not stop is detached, not waited for.
+    ///
     /// # Errors
     /// Children that exited abnormally (the worker is closed regardless).
     pub fn close(&mut self) -> Result<(), DistError> {
@@ -731,7 +736,12 @@ impl DistWorker {
         let Some(mut exit) = exit else {
             return Ok(());
         };
-        let report = exit.children.shutdown(self.config.close_grace)?;
+        // One grace for the whole close, so it ends within `close_grace` plus a bound: the
+        // children get what the runs left of it, but at least a moment to exit cleanly.
+        let grace = deadline
+            .saturating_duration_since(Instant::now())
+            .max(self.config.close_grace.min(SHUTDOWN_FLOOR));
+        let report = exit.children.shutdown(grace)?;
         if let Some(comm) = &rt.ctx.comm {
             comm.release_all();
         }
@@ -756,6 +766,10 @@ impl Drop for DistWorker {
         let _ = self.close();
     }
 }
+
+/// The least grace `close` gives the children to exit once the scheduler stopped (or
+/// `close_grace`, if shorter), however much of `close_grace` the runs took.
+const SHUTDOWN_FLOOR: Duration = Duration::from_millis(500);
 
 /// What a grace too large for an [`Instant`] is clamped to: a century.
 const FAR_FUTURE: Duration = Duration::from_secs(100 * 365 * 24 * 3600);

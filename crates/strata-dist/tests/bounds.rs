@@ -69,7 +69,8 @@ fn a_stopped_chip_is_declared_unresponsive_and_close_finishes() -> Outcome {
     let mut w = DistWorker::new(cfg).ctx("new")?;
     w.init().ctx("init")?;
     let pids = w.child_pids();
-    w.committed_device_memory(0).ctx("a control request before the stop")?;
+    w.committed_device_memory(0)
+        .ctx("a control request before the stop")?;
     signal(pids[0], libc::SIGSTOP)?;
 
     let dog = Watchdog::arm(BOUND, pids.clone());
@@ -78,10 +79,20 @@ fn a_stopped_chip_is_declared_unresponsive_and_close_finishes() -> Outcome {
     let took = t0.elapsed();
     let fired = dog.disarm();
     println!("    control request to a stopped chip answered after {took:.2?}");
-    check!(!fired, "committed_device_memory hung until the watchdog killed the children");
+    check!(
+        !fired,
+        "committed_device_memory hung until the watchdog killed the children"
+    );
     match got {
-        Err(DistError::Unresponsive { worker, message, after }) => {
-            check!(after == control_timeout, "the deadline it missed: {after:?}");
+        Err(DistError::Unresponsive {
+            worker,
+            message,
+            after,
+        }) => {
+            check!(
+                after == control_timeout,
+                "the deadline it missed: {after:?}"
+            );
             check!(worker.contains("chip_process"), "names the child: {worker}");
             check!(
                 message.contains("worker 0")
@@ -92,7 +103,10 @@ fn a_stopped_chip_is_declared_unresponsive_and_close_finishes() -> Outcome {
         }
         other => return Err(format!("expected DistError::Unresponsive, got {other:?}")),
     }
-    check!(took < control_timeout + SLACK, "answered within its deadline: {took:?}");
+    check!(
+        took < control_timeout + SLACK,
+        "answered within its deadline: {took:?}"
+    );
     check!(w.unusable_reason().is_some(), "the worker is unusable");
 
     let dog = Watchdog::arm(BOUND, pids);
@@ -106,7 +120,10 @@ fn a_stopped_chip_is_declared_unresponsive_and_close_finishes() -> Outcome {
         Ok(()) | Err(DistError::Close(_)) => {}
         other => return Err(format!("close: {other:?}")),
     }
-    check!(took < close_grace + SLACK, "close finished within its grace plus a bound: {took:?}");
+    check!(
+        took < close_grace + SLACK,
+        "close finished within its grace plus a bound: {took:?}"
+    );
     Ok(())
 }
 
@@ -152,7 +169,10 @@ fn a_sub_task_past_its_deadline_fails_with_a_timeout_and_poisons_downstream() ->
     let took = t0.elapsed();
     let fired = dog.disarm();
     println!("    a spinning sub task (deadline {task_timeout:?}) failed after {took:.2?}");
-    check!(!fired, "the run hung until the watchdog killed the children");
+    check!(
+        !fired,
+        "the run hung until the watchdog killed the children"
+    );
     match got {
         Err(DistError::TaskFailed(f)) => {
             check!(f.kind() == FailureKind::Timeout, "a timeout: {f:?}");
@@ -164,7 +184,10 @@ fn a_sub_task_past_its_deadline_fails_with_a_timeout_and_poisons_downstream() ->
         }
         other => return Err(format!("expected a timeout, got {other:?}")),
     }
-    check!(took < task_timeout + SLACK, "failed at its deadline: {took:?}");
+    check!(
+        took < task_timeout + SLACK,
+        "failed at its deadline: {took:?}"
+    );
     check!(
         downstream.to_vec::<u64>().ctx("read")?[0] == 0,
         "the dependent task was poisoned, not run"
@@ -238,7 +261,8 @@ fn timeouts_too_large_for_an_instant_mean_no_deadline() -> Outcome {
     w.committed_device_memory(0)
         .ctx("a control request with control_timeout = Duration::MAX")?;
     let mut h = w.submit(&orch, &TaskArgs::new()).ctx("submit")?;
-    h.wait(Some(Duration::MAX)).ctx("wait(Some(Duration::MAX))")?;
+    h.wait(Some(Duration::MAX))
+        .ctx("wait(Some(Duration::MAX))")?;
     w.run(&orch, &TaskArgs::new())
         .ctx("run with task_timeout = Duration::MAX")?;
     // Closed by Drop, with close_grace = Duration::MAX.

@@ -641,7 +641,10 @@ impl ChipOrch {
                     let Some(bytes) = view.nbytes().checked_next_multiple_of(1024) else {
                         return Err(self.latch(
                             codes::INVALID_ARGS,
-                            format!("output {i}: {} bytes rounded up to 1024 overflow a u64", view.nbytes()),
+                            format!(
+                                "output {i}: {} bytes rounded up to 1024 overflow a u64",
+                                view.nbytes()
+                            ),
                         ));
                     };
                     created.push(BufferKey::new(
