@@ -179,6 +179,36 @@ pub enum ChipError {
         /// This chip.
         this_chip: u64,
     },
+    /// A [`crate::ChipTensor`] kept from an earlier run: its bytes may belong to another
+    /// buffer now (the rings and the staging are reused by every run).
+    #[error("stale tensor handle: it belongs to run {handle_run} of this chip, the current run is {current_run}; a ChipTensor is valid only in the run that produced it (pass a DeviceTensor in the run's arguments to reuse resident data)")]
+    StaleTensor {
+        /// The run the handle belongs to.
+        handle_run: u64,
+        /// The run it was used in.
+        current_run: u64,
+    },
+    /// A [`crate::ChipTensor`] produced by another chip's run: its device address means
+    /// nothing here.
+    #[error("tensor handle of another chip (chip nonce {handle_chip:#x}, this chip {this_chip:#x}); device memory is private to its chip: pass the data through the run's arguments")]
+    ForeignTensor {
+        /// The handle's chip.
+        handle_chip: u64,
+        /// This chip.
+        this_chip: u64,
+    },
+    /// Device memory a kernel abandoned after its timeout may still be writing (it was an
+    /// argument of that kernel's run): copies and runs that name it are refused until the
+    /// kernel returns ([`crate::ChipWorker::lost_cores`] is empty).
+    #[error("{what} at {base:#x} (+{size}) may still be written by a kernel abandoned after its timeout; wait until ChipWorker::lost_cores() is empty (the kernel returned) before using it")]
+    Quarantined {
+        /// What was passed.
+        what: &'static str,
+        /// Base of the allocation.
+        base: u64,
+        /// Its size.
+        size: u64,
+    },
     /// A host buffer too small for a copy.
     #[error("host buffer of {have} bytes is too small: the copy needs bytes [{offset}, {end})")]
     HostRange {
@@ -288,6 +318,7 @@ impl ChipError {
             ChipError::KernelFailed { .. } => codes::KERNEL_FAILED,
             ChipError::KernelTimeout { .. } => codes::SCHEDULER_TIMEOUT,
             ChipError::OrchestrationFailed { .. } => codes::ORCHESTRATION_FAILED,
+            ChipError::StaleTensor { .. } | ChipError::ForeignTensor { .. } => codes::INVALID_ARGS,
             _ => return None,
         })
     }

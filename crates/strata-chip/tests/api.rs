@@ -160,6 +160,42 @@ const MISUSE_CASES: &[MisuseCase] = &[
         expect: |e| matches!(e, ChipError::OutOfRange { .. }),
     },
     MisuseCase {
+        name: "copy to a device offset at the allocation's end (the next allocation starts there)",
+        call: |m| {
+            let at = CopyOffsets {
+                device: 4096,
+                host: 0,
+            };
+            m.chip.copy_to(m.live, &m.host, 16, at)
+        },
+        expect: |e| matches!(e, ChipError::OutOfRange { size: 4096, .. }),
+    },
+    MisuseCase {
+        name: "copy from a device offset past the allocation's end",
+        call: |m| {
+            let at = CopyOffsets {
+                device: 8192,
+                host: 0,
+            };
+            let mut buf = vec![0u8; 16];
+            m.chip.copy_from(&mut buf, m.live, 16, at)
+        },
+        expect: |e| matches!(e, ChipError::OutOfRange { size: 4096, .. }),
+    },
+    MisuseCase {
+        name: "copy with a saturating device offset",
+        call: |m| {
+            let at = CopyOffsets {
+                device: u64::MAX,
+                host: 0,
+            };
+            let mut buf = vec![0u8; 16];
+            m.chip.copy_from(&mut buf, m.live, 16, at)?;
+            m.chip.copy_to(m.live, &m.host, 16, at)
+        },
+        expect: |e| matches!(e, ChipError::OutOfRange { size: 4096, .. }),
+    },
+    MisuseCase {
         name: "host slice shorter than the copy",
         call: |m| {
             m.chip

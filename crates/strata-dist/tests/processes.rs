@@ -206,7 +206,7 @@ fn a_crashing_sub_child_is_reported() -> Outcome {
     Ok(())
 }
 
-fn children_exit_by_themselves_when_the_worker_process_is_killed() -> Outcome {
+fn idle_children_die_when_the_worker_process_is_killed() -> Outcome {
     // A forked process builds a level-4 tree (two level-3 children, each with a chip and a
     // sub-worker: 6 processes below it), reports the pids, and waits to be killed.
     let mut fds = [0i32; 2];
@@ -262,10 +262,164 @@ fn children_exit_by_themselves_when_the_worker_process_is_killed() -> Outcome {
             r == p || r == -1
         })
     })?;
+    println!("    6 idle orphans gone within {:.2?}", t0.elapsed());
+    Ok(())
+}
+
+/// A level-4 worker (`grace` to close) with two level-3 children of one chip and one
+/// sub-worker each, and a run that keeps both children's sub-workers spinning at 100 %
+/// CPU (each bumps word 0 of the returned words when it starts). The level-3 children
+/// are blocked waiting for them.
+fn busy_level4_tree(grace: Duration) -> Result<(DistWorker, HostOrchHandle, SharedWords), String> {
+    let mut cfg = DistConfig::l4(0).with_exec_mode(ExecMode::Process);
+    cfg.close_grace = grace;
+    let mut top = DistWorker::new(cfg).ctx("l4")?;
+    let words = SharedWords::new(&top, 4);
+    let w2 = words.clone();
+    let spin = top.register_sub("spin", move |_| {
+        w2.bump(0);
+        loop {
+            std::hint::spin_loop();
+        }
+    });
+    let inner = top.register_orchestration("inner", move |o, _| {
+        o.submit_sub(&spin, &TaskArgs::new())?;
+        Ok(())
+    });
+    let mut level3 = Vec::new();
+    for i in 0..2 {
+        let child = DistWorker::new(l3_config(ExecMode::Process, 1, 1)).ctx("l3")?;
+        level3.push(top.add_worker(child).ctx(&format!("add {i}"))?);
+    }
+    let outer = top.register_orchestration("outer", move |o, _| {
+        for &w in &level3 {
+            o.submit_next_level(inner, &TaskArgs::new(), w)?;
+        }
+        Ok(())
+    });
+    top.init().ctx("init")?;
+    Ok((top, outer, words))
+}
+
+/// Reaps (as subreaper) each of `pids` as it ends until all ended or `within` passed;
+/// SIGKILLs and reaps the survivors (cleanup) and returns them.
+fn reap_within(pids: &[i32], within: Duration) -> Vec<i32> {
+    let mut gone = vec![false; pids.len()];
+    let end = Instant::now() + within;
+    while gone.iter().any(|g| !g) && Instant::now() < end {
+        for (i, &p) in pids.iter().enumerate() {
+            if !gone[i] {
+                // SAFETY: reaping a process that was reparented to us (or is not ours any
+                // more: -1, and then a probe says whether it still exists).
+                let r = unsafe { libc::waitpid(p, std::ptr::null_mut(), libc::WNOHANG) };
+                // SAFETY: signal 0 only probes.
+                gone[i] = r == p || (r == -1 && unsafe { libc::kill(p, 0) } == -1);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let survivors: Vec<i32> = pids
+        .iter()
+        .zip(&gone)
+        .filter(|(_, g)| !**g)
+        .map(|(p, _)| *p)
+        .collect();
+    for &p in &survivors {
+        // SAFETY: an unreaped process reparented to us: kill and reap it.
+        unsafe {
+            libc::kill(p, libc::SIGKILL);
+            libc::waitpid(p, std::ptr::null_mut(), 0);
+        }
+    }
+    survivors
+}
+
+fn a_killed_level4_worker_leaves_no_descendant_alive_even_busy_ones() -> Outcome {
+    let mut fds = [0i32; 2];
+    // SAFETY: `fds` has room for the two descriptors.
+    check!(unsafe { libc::pipe(fds.as_mut_ptr()) } == 0, "pipe");
+    // SAFETY: this process is single-threaded here (the runner runs scenarios in order
+    // and every earlier worker was closed); the child leaves through `_exit`.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        let code = std::panic::catch_unwind(|| {
+            let (mut top, outer, words) = busy_level4_tree(Duration::from_secs(10)).expect("tree");
+            let _run = top.submit(&outer, &TaskArgs::new()).expect("submit");
+            words.wait_at_least(0, 2, BOUND).expect("both subs spin");
+            let below = descendants_of(std::process::id() as i32);
+            let text = format!("{below:?}\n");
+            // SAFETY: writing our own buffer to the pipe's write end.
+            unsafe { libc::write(fds[1], text.as_ptr().cast(), text.len()) };
+            std::thread::sleep(Duration::from_secs(300));
+            0
+        })
+        .unwrap_or(101);
+        // SAFETY: leave without running inherited destructors.
+        unsafe { libc::_exit(code) }
+    }
+    // SAFETY: closing our copy of the write end.
+    unsafe { libc::close(fds[1]) };
+    let mut buf = vec![0u8; 4096];
+    // SAFETY: reading into our own buffer (the child writes one short line, or dies and
+    // closes the pipe).
+    let n = unsafe { libc::read(fds[0], buf.as_mut_ptr().cast(), buf.len()) };
+    // SAFETY: closing the read end.
+    unsafe { libc::close(fds[0]) };
+    let text = String::from_utf8_lossy(&buf[..n.max(0) as usize]).to_string();
+    let below: Vec<i32> = text
+        .trim()
+        .trim_matches(|c| c == '[' || c == ']')
+        .split(',')
+        .filter_map(|s| s.trim().parse().ok())
+        .collect();
+    kill(pid)?;
+    // SAFETY: reaping the process we forked.
+    unsafe { libc::waitpid(pid, std::ptr::null_mut(), 0) };
+    let t0 = Instant::now();
+    let survivors = reap_within(&below, Duration::from_secs(1));
+    check!(
+        below.len() == 6,
+        "2 level-3 children, each with a chip and a sub-worker: {text:?}"
+    );
+    check!(
+        survivors.is_empty(),
+        "alive 1 s after the level-4 worker was killed: {survivors:?} of {below:?}"
+    );
     println!(
-        "    6 orphans exited by themselves within {:.2?}",
+        "    6 descendants (2 spinning) gone {:.2?} after the level-4 worker was killed",
         t0.elapsed()
     );
+    Ok(())
+}
+
+fn a_level3_child_killed_at_close_takes_its_own_children_with_it() -> Outcome {
+    let (mut top, outer, words) = busy_level4_tree(Duration::from_millis(200))?;
+    let handle = top.submit(&outer, &TaskArgs::new()).ctx("submit")?;
+    words.wait_at_least(0, 2, BOUND)?;
+    let below = descendants();
+    check!(
+        below.len() == 6,
+        "2 level-3 children, each with a chip and a sub-worker: {below:?}"
+    );
+    let closed = top.close();
+    let t0 = Instant::now();
+    let survivors = reap_within(&below, BOUND);
+    check!(
+        survivors.is_empty(),
+        "alive after close killed their level-3 parent: {survivors:?} of {below:?}"
+    );
+    println!(
+        "    the killed level-3 children's chips and spinning subs gone {:.2?} after close returned",
+        t0.elapsed()
+    );
+    match closed {
+        Err(DistError::Close(why)) => check!(
+            why.contains("child_worker") && why.contains("SIGKILL"),
+            "close names the children it had to kill: {why}"
+        ),
+        other => return Err(format!("expected DistError::Close, got {other:?}")),
+    }
+    check!(handle.result().is_err(), "the run cannot have succeeded");
     Ok(())
 }
 
@@ -365,8 +519,16 @@ fn main() {
             a_crashing_sub_child_is_reported,
         ),
         (
-            "children_exit_by_themselves_when_the_worker_process_is_killed",
-            children_exit_by_themselves_when_the_worker_process_is_killed,
+            "idle_children_die_when_the_worker_process_is_killed",
+            idle_children_die_when_the_worker_process_is_killed,
+        ),
+        (
+            "a_killed_level4_worker_leaves_no_descendant_alive_even_busy_ones",
+            a_killed_level4_worker_leaves_no_descendant_alive_even_busy_ones,
+        ),
+        (
+            "a_level3_child_killed_at_close_takes_its_own_children_with_it",
+            a_level3_child_killed_at_close_takes_its_own_children_with_it,
         ),
         (
             "close_cuts_off_a_stuck_task_after_the_grace_period",

@@ -46,6 +46,49 @@ impl BufferKey {
     }
 }
 
+/// The address domain a buffer's bytes live in: addresses are comparable only within one
+/// domain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum AddressDomain {
+    /// One host shared-memory region (offsets inside it).
+    HostShared {
+        /// The region id.
+        region: u64,
+    },
+    /// The device memory of one chip (device addresses).
+    Device {
+        /// The chip's next-level worker id.
+        worker: u32,
+    },
+    /// The submitting process's private memory (its virtual addresses).
+    HostLocal,
+}
+
+/// Where a buffer's bytes start: its address domain and base address there. Two
+/// accesses placed in one domain are compared by the bytes they touch, whatever their
+/// keys — a stale or forged key over live bytes is still the same memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Placement {
+    /// The address domain.
+    pub domain: AddressDomain,
+    /// The buffer's base address (or offset) in it.
+    pub base: u64,
+}
+
+impl Placement {
+    /// Where a tensor argument's buffer is.
+    pub fn of_arg(arg: &TensorArg) -> Self {
+        let (domain, base) = match arg.buffer.location {
+            BufferLocation::HostShared { region, offset } => {
+                (AddressDomain::HostShared { region }, offset)
+            }
+            BufferLocation::Device { worker, addr } => (AddressDomain::Device { worker }, addr),
+            BufferLocation::HostLocal { addr } => (AddressDomain::HostLocal, addr),
+        };
+        Placement { domain, base }
+    }
+}
+
 /// One tensor access of a task: which buffer, which bytes, and how.
 ///
 /// ```
@@ -63,6 +106,9 @@ pub struct Access {
     pub footprint: Footprint,
     /// How they are touched.
     pub tag: ArgTag,
+    /// Where the buffer's bytes are, if known: then the within-task aliasing check also
+    /// compares this access with accesses of other keys by address.
+    pub placement: Option<Placement>,
 }
 
 impl Access {
@@ -72,16 +118,35 @@ impl Access {
             key,
             footprint,
             tag,
+            placement: None,
         }
     }
 
-    /// The access a tensor argument makes.
+    /// The same access with the buffer's placement known.
+    pub fn placed(mut self, placement: Placement) -> Self {
+        self.placement = Some(placement);
+        self
+    }
+
+    /// The absolute byte range `[start, end)` the access may touch in its domain, if
+    /// placed and its footprint is a view (not the whole buffer of unknown size).
+    pub(crate) fn absolute_span(&self) -> Option<(AddressDomain, u64, u64)> {
+        let p = self.placement?;
+        if self.footprint == Footprint::WHOLE {
+            return None;
+        }
+        let (s, e) = self.footprint.span();
+        Some((p.domain, p.base.saturating_add(s), p.base.saturating_add(e)))
+    }
+
+    /// The access a tensor argument makes (placed where its buffer is).
     pub fn of_arg(arg: &TensorArg) -> Self {
         Access::new(
             BufferKey::of_arg(arg),
             Footprint::of_view(&arg.view),
             arg.tag,
         )
+        .placed(Placement::of_arg(arg))
     }
 }
 

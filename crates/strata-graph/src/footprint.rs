@@ -166,6 +166,11 @@ impl Footprint {
         }
     }
 
+    /// Whether every byte of the span is touched (a dense range; not the whole buffer).
+    pub(crate) fn is_dense(&self) -> bool {
+        matches!(self.0, Repr::View { dense: true, .. })
+    }
+
     /// The lattice of a regular view of two or more axes.
     ///
     /// Two footprints on one grid ([`Lattice::same_grid`]) that do not provably miss each

@@ -69,7 +69,7 @@ mod tests;
 #[cfg(all(test, loom))]
 mod loom_tests;
 
-pub use access::{Access, BufferKey, KeySpace};
+pub use access::{Access, AddressDomain, BufferKey, KeySpace, Placement};
 pub use core::ReadyTask;
 pub use error::{DeadlockCause, Failure, FailureKind, GraphError};
 pub use footprint::{Footprint, Overlap};

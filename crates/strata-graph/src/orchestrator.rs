@@ -2,7 +2,7 @@
 //! runtime-owned buffers. Exactly one exists per graph; it owns the TensorMap, the rings
 //! and the scope stack outright, so submission takes no lock of its own.
 
-use crate::access::{Access, BufferKey};
+use crate::access::{Access, AddressDomain, BufferKey};
 use crate::core::{Core, ReadyTask};
 use crate::error::{DeadlockCause, Failure, FailureKind, GraphError};
 use crate::free_list::FreeList;
@@ -487,6 +487,15 @@ impl<P: Send + 'static> Orchestrator<P> {
                 return Err(e);
             }
         };
+        if aligned > 0 {
+            if let Err(e) = self.check_fail_fast(word) {
+                // The run failed while this submit waited for heap: the room may be a
+                // failed task's slab, which a kernel abandoned after its timeout can still
+                // be writing. Nothing was committed yet.
+                self.producers = producers;
+                return Err(e);
+            }
+        }
 
         // Past this point nothing fails.
         let group_size = spec.group_size();
@@ -631,6 +640,8 @@ impl<P: Send + 'static> Orchestrator<P> {
         let ring_idx = ring_for_depth(self.scopes.current_depth());
         let aligned = self.check_heap_request(ring_idx, bytes.max(1))?;
         let offset = self.reserve_slot(ring_idx, aligned)?;
+        // As in `submit`: heap freed by a failure is not handed to a failed run.
+        self.check_fail_fast(word)?;
         let task = self.new_slot(word, 0, 1);
         self.rings[ring_idx].commit(task, offset, aligned);
         self.core.runs.add_task(lease);
@@ -832,17 +843,21 @@ impl<P: Send + 'static> Orchestrator<P> {
         Ok(())
     }
 
-    /// Rejects a written view that provably overlaps a later argument of the same task.
-    /// Only arguments of the same buffer are compared (grouped by key when there are
-    /// many), so a task with a thousand distinct buffers costs a sort, not a million checks.
+    /// Rejects a written view that provably overlaps a later argument of the same task,
+    /// judged by bytes: arguments of the same buffer by their footprints, and arguments
+    /// of different keys whose placements are in one address domain by the addresses
+    /// they touch (a stale or forged key over live bytes is the same memory). Up to 16
+    /// arguments are compared pairwise without allocating; beyond that arguments are
+    /// grouped by key and swept by address, so a task with a thousand distinct buffers
+    /// costs two sorts, not a million checks.
     fn check_aliasing(member_index: usize, member: &[Access]) -> Result<(), GraphError> {
         let conflict = |i: usize, j: usize| {
             let (a, b) = (&member[i], &member[j]);
-            a.tag.writes() && a.key == b.key && a.footprint.certainly_intersects(&b.footprint)
+            a.tag.writes() && Self::same_bytes(a, b)
         };
         let error = |i: usize, j: usize| {
             GraphError::InvalidArgs(format!(
-                "member {member_index}: argument {i} ({}) overlaps argument {j} ({}) of the same buffer; a written view must not alias a later argument — tag one INOUT instead",
+                "member {member_index}: argument {i} ({}) overlaps argument {j} ({}) in memory; a written view must not alias a later argument — tag one INOUT instead",
                 member[i].tag, member[j].tag
             ))
         };
@@ -867,7 +882,50 @@ impl<P: Send + 'static> Orchestrator<P> {
                 }
             }
         }
+        // Different keys over the same addresses: sweep the placed accesses by start.
+        let mut placed: Vec<(AddressDomain, u64, u64, usize)> = member
+            .iter()
+            .enumerate()
+            .filter_map(|(i, a)| a.absolute_span().map(|(d, s, e)| (d, s, e, i)))
+            .collect();
+        placed.sort_unstable();
+        for (k, &(d, _, end, i)) in placed.iter().enumerate() {
+            for &(d2, s2, _, j) in &placed[k + 1..] {
+                if d2 != d || s2 >= end {
+                    break;
+                }
+                let (lo, hi) = (i.min(j), i.max(j));
+                if member[lo].key != member[hi].key && conflict(lo, hi) {
+                    return Err(error(lo, hi));
+                }
+            }
+        }
         Ok(())
+    }
+
+    /// Whether two accesses provably touch a common byte: the same buffer with
+    /// intersecting footprints, or buffers placed in one address domain whose bytes
+    /// intersect (compared by footprint over a common base, by dense byte range
+    /// otherwise).
+    fn same_bytes(a: &Access, b: &Access) -> bool {
+        if a.key == b.key {
+            return a.footprint.certainly_intersects(&b.footprint);
+        }
+        let (Some(pa), Some(pb)) = (a.placement, b.placement) else {
+            return false;
+        };
+        if pa.domain != pb.domain {
+            return false;
+        }
+        if pa.base == pb.base {
+            return a.footprint.certainly_intersects(&b.footprint);
+        }
+        match (a.absolute_span(), b.absolute_span()) {
+            (Some((_, s1, e1)), Some((_, s2, e2))) => {
+                a.footprint.is_dense() && b.footprint.is_dense() && s1 < e2 && s2 < e1
+            }
+            _ => false,
+        }
     }
 
     fn collect_producers(

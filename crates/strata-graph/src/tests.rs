@@ -520,6 +520,53 @@ fn third_admission_waits_for_the_oldest_run() {
 }
 
 #[test]
+fn heap_freed_by_a_failure_is_not_handed_to_a_waiting_submit_of_the_failed_run() {
+    // A failed task's slab may still be written (a chip kernel abandoned after its
+    // timeout): a submit of the same run that was waiting for heap space when the task
+    // failed must not get it.
+    let mut h = h_with(small_rings(2, None, None));
+    h.orch.begin_run().unwrap();
+    h.orch.scope_begin().unwrap();
+    let a = h
+        .orch
+        .submit(TaskSpec::new(1, &[]).with_heap(2048, &[]))
+        .unwrap();
+    h.orch.scope_end().unwrap();
+    h.sched.claim(a.task).unwrap();
+    let H {
+        mut orch,
+        mut sched,
+        ..
+    } = h;
+    let waiter = std::thread::spawn(move || {
+        orch.scope_begin().unwrap();
+        let r = orch.submit(TaskSpec::new(2, &[]).with_heap(2048, &[]));
+        let alloc = orch.alloc(
+            BufferKey::new(IdentityMinter::new().mint(), KeySpace::Host),
+            2048,
+        );
+        (r.map(|s| s.task), alloc.map(|(t, _)| t))
+    });
+    std::thread::sleep(Duration::from_millis(50));
+    sched
+        .complete(
+            a.task,
+            Err(Failure::new(FailureKind::Task, "timed out")),
+            &mut vec![],
+        )
+        .unwrap();
+    let (submitted, allocated) = waiter.join().unwrap();
+    assert!(
+        matches!(submitted, Err(GraphError::RunFailed(_))),
+        "{submitted:?}"
+    );
+    assert!(
+        matches!(allocated, Err(GraphError::RunFailed(_))),
+        "{allocated:?}"
+    );
+}
+
+#[test]
 fn depth_one_admission_always_wakes_the_waiter() {
     let cfg = GraphConfig {
         pipeline_depth: 1,
@@ -619,6 +666,88 @@ fn aliasing_is_detected_among_many_arguments() {
     assert!(
         e.to_string()
             .contains("argument 10 (OUTPUT) overlaps argument 500"),
+        "{e}"
+    );
+}
+
+#[test]
+fn different_keys_over_the_same_bytes_alias_when_placed() {
+    let mut h = h();
+    h.orch.begin_run().unwrap();
+    let (stale, fresh) = (h.key(), h.key());
+    let region = AddressDomain::HostShared { region: 7 };
+    let at = |k: BufferKey, base: u64, start: u64, end: u64, tag: ArgTag| {
+        Access::new(k, Footprint::bytes(start, end).unwrap(), tag).placed(Placement {
+            domain: region,
+            base,
+        })
+    };
+    // Same base, different keys (a stale key over reused bytes): footprints compared.
+    let e = h
+        .orch
+        .submit(TaskSpec::new(
+            1,
+            &[
+                at(stale, 4096, 0, 1024, ArgTag::InOut),
+                at(fresh, 4096, 0, 1024, ArgTag::Input),
+            ],
+        ))
+        .unwrap_err();
+    assert_eq!(e.fatal_code(), Some(5));
+    assert!(e.to_string().contains("overlaps argument 1"), "{e}");
+    // Different bases whose dense ranges intersect.
+    assert!(h
+        .orch
+        .submit(TaskSpec::new(
+            2,
+            &[
+                at(stale, 4096, 0, 1024, ArgTag::Output),
+                at(fresh, 4608, 0, 1024, ArgTag::Input)
+            ],
+        ))
+        .is_err());
+    // Adjacent ranges, another domain, or unplaced accesses: no proof of shared bytes.
+    h.submit(
+        3,
+        &[
+            at(stale, 4096, 0, 512, ArgTag::Output),
+            at(fresh, 4608, 0, 512, ArgTag::Input),
+        ],
+    );
+    let other =
+        Access::new(fresh, Footprint::bytes(0, 1024).unwrap(), ArgTag::Input).placed(Placement {
+            domain: AddressDomain::HostShared { region: 8 },
+            base: 4096,
+        });
+    h.submit(4, &[at(stale, 4096, 0, 1024, ArgTag::Output), other]);
+    h.submit(
+        5,
+        &[
+            at(stale, 4096, 0, 1024, ArgTag::Output),
+            Access::new(fresh, Footprint::bytes(0, 1024).unwrap(), ArgTag::Input),
+        ],
+    );
+    // Among many arguments (the grouped path) too.
+    let keys: Vec<BufferKey> = (0..40).map(|_| h.key()).collect();
+    let mut args: Vec<Access> = keys
+        .iter()
+        .enumerate()
+        .map(|(i, k)| {
+            at(
+                *k,
+                1 << 20,
+                i as u64 * 1024,
+                (i as u64 + 1) * 1024,
+                ArgTag::Input,
+            )
+        })
+        .collect();
+    h.submit(6, &args);
+    args[3] = at(h.key(), 1 << 20, 30 * 1024, 31 * 1024, ArgTag::Output);
+    let e = h.orch.submit(TaskSpec::new(7, &args)).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("argument 3 (OUTPUT) overlaps argument 30"),
         "{e}"
     );
 }

@@ -10,6 +10,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+use strata_mailbox::release_foreign_mailboxes;
 use strata_mailbox::{
     AssumeAlive, Child, ChildProcess, ControlReply, ControlRequest, Failure, FrameId, Handler,
     Liveness, Mailbox, MailboxError, MailboxState, Parent, PublishHook, ServeOptions,
@@ -58,7 +59,9 @@ pub const INIT_FAILED_CODE: i32 = 1;
 /// the child.
 ///
 /// Anything the program captured before the fork (registries, closures, tables) is in
-/// the child's copy of memory; nothing is serialized.
+/// the child's copy of memory; nothing is serialized. The exception is mailboxes: in
+/// [`ExecMode::Process`] every mailbox but the child's own is unmapped and closed before
+/// `start` runs, so a program must not carry one across the fork.
 pub trait ChildProgram: Send + 'static {
     /// The child's name in logs and errors, e.g. `"sub_worker 1"`,
     /// `"chip_process dev=0"`, `"child_worker level=3 id=0"`.
@@ -133,6 +136,12 @@ pub struct SpawnOptions {
     /// the calling thread; a lock another thread held at that moment (allocator, stdio,
     /// environment) stays locked forever in the child. Opt in only if you know the other
     /// threads hold no such lock.
+    ///
+    /// The children's parent-death signal (`PR_SET_PDEATHSIG(SIGKILL)`) fires when the
+    /// *thread* that forked them exits. Without this option that thread is the process's
+    /// only one, so it fires exactly when the process dies; with it, call
+    /// [`Children::spawn`] from a thread that outlives the children (e.g. `main`), or they
+    /// are killed when it exits.
     pub allow_fork_with_threads: bool,
     /// Rung by every child after each publication its parent acts on (terminal task
     /// states, `FRAME_STAGED`, `CONTROL_DONE`, `INIT_*`). Create it before spawning.
@@ -241,7 +250,14 @@ impl Watch {
     /// Polls once without blocking (reaps a process / joins a thread that ended).
     fn poll(&mut self) -> Result<Option<ChildEnd>, MailboxError> {
         match self {
-            Watch::Process(p) => Ok(p.try_wait()?.map(ChildEnd::Process)),
+            Watch::Process(p) => {
+                if p.exit().is_none() && exited_unreaped(p.pid()) {
+                    // Its pid (and so its process group id) stays ours until the reap
+                    // below: anything the child left in its group dies with it now.
+                    kill_group(p.pid());
+                }
+                Ok(p.try_wait()?.map(ChildEnd::Process))
+            }
             Watch::Thread { handle, end } => {
                 if end.is_none() && handle.as_ref().is_some_and(|h| h.is_finished()) {
                     if let Some(h) = handle.take() {
@@ -271,6 +287,42 @@ impl Liveness for Watch {
 }
 
 pub(crate) use strata_sync::panic_message;
+
+/// Whether the child `pid` has exited but is not reaped yet (`waitid(WNOWAIT)`: the
+/// zombie stays, so its pid cannot be reused).
+fn exited_unreaped(pid: i32) -> bool {
+    // SAFETY: an all-zero siginfo_t is valid (plain integers and a union of them).
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    // SAFETY: waitid only writes into `info`; WNOWAIT leaves the child waitable and
+    // WNOHANG makes it return at once.
+    let r = unsafe {
+        libc::waitid(
+            libc::P_PID,
+            pid as libc::id_t,
+            &mut info,
+            libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+        )
+    };
+    // SAFETY: si_pid is set (to the child's pid, or 0 if it is still running) whenever
+    // waitid returns 0 with WEXITED.
+    r == 0 && unsafe { info.si_pid() } != 0
+}
+
+/// `SIGKILL`s the process group that the child `pid` leads (the child and whatever it
+/// started that stayed in its group, e.g. a program a sub callable spawned).
+///
+/// Only call it while `pid` is an unreaped child of this process: then no other process
+/// can have that pid, and no other group that id. A child that is no group leader (its
+/// `setpgid` failed) has no such group: `ESRCH`, and the child alone is killed.
+fn kill_group(pid: i32) {
+    // SAFETY: kill has no memory preconditions; `-pid` names the group `pid` leads, which
+    // the caller guarantees is still ours.
+    let r = unsafe { libc::kill(-pid, libc::SIGKILL) };
+    if r != 0 {
+        // SAFETY: as above, `pid` is our unreaped child.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+}
 
 // -------------------------------------------------------------------------------------
 // Lane
@@ -347,7 +399,8 @@ impl Lane {
     }
 
     /// The liveness check for blocking waits: `waitpid(WNOHANG)` for a process, "has the
-    /// thread finished" for a thread. A child it finds gone is reaped and remembered.
+    /// thread finished" for a thread. A child it finds gone is reaped and remembered (a
+    /// process's group is killed just before the reap).
     pub fn liveness(&mut self) -> &mut dyn Liveness {
         &mut self.watch
     }
@@ -691,9 +744,13 @@ impl Children {
     /// mailbox per child; forks every child (each child sets `OMP_NUM_THREADS`,
     /// `OPENBLAS_NUM_THREADS` and `MKL_NUM_THREADS` to 1 where unset, runs
     /// `program.start`, publishes `INIT_READY` or `INIT_FAILED`, serves its mailbox
-    /// — ringing the doorbell after each publication — and leaves through `_exit`);
-    /// children stay in this process group. Finally waits for every `INIT_READY` within
-    /// `opts.startup_timeout` (one deadline for all).
+    /// — ringing the doorbell after each publication — and leaves through `_exit`).
+    /// Before any of that each child sets `PR_SET_PDEATHSIG(SIGKILL)` (it dies with the
+    /// calling thread, busy or not; see [`SpawnOptions::allow_fork_with_threads`]),
+    /// leaves at once if its parent already died, leads a process group of its own
+    /// (killed when the child is reaped), and unmaps and closes every mailbox but its own.
+    /// Finally waits for every `INIT_READY` within `opts.startup_timeout` (one deadline
+    /// for all).
     ///
     /// Threads mode: the same, with a thread per child serving a second mapping of its
     /// mailbox.
@@ -796,6 +853,13 @@ impl Children {
                     if pid == 0 {
                         child_process(program, env, mailbox, serve.clone(), single_threaded);
                     }
+                    if pid > 0 {
+                        // Also done by the child; doing it here too means the group exists
+                        // before this function returns, whichever runs first. EACCES /
+                        // ESRCH (the child already set it, or died) change nothing.
+                        // SAFETY: setpgid has no memory preconditions; `pid` is our child.
+                        unsafe { libc::setpgid(pid, pid) };
+                    }
                     if pid < 0 {
                         return Err(HostError::SpawnFailed {
                             label,
@@ -826,7 +890,7 @@ impl Children {
                         .collect();
                     let handle = std::thread::Builder::new()
                         .name(name)
-                        .spawn(move || run_child(program, env, child_mb, serve))
+                        .spawn(move || run_child(program, env, child_mb, serve, Ok(())))
                         .map_err(|e| HostError::SpawnFailed {
                             label: label.clone(),
                             reason: format!("could not create the thread: {e}"),
@@ -967,8 +1031,10 @@ impl Children {
     ///    still owns with `SHUT_DOWN`, drops its handler and exits 0.
     /// 2. Polls (`waitpid(WNOHANG)` / thread finished) every ≤ 1 ms until all ended or
     ///    `grace` passed.
-    /// 3. `SIGKILL`s surviving processes and reaps them. Surviving threads cannot be
-    ///    killed: they are detached (reported with `end: None`).
+    /// 3. `SIGKILL`s the process group of every surviving process (the child and what it
+    ///    left in its group; its own children die by their parent-death signal) and reaps
+    ///    them. Surviving threads cannot be killed: they are detached (reported with
+    ///    `end: None`).
     /// 4. Drops the lanes and their mailboxes (only now, after reaping).
     ///
     /// Idempotent: a second call returns the first report. Also run on drop.
@@ -991,9 +1057,10 @@ impl Children {
         let mut killed = vec![false; self.lanes.len()];
         for (i, lane) in self.lanes.iter().enumerate() {
             if let (Watch::Process(p), None) = (&lane.watch, lane.watch.end()) {
-                // SAFETY: `p.pid()` is a child of this process that has not been reaped
-                // (its exit is unknown), so the pid cannot have been reused.
-                unsafe { libc::kill(p.pid(), libc::SIGKILL) };
+                // `p.pid()` is a child of this process that has not been reaped (its exit
+                // is unknown), so neither the pid nor its group id can have been reused.
+                // Its own strata children die by their parent-death signal.
+                kill_group(p.pid());
                 killed[i] = true;
             }
         }
@@ -1076,6 +1143,46 @@ impl Drop for Children {
 // The child side
 // -------------------------------------------------------------------------------------
 
+/// Ties a freshly forked child to its parent and cuts it off from its siblings, before
+/// it runs anything else:
+///
+/// 1. `PR_SET_PDEATHSIG(SIGKILL)`: the kernel kills the child when the parent thread that
+///    forked it exits — busy or idle, so a child stuck in a task cannot outlive its
+///    parent (an idle child would notice through `getppid()`; a busy one never looks).
+///    Every level sets it, so a killed level-3 child takes its own children with it.
+/// 2. Re-checks `getppid()` against the pid the parent recorded before `fork`: a parent
+///    that died before step 1 sends no signal; the child then leaves at once (exit 0,
+///    as an idle orphan does).
+/// 3. `setpgid(0, 0)`: the child leads a process group of its own, which the parent kills
+///    when it reaps the child, so whatever the child started (and left in that group)
+///    dies too.
+/// 4. Unmaps and closes every mailbox but its own ([`release_foreign_mailboxes`]).
+///
+/// Returns why the child cannot start (reported as `INIT_FAILED`).
+fn isolate_child(parent_pid: u32, own: &Mailbox) -> Result<(), String> {
+    // SAFETY: PR_SET_PDEATHSIG takes a signal number and sets a flag on this process.
+    if unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) } != 0 {
+        return Err(format!(
+            "prctl(PR_SET_PDEATHSIG): {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    // SAFETY: getppid has no preconditions.
+    if unsafe { libc::getppid() } as u32 != parent_pid {
+        // SAFETY: the parent is gone; leave without touching the state we inherited.
+        unsafe { libc::_exit(exit_codes::OK) }
+    }
+    // SAFETY: setpgid(0, 0) only moves this process into a new group it leads. It fails
+    // only for a session leader (impossible right after fork); the parent sets it too.
+    unsafe { libc::setpgid(0, 0) };
+    // SAFETY: this forked child never uses or drops the other mailboxes it inherited (its
+    // copies of the parent's lanes and of the siblings' mailboxes): it never returns into
+    // the parent's frames and leaves through `_exit`.
+    unsafe { release_foreign_mailboxes(own) }
+        .map(|_| ())
+        .map_err(|e| format!("could not drop the other children's mailboxes: {e}"))
+}
+
 /// The body of a forked child: never returns.
 fn child_process(
     program: Box<dyn ChildProgram>,
@@ -1084,13 +1191,16 @@ fn child_process(
     serve: ServeOptions,
     flush_stdio: bool,
 ) -> ! {
+    let isolated = isolate_child(env.parent_pid, &mailbox);
     for var in ["OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"] {
         if std::env::var_os(var).is_none() {
             std::env::set_var(var, "1");
         }
     }
-    let code = catch_unwind(AssertUnwindSafe(|| run_child(program, env, mailbox, serve)))
-        .unwrap_or(exit_codes::PANICKED);
+    let code = catch_unwind(AssertUnwindSafe(|| {
+        run_child(program, env, mailbox, serve, isolated)
+    }))
+    .unwrap_or(exit_codes::PANICKED);
     if flush_stdio {
         let _ = std::io::stdout().flush();
         let _ = std::io::stderr().flush();
@@ -1101,14 +1211,20 @@ fn child_process(
 }
 
 /// The child's life, shared by both modes: start, report readiness, serve, drop the
-/// handler. Returns the exit code.
+/// handler. Returns the exit code. `setup` is the outcome of the process-mode setup
+/// ([`isolate_child`]); an error is reported as `INIT_FAILED` without starting.
 fn run_child(
     program: Box<dyn ChildProgram>,
     env: ChildEnv,
     mailbox: Mailbox,
     serve: ServeOptions,
+    setup: Result<(), String>,
 ) -> i32 {
     let mut child = Child::with_parent(mailbox, env.parent_pid).with_options(serve);
+    if let Err(message) = setup {
+        let _ = child.init_failed(&Failure::new(INIT_FAILED_CODE, message));
+        return exit_codes::START_FAILED;
+    }
     let mut handler = match catch_unwind(AssertUnwindSafe(|| program.start(&env))) {
         Ok(Ok(h)) => h,
         Ok(Err(message)) => {

@@ -8,9 +8,11 @@
 //!   everything back if one fails.
 //! * [`Lane`] — one child's parent-side endpoint: its mailbox ([`strata_mailbox::Parent`])
 //!   and its liveness ([`Lane::check_alive`]).
-//! * [`Children::shutdown`] — graceful request, grace period, `SIGKILL`, reaping; run on
-//!   drop. Children whose parent dies exit by themselves (the serve loop watches
-//!   `getppid()`).
+//! * [`Children::shutdown`] — graceful request, grace period, `SIGKILL` of each
+//!   survivor's process group, reaping; run on drop. Children die with their parent, busy
+//!   or not (`PR_SET_PDEATHSIG`; an idle serve loop also watches `getppid()`), and see
+//!   only their own mailbox (the others are unmapped and closed after the fork; every
+//!   memfd's size is sealed).
 //! * [`SharedMemory`] / [`SharedTensor`] — memfd regions created before the children
 //!   start, seen zero-copy by every process of the tree.
 //! * [`Doorbell`] — one word a scheduler thread parks on; children ring it after every

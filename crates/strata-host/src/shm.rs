@@ -9,9 +9,11 @@ use std::fs::File;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
-/// One `MAP_SHARED` mapping of a fresh memfd. The descriptor is closed right after
-/// mapping (the mapping keeps the object alive), so regions cost no file descriptors and
-/// nothing ever appears in `/dev/shm`. Pages are committed lazily, on first touch.
+/// One `MAP_SHARED` mapping of a fresh memfd, its size sealed (`F_SEAL_SHRINK |
+/// F_SEAL_GROW | F_SEAL_SEAL`). The descriptor is closed right after mapping (the
+/// mapping keeps the object alive), so regions cost no file descriptors, no child
+/// inherits a descriptor to `ftruncate`, and nothing ever appears in `/dev/shm`. Pages
+/// are committed lazily, on first touch.
 #[derive(Debug)]
 pub(crate) struct Mapping {
     map: MmapRaw,
@@ -28,10 +30,17 @@ impl Mapping {
             .collect();
         let name = CString::new(format!("strata-{clean}"))
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
-        let fd = memfd_create(name.as_c_str(), MemFdCreateFlag::MFD_CLOEXEC)
-            .map_err(std::io::Error::from)?;
+        let fd = memfd_create(
+            name.as_c_str(),
+            MemFdCreateFlag::MFD_CLOEXEC | MemFdCreateFlag::MFD_ALLOW_SEALING,
+        )
+        .map_err(std::io::Error::from)?;
         let file = File::from(fd);
         file.set_len(len as u64)?;
+        // A region never changes size, so its size is sealed: even a process that gets
+        // hold of the memfd (it is closed below, but /proc/<pid>/map_files reaches it with
+        // privileges) cannot truncate the pages out from under the tree's mappings.
+        strata_mailbox::seal_size(&file)?;
         let map = MmapOptions::new().len(len).map_raw(&file)?;
         Ok(Mapping { map })
     }

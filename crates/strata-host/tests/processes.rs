@@ -1,7 +1,8 @@
 //! `ExecMode::Process`: strata-host's contracts (`contracts/`, shared with
 //! `threads_mode.rs`) with real child processes, then what only processes have: threads
-//! in a forked child, the fork-with-threads guard, `SIGKILL`, orphans when their parent is
-//! killed, and the CPU an idle process uses.
+//! in a forked child, the fork-with-threads guard, `SIGKILL`, orphans (idle or busy)
+//! when their parent is killed, what a child can see of and do to the mailboxes, a
+//! seccomp filter that refuses `futex_waitv`, and the CPU an idle process uses.
 //!
 //! `harness = false`: a process that forks must be single-threaded at the fork, and the
 //! libtest harness runs tests on threads. `main` runs each scenario sequentially and
@@ -333,13 +334,58 @@ fn a_child_killed_mid_task_is_reported_and_everything_is_reaped() -> Outcome {
     Ok(())
 }
 
-fn orphans_exit_by_themselves_when_their_parent_is_killed() -> Outcome {
-    // The pids the middle process reports: [ready flag, n, pid…].
-    let board = SharedMemory::new();
-    let region = board.create_region(8 * 16, "board").ctx("board")?;
+/// Reaps (as subreaper) every pid of `pids` as it ends, until all ended or `within`
+/// passed; then SIGKILLs and reaps the survivors (cleanup) and returns them. The wait
+/// statuses of the ended ones are returned in `pids` order (`None` for survivors).
+fn reap_all(pids: &[i32], within: Duration) -> (Vec<i32>, Vec<Option<i32>>) {
+    let mut exits: Vec<Option<i32>> = vec![None; pids.len()];
+    let end = Instant::now() + within;
+    while exits.iter().any(Option::is_none) && Instant::now() < end {
+        for (i, p) in pids.iter().enumerate() {
+            if exits[i].is_none() {
+                let mut st = 0;
+                // SAFETY: waitpid on an inherited child, non-blocking.
+                let r = unsafe { libc::waitpid(*p, &mut st, libc::WNOHANG) };
+                if r == *p {
+                    exits[i] = Some(st);
+                } else if r == -1 {
+                    // Not (or no longer) our child: reaped by its own parent.
+                    // SAFETY: signal 0 only probes.
+                    if unsafe { libc::kill(*p, 0) } == -1 {
+                        exits[i] = Some(0);
+                    }
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let mut survivors = Vec::new();
+    for (i, p) in pids.iter().enumerate() {
+        if exits[i].is_none() {
+            survivors.push(*p);
+            // SAFETY: our (inherited) unreaped child: kill and reap it.
+            unsafe {
+                libc::kill(*p, libc::SIGKILL);
+                libc::waitpid(*p, std::ptr::null_mut(), 0);
+            }
+        }
+    }
+    (survivors, exits)
+}
+
+/// Forks a middle process that spawns two sub-workers and a nested worker (with two
+/// sub-workers of its own), publishes `task` on lanes 0 and 2 (the nested worker
+/// forwards it to its first child) unless `task` is `None`, waits until `started`
+/// counted both, reports the pids of its 5 descendants on the board and waits to be
+/// killed. Returns the middle process and the pids (direct children first).
+fn middle_with_a_tree(
+    reg: &SubRegistry,
+    task: Option<strata_types::CallableId>,
+    board: &Arc<SharedMemory>,
+    region: u64,
+) -> Result<(Forked, Vec<i32>), String> {
     let b2 = board.clone();
-    let mut reg = SubRegistry::new();
-    reg.register_fn("noop", |_| Ok(()));
+    let reg = reg.clone();
     let middle = Forked::fork(move || {
         let slots = match atomics(&b2, region, 16) {
             Ok(s) => s,
@@ -351,21 +397,35 @@ fn orphans_exit_by_themselves_when_their_parent_is_killed() -> Outcome {
             registry: reg,
             mode: ExecMode::Process,
         }));
+        let fail = |why: String| {
+            eprintln!("middle: {why}");
+            slots[0].store(2, Ordering::Release);
+            1
+        };
         let mut children = match Children::spawn(&mem, programs, process_opts()) {
             Ok(c) => c,
-            Err(e) => {
-                eprintln!("middle: {e}");
-                slots[0].store(2, Ordering::Release);
-                return 1;
-            }
+            Err(e) => return fail(e.to_string()),
         };
         let mut pids = children.pids();
-        let lane = children.lane(2);
-        match inner_pids(lane) {
+        match inner_pids(children.lane(2)) {
             Ok((_, inner)) => pids.extend(inner),
-            Err(_) => {
-                slots[0].store(2, Ordering::Release);
-                return 1;
+            Err(e) => return fail(e),
+        }
+        if let Some(task) = task {
+            let mut tasks = Tasks::new();
+            for lane in [0, 2] {
+                if let Err(e) =
+                    tasks.publish(children.lane(lane), TaskSlot::Slot0, task, &TaskArgs::new())
+                {
+                    return fail(e);
+                }
+            }
+            let end = Instant::now() + BOUND;
+            while slots[15].load(Ordering::Acquire) < 2 {
+                if Instant::now() > end {
+                    return fail("the busy tasks did not start".into());
+                }
+                std::thread::sleep(Duration::from_millis(1));
             }
         }
         slots[1].store(pids.len() as u64, Ordering::Relaxed);
@@ -377,7 +437,7 @@ fn orphans_exit_by_themselves_when_their_parent_is_killed() -> Outcome {
             std::thread::sleep(Duration::from_secs(1));
         }
     })?;
-    let slots = atomics(&board, region, 16)?;
+    let slots = atomics(board, region, 16)?;
     wait_for("the middle process", || {
         slots[0].load(Ordering::Acquire) != 0
     })?;
@@ -386,67 +446,294 @@ fn orphans_exit_by_themselves_when_their_parent_is_killed() -> Outcome {
         "the middle process failed to start its children"
     );
     let n = slots[1].load(Ordering::Relaxed) as usize;
-    let pids: Vec<i32> = (0..n)
+    let pids: Vec<i32> = (0..n.min(13))
         .map(|i| slots[2 + i].load(Ordering::Relaxed) as i32)
         .collect();
     check!(
         n == 5,
         "expected 3 children + 2 grandchildren, got {pids:?}"
     );
-    let direct = &pids[..3];
+    Ok((middle, pids))
+}
+
+/// SIGKILLs and reaps the middle process.
+fn kill_middle(middle: Forked) {
     // SAFETY: SIGKILL our own child; then reap it.
-    unsafe { libc::kill(middle.0, libc::SIGKILL) };
-    let mut status = 0;
-    // SAFETY: reaping our own child.
-    unsafe { libc::waitpid(middle.0, &mut status, 0) };
-    std::mem::forget(middle);
-    let t0 = Instant::now();
-    // As subreaper we inherit the orphans: reap each as it exits and record how.
-    let mut exits: Vec<Option<i32>> = vec![None; direct.len()];
-    let end = Instant::now() + BOUND;
-    while exits.iter().any(Option::is_none) {
-        if Instant::now() > end {
-            // Clean up before failing.
-            for (i, p) in direct.iter().enumerate() {
-                if exits[i].is_none() {
-                    // SAFETY: our (inherited) child.
-                    unsafe {
-                        libc::kill(*p, libc::SIGKILL);
-                        libc::waitpid(*p, std::ptr::null_mut(), 0);
-                    }
-                }
-            }
-            return Err(format!("orphans still alive after {BOUND:?}: {pids:?}"));
-        }
-        for (i, p) in direct.iter().enumerate() {
-            if exits[i].is_none() {
-                let mut st = 0;
-                // SAFETY: waitpid on an inherited child, non-blocking.
-                let r = unsafe { libc::waitpid(*p, &mut st, libc::WNOHANG) };
-                if r == *p {
-                    exits[i] = Some(st);
-                }
-            }
-        }
-        std::thread::sleep(Duration::from_millis(1));
+    unsafe {
+        libc::kill(middle.0, libc::SIGKILL);
+        libc::waitpid(middle.0, std::ptr::null_mut(), 0);
     }
-    // The grandchildren were shut down and reaped by the nested worker on its way out.
-    wait_for("the grandchildren to be gone", || {
-        // SAFETY: signal 0 only probes.
-        pids[3..].iter().all(|p| unsafe { libc::kill(*p, 0) } == -1)
-    })?;
+    std::mem::forget(middle);
+}
+
+fn idle_orphans_die_with_their_parent() -> Outcome {
+    let board = SharedMemory::new();
+    let region = board.create_region(8 * 16, "board").ctx("board")?;
+    let mut reg = SubRegistry::new();
+    reg.register_fn("noop", |_| Ok(()));
+    let (middle, pids) = middle_with_a_tree(&reg, None, &board, region)?;
+    kill_middle(middle);
+    let t0 = Instant::now();
+    // As subreaper we inherit the orphans: reap each as it ends and record how.
+    let (survivors, exits) = reap_all(&pids, BOUND);
+    check!(
+        survivors.is_empty(),
+        "orphans still alive after {BOUND:?}: {survivors:?} of {pids:?}"
+    );
     println!(
-        "    {} orphans and their 2 children gone {:.2?} after the parent was killed",
-        direct.len(),
+        "    3 orphans and their 2 children gone {:.2?} after the parent was killed",
         t0.elapsed()
     );
-    for (p, st) in direct.iter().zip(&exits) {
+    for (p, st) in pids[..3].iter().zip(&exits) {
         let st = st.unwrap_or(-1);
+        // The parent-death signal (SIGKILL) or, if the orphan noticed first, exit 0.
         check!(
-            libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0,
-            "orphan {p} did not exit by itself (status {st:#x})"
+            (libc::WIFSIGNALED(st) && libc::WTERMSIG(st) == libc::SIGKILL)
+                || (libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0),
+            "orphan {p} ended with status {st:#x}"
         );
     }
+    Ok(())
+}
+
+fn busy_orphans_die_within_a_second_of_their_parent() -> Outcome {
+    let board = SharedMemory::new();
+    let region = board.create_region(8 * 16, "board").ctx("board")?;
+    let mut reg = SubRegistry::new();
+    let b2 = board.clone();
+    // Spins forever at 100 % CPU, never looking at its mailbox or its parent.
+    let spin = reg.register_fn("spin", move |_| {
+        atomics(&b2, region, 16)?[15].fetch_add(1, Ordering::AcqRel);
+        loop {
+            std::hint::spin_loop();
+        }
+    });
+    reg.register_fn("noop", |_| Ok(()));
+    let (middle, pids) = middle_with_a_tree(&reg, Some(spin), &board, region)?;
+    // Busy: sub_worker 0 and the nested worker's first child spin; the nested worker is
+    // blocked waiting for that child; the others are idle.
+    kill_middle(middle);
+    let t0 = Instant::now();
+    let (survivors, _) = reap_all(&pids, Duration::from_secs(1));
+    check!(
+        survivors.is_empty(),
+        "busy orphans still alive 1 s after their parent was killed: {survivors:?} of {pids:?}"
+    );
+    println!(
+        "    5 descendants (2 spinning, 1 blocked on a spinning child) gone {:.2?} after the parent was killed",
+        t0.elapsed()
+    );
+    Ok(())
+}
+
+/// The descriptors of `/proc/self/fd` that are mailbox memfds, and the number of
+/// `/proc/self/maps` lines that map one.
+fn own_mailbox_view() -> (Vec<i32>, usize) {
+    let is_mailbox = |p: &str| p.starts_with("/memfd:strata-mailbox");
+    let mut fds = Vec::new();
+    for e in std::fs::read_dir("/proc/self/fd")
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let link = std::fs::read_link(e.path()).unwrap_or_default();
+        if link.to_str().is_some_and(is_mailbox) {
+            if let Some(fd) = e.file_name().to_str().and_then(|s| s.parse().ok()) {
+                fds.push(fd);
+            }
+        }
+    }
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+    let mapped = maps
+        .lines()
+        .filter(|l| l.split_whitespace().nth(5).is_some_and(is_mailbox))
+        .count();
+    (fds, mapped)
+}
+
+fn a_child_sees_only_its_own_mailbox() -> Outcome {
+    let mem = SharedMemory::new();
+    let mut reg = SubRegistry::new();
+    let inspect = reg.register_fn("inspect", |_| {
+        let (fds, mapped) = own_mailbox_view();
+        if fds.len() == 1 && mapped == 1 {
+            Ok(())
+        } else {
+            Err(format!(
+                "pid {} holds mailbox fds {fds:?} and {mapped} mailbox mappings",
+                std::process::id()
+            ))
+        }
+    });
+    let mut programs = subs(&reg, 3);
+    programs.push(Box::new(NestedProgram {
+        registry: reg,
+        mode: ExecMode::Process,
+    }));
+    let mut children = Children::spawn(&mem, programs, process_opts()).ctx("spawn")?;
+    let mut tasks = Tasks::new();
+    // Lanes 0..3 are siblings (forked first, in the middle, last); lane 3 forwards to its
+    // own first child, which also inherited the nested worker's own mailbox.
+    for lane in 0..4 {
+        ok(tasks.run(
+            children.lane(lane),
+            TaskSlot::Slot0,
+            inspect,
+            &TaskArgs::new(),
+        ))
+        .map_err(|e| format!("lane {lane}: {e}"))?;
+    }
+    let (fds, mapped) = own_mailbox_view();
+    check!(
+        fds.len() == 4 && mapped == 4,
+        "the parent keeps all 4 mailboxes: fds {fds:?}, {mapped} mappings"
+    );
+    let report = children.shutdown(BOUND).ctx("shutdown")?;
+    check!(report.is_clean(), "{report}");
+    Ok(())
+}
+
+fn a_child_cannot_resize_its_mailbox_under_its_parent() -> Outcome {
+    let mut reg = SubRegistry::new();
+    // Grows, then shrinks to nothing, every mailbox memfd it holds: unsealed, the shrink
+    // makes every later access of the mapping a SIGBUS, in the child and in the parent.
+    let resize = reg.register_fn("resize", |_| {
+        let (fds, _) = own_mailbox_view();
+        let mut answers = Vec::new();
+        for fd in &fds {
+            for len in [1 << 20, 0] {
+                // SAFETY: ftruncate on a descriptor this process holds.
+                let r = unsafe { libc::ftruncate(*fd, len) };
+                answers.push(if r == 0 {
+                    format!("fd {fd} to {len}: done")
+                } else {
+                    format!("fd {fd} to {len}: {}", std::io::Error::last_os_error())
+                });
+            }
+        }
+        Err(format!("{} fds: {}", fds.len(), answers.join("; ")))
+    });
+    let noop = reg.register_fn("noop", |_| Ok(()));
+    // The parent runs in a forked process, so that a SIGBUS kills it and not the runner.
+    let middle = Forked::fork(move || {
+        let mem = SharedMemory::new();
+        let mut children = match Children::spawn(&mem, subs(&reg, 2), process_opts()) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("middle: {e}");
+                return 10;
+            }
+        };
+        let mut tasks = Tasks::new();
+        match failed(tasks.run(children.lane(0), TaskSlot::Slot0, resize, &TaskArgs::new())) {
+            Ok((_, msg)) if msg.contains(": 1 fds: ") && !msg.contains("done") => {}
+            Ok((_, msg)) => {
+                eprintln!("middle: the resize answered {msg:?}");
+                return 11;
+            }
+            Err(e) => {
+                eprintln!("middle: {e}");
+                return 12;
+            }
+        }
+        // The parent reads and writes both mailboxes again.
+        for lane in 0..2 {
+            for slot in TaskSlot::ALL {
+                if let Err(e) = ok(tasks.run(children.lane(lane), slot, noop, &TaskArgs::new())) {
+                    eprintln!("middle: lane {lane}: {e}");
+                    return 13;
+                }
+            }
+        }
+        match children.shutdown(BOUND) {
+            Ok(r) if r.is_clean() => 0,
+            other => {
+                eprintln!("middle: shutdown {other:?}");
+                14
+            }
+        }
+    })?;
+    let mut st = 0;
+    let end = Instant::now() + BOUND;
+    loop {
+        // SAFETY: non-blocking reap of our own child.
+        let r = unsafe { libc::waitpid(middle.0, &mut st, libc::WNOHANG) };
+        if r == middle.0 {
+            break;
+        }
+        check!(Instant::now() < end, "the middle process did not finish");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    std::mem::forget(middle);
+    check!(
+        !(libc::WIFSIGNALED(st) && libc::WTERMSIG(st) == libc::SIGBUS),
+        "the parent died of SIGBUS after its child truncated the mailbox"
+    );
+    check!(
+        libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0,
+        "the parent failed (status {st:#x}; its stderr says why)"
+    );
+    Ok(())
+}
+
+/// A sub-worker whose process refuses `futex_waitv` with `errno` (a seccomp filter set in
+/// `start`, before it serves its mailbox), as a container's profile might.
+struct SandboxedSub {
+    registry: SubRegistry,
+    errno: i32,
+}
+
+impl ChildProgram for SandboxedSub {
+    fn label(&self) -> String {
+        format!("sandboxed_sub errno={}", self.errno)
+    }
+
+    fn start(self: Box<Self>, env: &ChildEnv) -> Result<Box<dyn Handler + Send>, String> {
+        strata_testkit::seccomp::refuse_syscall(libc::SYS_futex_waitv, self.errno)?;
+        // The filter works: the call is refused with our errno.
+        // SAFETY: futex_waitv with no records and null pointers only returns an error.
+        let r = unsafe { libc::syscall(libc::SYS_futex_waitv, std::ptr::null::<u8>(), 0, 0, 0, 0) };
+        let e = std::io::Error::last_os_error().raw_os_error();
+        if r != -1 || e != Some(self.errno) {
+            return Err(format!("the filter did not refuse futex_waitv: {r} {e:?}"));
+        }
+        Box::new(SubProgram::new(self.registry).with_index(env.index)).start(env)
+    }
+}
+
+fn idle_children_keep_working_when_a_seccomp_filter_refuses_futex_waitv() -> Outcome {
+    let mem = SharedMemory::new();
+    let mut reg = SubRegistry::new();
+    let noop = reg.register_fn("noop", |_| Ok(()));
+    let programs: Vec<Box<dyn ChildProgram>> = [libc::EPERM, libc::EINVAL, libc::ENOSYS]
+        .into_iter()
+        .map(|errno| {
+            Box::new(SandboxedSub {
+                registry: reg.clone(),
+                errno,
+            }) as Box<dyn ChildProgram>
+        })
+        .collect();
+    let mut children = Children::spawn(&mem, programs, process_opts()).ctx("spawn")?;
+    let mut tasks = Tasks::new();
+    for round in 0..3 {
+        // Past the spin budget: every child parks on its three state words.
+        std::thread::sleep(Duration::from_millis(60));
+        for lane in 0..3 {
+            ok(tasks.run(
+                children.lane(lane),
+                TaskSlot::ALL[round % 2],
+                noop,
+                &TaskArgs::new(),
+            ))
+            .map_err(|e| format!("round {round}, lane {lane}: {e}"))?;
+        }
+    }
+    let report = children.shutdown(BOUND).ctx("shutdown")?;
+    check!(
+        report.is_clean(),
+        "sandboxed children must exit normally (not with a protocol error): {report}"
+    );
     Ok(())
 }
 
@@ -499,8 +786,24 @@ fn main() {
             a_child_killed_mid_task_is_reported_and_everything_is_reaped,
         ),
         (
-            "orphans_exit_by_themselves_when_their_parent_is_killed",
-            orphans_exit_by_themselves_when_their_parent_is_killed,
+            "idle_orphans_die_with_their_parent",
+            idle_orphans_die_with_their_parent,
+        ),
+        (
+            "busy_orphans_die_within_a_second_of_their_parent",
+            busy_orphans_die_within_a_second_of_their_parent,
+        ),
+        (
+            "a_child_sees_only_its_own_mailbox",
+            a_child_sees_only_its_own_mailbox,
+        ),
+        (
+            "a_child_cannot_resize_its_mailbox_under_its_parent",
+            a_child_cannot_resize_its_mailbox_under_its_parent,
+        ),
+        (
+            "idle_children_keep_working_when_a_seccomp_filter_refuses_futex_waitv",
+            idle_children_keep_working_when_a_seccomp_filter_refuses_futex_waitv,
         ),
         (
             "idle_children_use_almost_no_cpu",

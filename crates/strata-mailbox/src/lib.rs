@@ -96,7 +96,9 @@ pub use child::{Child, Handler, PublishHook, ServeExit, ServeOptions, TaskPhase,
 #[cfg(not(loom))]
 pub use liveness::{AssumeAlive, ChildProcess, Liveness, ParentWatch};
 #[cfg(not(loom))]
-pub use mailbox::{Mailbox, Snapshot};
+pub use mailbox::{
+    release_foreign_mailboxes, ForeignRelease, Mailbox, Snapshot, MAILBOX_MEMFD_NAME,
+};
 #[cfg(not(loom))]
 pub use outcome::{codes, Failure};
 #[cfg(not(loom))]
@@ -105,4 +107,4 @@ pub use parent::{
     TaskCompletion, TaskPoll, TaskPublication,
 };
 #[cfg(not(loom))]
-pub use region::{SharedRegion, NAMED_REGION_PREFIX};
+pub use region::{seal_size, SharedRegion, NAMED_REGION_PREFIX};

@@ -4,6 +4,8 @@ use crate::error::MailboxError;
 use crate::layout::{Frame, MailboxLayout, ABI_VERSION, MAGIC, MAILBOX_BYTES};
 use crate::region::SharedRegion;
 use crate::state::{FrameId, MailboxState, TaskSlot};
+use std::ffi::CStr;
+use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
 
 /// One parent↔child mailbox: a control frame and two task frames in shared memory.
@@ -26,12 +28,17 @@ pub struct Mailbox {
 }
 
 impl Mailbox {
-    /// Creates a mailbox in a fresh anonymous (memfd) region.
+    /// Creates a mailbox in a fresh anonymous region: a memfd called
+    /// [`MAILBOX_MEMFD_NAME`] whose size is sealed ([`SharedRegion::anonymous_as`]), so a
+    /// child that inherits it cannot `ftruncate` it under its parent.
     ///
     /// # Errors
-    /// [`MailboxError::Region`] if the region cannot be created or mapped.
+    /// [`MailboxError::Region`] if the region cannot be created, sealed or mapped.
     pub fn create() -> Result<Mailbox, MailboxError> {
-        Self::initialize(SharedRegion::anonymous(MAILBOX_BYTES)?)
+        Self::initialize(SharedRegion::anonymous_as(
+            MAILBOX_MEMFD_NAME,
+            MAILBOX_BYTES,
+        )?)
     }
 
     /// Creates a mailbox in a fresh named region `/strata-<pid>-<n>`, unlinked when the
@@ -177,6 +184,131 @@ impl Mailbox {
     pub(crate) fn control(&self) -> &Frame {
         &self.layout().frames[0]
     }
+}
+
+/// The memfd name of every [`Mailbox::create`]d mailbox (`/memfd:strata-mailbox` in
+/// `/proc/<pid>/maps` and `/proc/<pid>/fd`), by which [`release_foreign_mailboxes`]
+/// finds them.
+pub const MAILBOX_MEMFD_NAME: &CStr = c"strata-mailbox";
+
+/// What [`release_foreign_mailboxes`] dropped.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ForeignRelease {
+    /// Mappings unmapped.
+    pub mappings: usize,
+    /// Descriptors closed.
+    pub descriptors: usize,
+}
+
+/// In a freshly forked child: unmaps every mapping and closes every descriptor of an
+/// anonymous mailbox ([`Mailbox::create`]) other than `own`, so the child cannot read or
+/// scribble on its siblings' (or its parent's own) frames, nor hold their memfds.
+///
+/// A fork copies all of the parent's mailboxes into the child — those of the siblings
+/// forked earlier and later, and, below the top level, the mailbox the parent serves for
+/// its own parent. They are found by reading `/proc/self/maps` and `/proc/self/fd`: a
+/// mapping or descriptor of a memfd called [`MAILBOX_MEMFD_NAME`] of exactly
+/// [`MAILBOX_BYTES`] bytes (a mapping must also carry the frame magic) that is not `own`'s.
+///
+/// # Safety
+/// Every other [`Mailbox`] (and [`crate::Parent`] or [`crate::Child`] holding one) this
+/// process has — its copies of the parent's values — must never be used or dropped
+/// afterwards: their memory is gone (the address range may be reused by a later mapping)
+/// and their descriptor numbers may be reused by later files. A forked child that never
+/// returns into its parent's frames and leaves through `_exit` meets this.
+///
+/// # Errors
+/// [`MailboxError::Os`] if `/proc/self/maps` or `/proc/self/fd` cannot be read, or an
+/// `munmap` fails; whatever was released before the error stays released.
+pub unsafe fn release_foreign_mailboxes(own: &Mailbox) -> Result<ForeignRelease, MailboxError> {
+    let os = |op: &'static str| move |source: std::io::Error| MailboxError::Os { op, source };
+    let own_start = own.region.as_ptr() as usize;
+    let own_end = own_start + own.region.len();
+    let own_fd = own.region.as_fd().as_raw_fd();
+    let name = MAILBOX_MEMFD_NAME.to_str().unwrap_or("strata-mailbox");
+    let memfd = format!("/memfd:{name}");
+    // A memfd's link and maps path is `/memfd:<name> (deleted)`.
+    let is_mailbox_path = |p: &str| p.strip_prefix(memfd.as_str()) == Some(" (deleted)");
+    let mut released = ForeignRelease::default();
+
+    let maps = std::fs::read_to_string("/proc/self/maps").map_err(os("reading /proc/self/maps"))?;
+    let mut foreign = Vec::new();
+    for line in maps.lines() {
+        let mut fields = line.splitn(6, ' ');
+        let range = fields.next().unwrap_or("");
+        let path = fields.nth(4).map(str::trim_start).unwrap_or("");
+        if !is_mailbox_path(path) {
+            continue;
+        }
+        let Some((start, end)) = range.split_once('-').and_then(|(a, b)| {
+            Some((
+                usize::from_str_radix(a, 16).ok()?,
+                usize::from_str_radix(b, 16).ok()?,
+            ))
+        }) else {
+            continue;
+        };
+        if end - start != MAILBOX_BYTES || (start < own_end && own_start < end) {
+            continue;
+        }
+        // SAFETY: `start` is the first byte of a live, readable shared mapping of at least
+        // MAILBOX_BYTES (the kernel just listed it); the magic is an aligned u64 inside it.
+        let magic = unsafe {
+            (*(start as *const MailboxLayout)).frames[0]
+                .magic
+                .load(Ordering::Relaxed)
+        };
+        if magic == MAGIC {
+            foreign.push((start, end - start));
+        }
+    }
+    for (start, len) in foreign {
+        // SAFETY: the range is a whole mapping of another mailbox; the caller promises no
+        // value of this process refers to it any more.
+        if unsafe { libc::munmap(start as *mut libc::c_void, len) } != 0 {
+            return Err(os("munmap of another child's mailbox")(
+                std::io::Error::last_os_error(),
+            ));
+        }
+        released.mappings += 1;
+    }
+
+    let mut fds = Vec::new();
+    for entry in std::fs::read_dir("/proc/self/fd")
+        .map_err(os("reading /proc/self/fd"))?
+        .flatten()
+    {
+        let Some(fd) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        if fd == own_fd {
+            continue;
+        }
+        let is_mailbox = std::fs::read_link(entry.path())
+            .ok()
+            .is_some_and(|l| l.to_str().is_some_and(is_mailbox_path));
+        if is_mailbox {
+            fds.push(fd);
+        }
+    }
+    for fd in fds {
+        // SAFETY: fstat only writes into `st`; a stale fd number fails with EBADF.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        if unsafe { libc::fstat(fd, &mut st) } != 0 || st.st_size != MAILBOX_BYTES as i64 {
+            continue;
+        }
+        // SAFETY: the descriptor is another mailbox's memfd; the caller promises no value
+        // of this process uses (or closes) it any more.
+        if unsafe { libc::close(fd) } == 0 {
+            released.descriptors += 1;
+        }
+    }
+    Ok(released)
 }
 
 /// The decoded states of all three frames at one moment.

@@ -8,8 +8,9 @@ use nix::fcntl::OFlag;
 use nix::sys::memfd::{memfd_create, MemFdCreateFlag};
 use nix::sys::mman::{shm_open, shm_unlink};
 use nix::sys::stat::Mode;
+use std::ffi::CStr;
 use std::fs::File;
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Prefix of every name [`SharedRegion::create_named`] generates:
@@ -25,7 +26,7 @@ static NAME_COUNTER: AtomicU64 = AtomicU64::new(0);
 ///
 /// * [`SharedRegion::anonymous`] — a memfd: nothing appears in `/dev/shm`, nothing can
 ///   leak; other processes reach it only by inheriting the mapping across `fork` (or the
-///   descriptor).
+///   descriptor). Its size is sealed: nobody can `ftruncate` it.
 /// * [`SharedRegion::create_named`] — a POSIX shm object with a unique name, created with
 ///   `O_CREAT | O_EXCL`; another process can [`SharedRegion::open_named`] it. Only the
 ///   creating process unlinks it (when the creator's value is dropped, or by
@@ -113,6 +114,28 @@ fn validate_name(name: &str) -> Result<(), MailboxError> {
     Ok(())
 }
 
+/// Seals a memfd's size for good: `F_SEAL_SHRINK | F_SEAL_GROW`, and `F_SEAL_SEAL` so no
+/// holder of the descriptor can add more seals.
+///
+/// # Errors
+/// The `fcntl` error.
+pub fn seal_size(file: &File) -> std::io::Result<()> {
+    // SAFETY: F_ADD_SEALS takes an int of seal bits and only changes the file's seals; the
+    // descriptor is valid for as long as `file` is borrowed.
+    let r = unsafe {
+        libc::fcntl(
+            file.as_raw_fd(),
+            libc::F_ADD_SEALS,
+            libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
 impl SharedRegion {
     fn map(file: File, len: usize, name: Option<&str>) -> Result<MmapRaw, MailboxError> {
         MmapOptions::new()
@@ -121,19 +144,40 @@ impl SharedRegion {
             .map_err(|e| io_region_err("map", name, e, MAP_HINT))
     }
 
-    /// Creates an anonymous region of `len` zeroed bytes (a memfd).
+    /// Creates an anonymous region of `len` zeroed bytes (a memfd named `strata-region`,
+    /// sealed against shrinking and growing: see [`SharedRegion::anonymous_as`]).
     ///
     /// # Errors
     /// [`MailboxError::RegionTooSmall`] for `len == 0`; [`MailboxError::Region`] if
-    /// `memfd_create`, `ftruncate` or `mmap` fail.
+    /// `memfd_create`, `ftruncate`, sealing or `mmap` fail.
     pub fn anonymous(len: usize) -> Result<SharedRegion, MailboxError> {
+        Self::anonymous_as(c"strata-region", len)
+    }
+
+    /// Creates an anonymous region of `len` zeroed bytes in a memfd called `name`
+    /// (`/memfd:<name>` in `/proc/<pid>/maps` and `/proc/<pid>/fd`).
+    ///
+    /// The memfd is created with `MFD_ALLOW_SEALING`, sized, and then sealed with
+    /// `F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL`: every process that inherits the
+    /// descriptor (a forked child) gets `EPERM` from `ftruncate`, so none can cut the
+    /// pages out from under the others' mappings (a later access would be a `SIGBUS`),
+    /// and none can add seals of its own (`F_SEAL_FUTURE_WRITE` would stop the parent
+    /// from mapping it again).
+    ///
+    /// # Errors
+    /// As [`SharedRegion::anonymous`].
+    pub fn anonymous_as(name: &CStr, len: usize) -> Result<SharedRegion, MailboxError> {
         if len == 0 {
             return Err(MailboxError::RegionTooSmall {
                 needed: 1,
                 actual: 0,
             });
         }
-        let fd = memfd_create(c"strata-mailbox", MemFdCreateFlag::MFD_CLOEXEC).map_err(|e| {
+        let fd = memfd_create(
+            name,
+            MemFdCreateFlag::MFD_CLOEXEC | MemFdCreateFlag::MFD_ALLOW_SEALING,
+        )
+        .map_err(|e| {
             region_err(
                 "create",
                 None,
@@ -144,6 +188,14 @@ impl SharedRegion {
         let file = File::from(fd);
         file.set_len(len as u64)
             .map_err(|e| io_region_err("size", None, e, SIZE_HINT))?;
+        seal_size(&file).map_err(|e| {
+            io_region_err(
+                "seal",
+                None,
+                e,
+                "F_ADD_SEALS on a fresh memfd failed; the kernel or a seccomp filter refuses fcntl(F_ADD_SEALS)",
+            )
+        })?;
         let map = Self::map(
             file.try_clone()
                 .map_err(|e| io_region_err("map", None, e, MAP_HINT))?,
@@ -391,6 +443,22 @@ mod tests {
             SharedRegion::anonymous(0),
             Err(MailboxError::RegionTooSmall { .. })
         ));
+    }
+
+    #[test]
+    fn anonymous_regions_refuse_to_shrink_or_grow() {
+        let r = SharedRegion::anonymous(8192).unwrap();
+        let file = File::from(r.as_fd().try_clone_to_owned().unwrap());
+        for len in [0, 4096, 16384] {
+            let e = file.set_len(len).expect_err("the size is sealed");
+            assert_eq!(e.raw_os_error(), Some(libc::EPERM), "set_len({len})");
+        }
+        // SAFETY: F_GET_SEALS only reads the seals of a valid descriptor.
+        let seals = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GET_SEALS) };
+        let want = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+        assert_eq!(seals & want, want);
+        // SAFETY: the mapping is 8192 bytes and private to this test.
+        unsafe { *r.as_ptr().add(8191) = 1 };
     }
 
     #[test]

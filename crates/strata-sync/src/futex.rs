@@ -42,7 +42,9 @@ mod imp {
     use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
     use std::time::Duration;
 
-    /// `futex_waitv` support: 0 = not probed yet, 1 = available, 2 = missing (`ENOSYS`).
+    /// `futex_waitv` support: 0 = not probed yet, 1 = available, 2 = unavailable
+    /// (missing, or refused by a seccomp filter). Inherited across `fork`: a child whose
+    /// parent found it available still switches when its own filter refuses it.
     static WAITV: AtomicU8 = AtomicU8::new(0);
 
     /// `FUTEX2_SIZE_U32`: the word is 32 bits; no `FUTEX2_PRIVATE`, so the futex is shared.
@@ -65,18 +67,31 @@ mod imp {
     }
 
     /// Maps the outcome of a futex wait: success, value changed, timeout and signal are
-    /// all normal returns (the caller re-checks); anything else is a bug worth reporting.
-    fn wait_result(ret: libc::c_long, op: &'static str) -> Result<bool, FutexError> {
+    /// all normal returns (`Ok(true)`, the caller re-checks); an errno in `unavailable`
+    /// means "this call cannot be used here" (`Ok(false)`); anything else is a bug worth
+    /// reporting.
+    fn wait_result(
+        ret: libc::c_long,
+        op: &'static str,
+        unavailable: &[i32],
+    ) -> Result<bool, FutexError> {
         if ret != -1 {
             return Ok(true);
         }
         let err = io::Error::last_os_error();
         match err.raw_os_error() {
             Some(libc::EAGAIN) | Some(libc::ETIMEDOUT) | Some(libc::EINTR) => Ok(true),
-            Some(libc::ENOSYS) => Ok(false),
+            Some(e) if unavailable.contains(&e) => Ok(false),
             _ => Err(FutexError { op, source: err }),
         }
     }
+
+    /// The answers of `futex_waitv` that mean "not here": `ENOSYS` (kernel < 5.16, or a
+    /// seccomp filter's default), `EPERM` (`SECCOMP_RET_ERRNO(EPERM)`), `EINVAL` (a
+    /// filter's choice, or a kernel that lacks a flag or the clock). Our records are
+    /// always well-formed (aligned words, zero reserved fields, at most 4 entries), so an
+    /// `EINVAL` is not our bug; the single-word fallback then reports any real problem.
+    const WAITV_UNAVAILABLE: [i32; 3] = [libc::ENOSYS, libc::EPERM, libc::EINVAL];
 
     fn wait_one(word: &AtomicU32, expected: u32, timeout: Duration) -> Result<(), FutexError> {
         let ts = timespec(timeout);
@@ -94,7 +109,9 @@ mod imp {
                 0u32,
             )
         };
-        wait_result(ret, "wait").map(|_| ())
+        // As before `futex_waitv` existed: a refused FUTEX_WAIT (ENOSYS) returns at once
+        // and the caller's loop re-checks (it spins rather than fails).
+        wait_result(ret, "wait", &[libc::ENOSYS]).map(|_| ())
     }
 
     fn wait_v(words: &[(&AtomicU32, u32)], timeout: Duration) -> Result<bool, FutexError> {
@@ -136,7 +153,7 @@ mod imp {
                 libc::CLOCK_MONOTONIC,
             )
         };
-        wait_result(ret, "waitv")
+        wait_result(ret, "waitv", &WAITV_UNAVAILABLE)
     }
 
     pub fn wait_any(words: &[(&AtomicU32, u32)], timeout: Duration) -> Result<(), FutexError> {

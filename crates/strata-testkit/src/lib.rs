@@ -3,7 +3,8 @@
 //! (descendant processes, `/dev/shm/strata-*` entries, threads of this process), the
 //! `check!` macro, and the `/proc` probes (in [`probe`], re-exported here: descendants,
 //! process state, threads, CPU time); contract suites written once over a parameter and
-//! run per value ([`suite`]); and, in
+//! run per value ([`suite`]); a one-call seccomp filter that refuses a system call
+//! ([`seccomp`]); and, in
 //! [`bench`](mod@bench), what the benchmarks share (statistics, pinning, the ping-pong floor).
 //!
 //! ```
@@ -17,6 +18,7 @@
 
 pub mod bench;
 pub mod probe;
+pub mod seccomp;
 pub mod suite;
 
 pub use probe::{

@@ -9,8 +9,9 @@ pub const MAX_DIMS: usize = 5;
 /// A strided view of up to [`MAX_DIMS`] axes into a byte buffer.
 ///
 /// Element `(i0, .., in)` lives at byte `byte_offset + (Σ i_k · stride_k) · elem_size`.
-/// Strides are in elements and always ≥ 1; every axis has at least one element. A view
-/// knows nothing about its buffer except through [`TensorView::check_fits`].
+/// Strides are in elements and always ≥ 1; every axis has at least one element, except in
+/// the zero-size views of [`TensorView::contiguous_or_empty`] (no element, no byte). A
+/// view knows nothing about its buffer except through [`TensorView::check_fits`].
 ///
 /// ```
 /// use strata_types::{DataType, TensorView};
@@ -66,6 +67,40 @@ impl TensorView {
         check_rank(shape.len())?;
         let strides = row_major_strides(shape)?;
         Self::new(dtype, shape, &strides[..shape.len()], 0)
+    }
+
+    /// A row-major contiguous view of `shape` starting at byte 0, where an axis may have
+    /// length 0: then the view is a zero-size tensor (no element, 0 bytes, contiguous;
+    /// its element and run iterators are empty), as the reference runtime accepts them.
+    /// Its strides are those of `shape` with every 0 read as 1 (never 0).
+    ///
+    /// ```
+    /// use strata_types::{DataType, TensorView};
+    /// let e = TensorView::contiguous_or_empty(DataType::F32, &[3, 0]).unwrap();
+    /// assert_eq!((e.numel(), e.nbytes(), e.byte_span()), (0, 0, (0, 0)));
+    /// assert!(e.is_contiguous() && e.element_offsets().next().is_none());
+    /// assert_eq!(e.check_fits(0), Ok(()));
+    /// ```
+    ///
+    /// # Errors
+    /// As [`TensorView::contiguous`], except for empty axes.
+    pub fn contiguous_or_empty(dtype: DataType, shape: &[u64]) -> Result<Self, TypesError> {
+        if !shape.contains(&0) {
+            return Self::contiguous(dtype, shape);
+        }
+        check_rank(shape.len())?;
+        let mut ones = [1u64; MAX_DIMS];
+        for (o, &s) in ones.iter_mut().zip(shape) {
+            *o = s.max(1);
+        }
+        let mut v = Self::contiguous(dtype, &ones[..shape.len()])?;
+        v.shape[..shape.len()].copy_from_slice(shape);
+        Ok(v)
+    }
+
+    /// Whether the view has no element (a zero-size tensor).
+    pub fn is_empty(&self) -> bool {
+        self.shape().contains(&0)
     }
 
     /// A view with explicit strides (in elements) and byte offset.
@@ -131,6 +166,9 @@ impl TensorView {
     }
 
     fn checked_extent_bytes(&self) -> Option<u64> {
+        if self.is_empty() {
+            return Some(0);
+        }
         let mut last: u64 = 0;
         for axis in 0..self.ndims as usize {
             last = last.checked_add((self.shape[axis] - 1).checked_mul(self.strides[axis])?)?;
@@ -189,6 +227,9 @@ impl TensorView {
     /// Whether the view is row-major contiguous (strides are the running products of the
     /// shape), so its elements are one dense byte range.
     pub fn is_contiguous(&self) -> bool {
+        if self.is_empty() {
+            return true;
+        }
         let mut acc = 1u64;
         for axis in (0..self.ndims()).rev() {
             if self.shape[axis] != 1 && self.strides[axis] != acc {
@@ -427,6 +468,13 @@ impl TensorView {
             v.ndims = outer as u8;
             Some(v)
         };
+        if self.is_empty() {
+            return ContiguousRuns {
+                outer: None,
+                single: None,
+                run_bytes: 0,
+            };
+        }
         ContiguousRuns {
             outer: outer_view.map(|v| v.element_offsets()),
             single: if outer == 0 {

@@ -96,6 +96,8 @@ pub(crate) struct OrchRequest {
     pub(crate) rings: [RingSizing; RING_COUNT],
     pub(crate) reconfigure: bool,
     pub(crate) ring_bases: [u64; RING_COUNT],
+    /// The run's epoch on this chip: the handles it produces carry it.
+    pub(crate) run: u64,
     /// The scheduler's settings for the run, sent to it just before the run's first task.
     pub(crate) ctl: RunCtl,
 }
@@ -160,6 +162,10 @@ pub struct ChipOrch {
     sched: Arc<SchedCell>,
     topo: Topology,
     chip_id: u32,
+    /// This chip's nonce and the current run's epoch: every handle the run hands out
+    /// carries both, and every handle it is given is checked against both.
+    nonce: u64,
+    run_epoch: u64,
     minter: IdentityMinter,
     rings: [RingSizing; RING_COUNT],
     ring_bases: [u64; RING_COUNT],
@@ -205,7 +211,7 @@ impl ChipOrch {
         arena: Arc<Arena>,
         shared: Arc<SchedShared>,
         topo: Topology,
-        chip_id: u32,
+        (chip_id, nonce): (u32, u64),
         tensor_wait: Duration,
         heartbeat: Arc<AtomicU64>,
         sched: Arc<SchedCell>,
@@ -218,6 +224,8 @@ impl ChipOrch {
             shared,
             topo,
             chip_id,
+            nonce,
+            run_epoch: 0,
             minter: IdentityMinter::new(),
             rings: [RingSizing::default(); RING_COUNT],
             ring_bases: [0; RING_COUNT],
@@ -250,6 +258,40 @@ impl ChipOrch {
             self.fatal = Some(ChipError::fatal(code, message));
         }
         self.fatal.clone().expect("just latched")
+    }
+
+    /// Latches a typed error as the run's fatal one (the run fails with its code).
+    fn latch_typed(&mut self, e: ChipError) -> ChipError {
+        if self.fatal.is_none() {
+            self.fatal = Some(e);
+        }
+        self.fatal.clone().expect("just latched")
+    }
+
+    /// Refuses a handle from another chip or another run: its address may name another
+    /// buffer's bytes now. Two integer compares on the hot path.
+    #[inline]
+    fn check_handle(&mut self, t: &ChipTensor) -> Result<(), ChipError> {
+        if t.run == self.run_epoch && t.chip == self.nonce {
+            return Ok(());
+        }
+        Err(self.handle_error(t))
+    }
+
+    #[cold]
+    fn handle_error(&mut self, t: &ChipTensor) -> ChipError {
+        let e = if t.chip != self.nonce {
+            ChipError::ForeignTensor {
+                handle_chip: t.chip,
+                this_chip: self.nonce,
+            }
+        } else {
+            ChipError::StaleTensor {
+                handle_run: t.run,
+                current_run: self.run_epoch,
+            }
+        };
+        self.latch_typed(e)
     }
 
     /// Latches a fatal error (the reference's `rt_report_fatal`; code 9,
@@ -575,6 +617,8 @@ impl ChipOrch {
                     size: t.size,
                     view: t.view,
                     manual_dep: !t.tracked,
+                    chip: self.nonce,
+                    run: self.run_epoch,
                 });
             }
             desc.armed.store(true, Ordering::Release);
@@ -600,10 +644,10 @@ impl ChipOrch {
     ) -> Result<(Vec<(usize, [u8; 8])>, u64), ChipError> {
         let mut inits = Vec::new();
         let mut heap = 0u64;
-        let mut fps: Vec<Option<Footprint>> = Vec::with_capacity(args.tensors.len());
         for (i, a) in args.tensors.iter().enumerate() {
             match a {
                 ArgTensor::Existing(t, tag) => {
+                    self.check_handle(t)?;
                     if t.key.space != KeySpace::Device(self.chip_id) {
                         return Err(self.latch(
                             codes::INVALID_ARGS,
@@ -615,13 +659,13 @@ impl ChipOrch {
                     }
                     let tracked = !t.manual_dep && *tag != ArgTag::NoDep;
                     let fp = Footprint::of_view(&t.view);
-                    if tracked {
-                        accesses.push(Access::new(t.key, fp.clone(), *tag));
-                        fps.push(Some(fp));
+                    // A zero-size tensor has no byte to order (the reference skips it).
+                    let dep_tag = if tracked && !t.view.is_empty() {
+                        *tag
                     } else {
-                        accesses.push(Access::new(t.key, fp, ArgTag::NoDep));
-                        fps.push(None);
-                    }
+                        ArgTag::NoDep
+                    };
+                    accesses.push(Access::new(t.key, fp, dep_tag));
                     kt.push(KTensor {
                         addr: t.addr,
                         created: false,
@@ -662,35 +706,18 @@ impl ChipOrch {
                         tag: ArgTag::Output,
                         tracked: !ci.manual_dep,
                     });
-                    fps.push(None);
                     heap += bytes;
                 }
             }
         }
-        // A written argument must not alias another argument of the same task: kernels
-        // get slices of their arguments, so two views of the same bytes would alias.
-        for i in 0..kt.len() {
-            for j in i + 1..kt.len() {
-                let (Some(fi), Some(fj)) = (&fps[i], &fps[j]) else {
-                    continue;
-                };
-                let (ai, aj) = (&args.tensors[i], &args.tensors[j]);
-                let (ArgTensor::Existing(ti, _), ArgTensor::Existing(tj, _)) = (ai, aj) else {
-                    continue;
-                };
-                if ti.key != tj.key || !(kt[i].tag.writes() || kt[j].tag.writes()) {
-                    continue;
-                }
-                if fi.overlap(fj) != Overlap::None {
-                    return Err(self.latch(
-                        codes::INVALID_ARGS,
-                        format!(
-                            "argument {i} ({}) and argument {j} ({}) may overlap in the same buffer and one of them is written; pass the data once (tag it INOUT) or use disjoint views",
-                            kt[i].tag, kt[j].tag
-                        ),
-                    ));
-                }
-            }
+        if let Some((i, j)) = aliasing_pair(kt) {
+            return Err(self.latch(
+                codes::INVALID_ARGS,
+                format!(
+                    "argument {i} ({}) and argument {j} ({}) may overlap in device memory and one of them is written; pass the data once (tag it INOUT) or use disjoint views",
+                    kt[i].tag, kt[j].tag
+                ),
+            ));
         }
         Ok((inits, heap))
     }
@@ -774,6 +801,8 @@ impl ChipOrch {
                 size: slab.len,
                 view,
                 manual_dep: ci.manual_dep,
+                chip: self.nonce,
+                run: self.run_epoch,
             });
         }
         Ok(out)
@@ -846,6 +875,7 @@ impl ChipOrch {
                 want: dtype,
             });
         }
+        self.check_handle(t)?;
         if t.key.space != KeySpace::Device(self.chip_id) {
             return Err(self.latch(codes::INVALID_ARGS, "tensor of another chip"));
         }
@@ -902,13 +932,14 @@ impl ChipOrch {
     /// As [`ChipOrch::get_tensor_data`].
     pub fn read_tensor<T: Element>(&mut self, t: &ChipTensor) -> Result<Vec<T>, ChipError> {
         self.enter()?;
+        self.check_handle(t)?;
         if t.view.dtype() != T::DTYPE {
             return Err(ChipError::DtypeMismatch {
                 have: t.view.dtype(),
                 want: T::DTYPE,
             });
         }
-        if !t.manual_dep {
+        if !t.manual_dep && !t.view.is_empty() {
             let a = Access::new(t.key, Footprint::of_view(&t.view), ArgTag::Input);
             self.wait_access(&a)?;
         }
@@ -930,6 +961,7 @@ impl ChipOrch {
         data: &[T],
     ) -> Result<(), ChipError> {
         self.enter()?;
+        self.check_handle(t)?;
         if t.view.dtype() != T::DTYPE {
             return Err(ChipError::DtypeMismatch {
                 have: t.view.dtype(),
@@ -943,7 +975,7 @@ impl ChipOrch {
                 t.view.numel()
             )));
         }
-        if !t.manual_dep {
+        if !t.manual_dep && !t.view.is_empty() {
             let a = Access::new(t.key, Footprint::of_view(&t.view), ArgTag::OutputExisting);
             self.wait_access(&a)?;
         }
@@ -978,6 +1010,7 @@ impl ChipOrch {
         }
         self.rings = req.rings;
         self.ring_bases = req.ring_bases;
+        self.run_epoch = req.run;
         self.kernels = req.kernels.clone();
         self.fatal = None;
         self.tasks = 0;
@@ -1119,6 +1152,46 @@ impl ChipOrch {
     pub(crate) fn shutdown(self) {
         self.graph.shutdown();
     }
+}
+
+/// The first pair of a task's existing, tracked arguments that may share device bytes
+/// while one of them is written: kernels get slices of their arguments, so such a pair
+/// would give a kernel a `&mut` and a `&` over the same bytes. Judged by device address,
+/// not by buffer key, so a handle whose key differs but whose bytes are the same (a stale
+/// or forged one) is caught too. Views of the same buffer base are compared exactly by
+/// footprint (disjoint interleaved views are fine); views of different bases by their
+/// byte spans. Untracked arguments are reached only through `unsafe` accessors, and
+/// created outputs live in a fresh slab. A task has at most 32 tensors: the pairwise
+/// scan allocates nothing and footprints are built only for the rare overlapping spans.
+fn aliasing_pair(kt: &[KTensor]) -> Option<(usize, usize)> {
+    let span = |t: &KTensor| {
+        let (s, e) = t.view.byte_span();
+        (t.addr.saturating_add(s), t.addr.saturating_add(e))
+    };
+    for i in 0..kt.len() {
+        let a = &kt[i];
+        if a.created || !a.tracked {
+            continue;
+        }
+        let (sa, ea) = span(a);
+        for (j, b) in kt.iter().enumerate().skip(i + 1) {
+            if b.created || !b.tracked || !(a.tag.writes() || b.tag.writes()) {
+                continue;
+            }
+            let (sb, eb) = span(b);
+            if sa >= eb || sb >= ea {
+                continue;
+            }
+            if a.addr == b.addr
+                && Footprint::of_view(&a.view).overlap(&Footprint::of_view(&b.view))
+                    == Overlap::None
+            {
+                continue;
+            }
+            return Some((i, j));
+        }
+    }
+    None
 }
 
 /// Waits for the orchestrator's reply while the orchestration and the scheduler make

@@ -9,6 +9,13 @@ use strata_types::{ArgLimits, ArgTag, DataType, Element, Scalar, TensorView, MAX
 /// A tensor as a chip orchestration sees it: a device buffer (its dependency key, device
 /// address and size) and a view of it. Cheap to copy; view operations return new tensors
 /// over the same buffer.
+///
+/// A handle is valid only on the chip and in the run that produced it (it carries the
+/// chip's nonce and the run's epoch): device addresses are reused by the next run's
+/// rings and staging, and mean nothing on another chip. Using a handle kept from an
+/// earlier run fails with [`ChipError::StaleTensor`], one from another chip with
+/// [`ChipError::ForeignTensor`]; to use a resident tensor again, pass its
+/// [`crate::DeviceTensor`] in the next run's arguments.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ChipTensor {
     pub(crate) key: BufferKey,
@@ -16,6 +23,10 @@ pub struct ChipTensor {
     pub(crate) size: u64,
     pub(crate) view: TensorView,
     pub(crate) manual_dep: bool,
+    /// The nonce of the chip whose run produced the handle.
+    pub(crate) chip: u64,
+    /// The epoch (sequence number) of that run on its chip.
+    pub(crate) run: u64,
 }
 
 impl ChipTensor {
@@ -47,6 +58,16 @@ impl ChipTensor {
     /// Size of the buffer in bytes.
     pub fn buffer_bytes(&self) -> u64 {
         self.size
+    }
+
+    /// The run epoch the handle belongs to (the chip's run sequence number).
+    pub fn run_epoch(&self) -> u64 {
+        self.run
+    }
+
+    /// The nonce of the chip the handle belongs to ([`crate::ChipWorker::nonce`]).
+    pub fn chip_nonce(&self) -> u64 {
+        self.chip
     }
 
     /// Whether dependency tracking is skipped for this view (`manual_dep`).

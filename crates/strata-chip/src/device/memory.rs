@@ -6,6 +6,7 @@
 use crate::device::arena::Arena;
 use crate::error::ChipError;
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use strata_types::{BufferIdentity, DataType, OwnerNonce, TensorView};
 
@@ -114,6 +115,20 @@ pub(crate) fn identity_of(chip: u64, generation: u64) -> BufferIdentity {
 struct Live {
     size: u64,
     generation: u64,
+    quarantine: Quarantine,
+}
+
+/// Whether a kernel abandoned after its timeout may still touch an allocation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Quarantine {
+    /// No abandoned kernel was given it.
+    Clear,
+    /// A run whose kernel was abandoned could reach it: copies and runs that name it are
+    /// refused, and freeing it holds it, until the abandoned kernels have returned.
+    Suspect,
+    /// Freed (or given up by the runtime) while suspect: not handed out again until the
+    /// abandoned kernels have returned. Still counted as committed.
+    Held,
 }
 
 #[derive(Debug)]
@@ -124,6 +139,8 @@ struct Allocator {
     live: BTreeMap<u64, Live>,
     committed: u64,
     next_generation: u64,
+    /// Allocations not [`Quarantine::Clear`], by base.
+    quarantined: Vec<u64>,
 }
 
 impl Allocator {
@@ -138,6 +155,7 @@ impl Allocator {
             live: BTreeMap::new(),
             committed: 0,
             next_generation: 1,
+            quarantined: Vec::new(),
         }
     }
 
@@ -172,7 +190,14 @@ impl Allocator {
         }
         let generation = self.next_generation;
         self.next_generation += 1;
-        self.live.insert(addr, Live { size, generation });
+        self.live.insert(
+            addr,
+            Live {
+                size,
+                generation,
+                quarantine: Quarantine::Clear,
+            },
+        );
         self.committed += size;
         Ok((addr, size, generation))
     }
@@ -180,7 +205,9 @@ impl Allocator {
     /// The live allocation containing `ptr`, checked for generation: `(base, size)`.
     fn resolve(&self, ptr: &DevicePtr) -> Result<(u64, u64), ChipError> {
         match self.live.range(..=ptr.addr).next_back() {
-            Some((&base, live)) if ptr.addr < base + live.size => {
+            Some((&base, live))
+                if ptr.addr < base + live.size && live.quarantine != Quarantine::Held =>
+            {
                 if live.generation != ptr.generation {
                     return Err(ChipError::StaleHandle {
                         addr: ptr.addr,
@@ -215,6 +242,19 @@ impl Allocator {
                 offset: ptr.addr - base,
             });
         }
+        if let Some(l) = self.live.get_mut(&base) {
+            if l.quarantine == Quarantine::Suspect {
+                // An abandoned kernel may still write it: keep it out of the free list.
+                l.quarantine = Quarantine::Held;
+                return Ok((base, 0));
+            }
+        }
+        self.release_block(base, size);
+        Ok((base, size))
+    }
+
+    /// Returns the block at `base` to the free list (coalescing).
+    fn release_block(&mut self, base: u64, size: u64) {
         self.live.remove(&base);
         self.committed -= size;
         let (mut start, mut len) = (base, size);
@@ -230,7 +270,59 @@ impl Allocator {
             len += nlen;
         }
         self.free.insert(start, len);
-        Ok((base, size))
+    }
+
+    /// Marks the live allocation at `base` as `q` (suspect or held).
+    fn quarantine(&mut self, base: u64, q: Quarantine) {
+        if let Some(l) = self.live.get_mut(&base) {
+            if l.quarantine == Quarantine::Clear {
+                self.quarantined.push(base);
+            }
+            if l.quarantine != Quarantine::Held {
+                l.quarantine = q;
+            }
+        }
+    }
+
+    /// Ends every quarantine (no abandoned kernel lives any more): held blocks go back
+    /// to the free list, suspects become ordinary allocations. Returns the blocks freed.
+    fn end_quarantine(&mut self) -> Vec<(u64, u64)> {
+        let mut freed = Vec::new();
+        for base in std::mem::take(&mut self.quarantined) {
+            let Some(l) = self.live.get_mut(&base) else {
+                continue;
+            };
+            match l.quarantine {
+                Quarantine::Held => {
+                    let size = l.size;
+                    self.release_block(base, size);
+                    freed.push((base, size));
+                }
+                _ => l.quarantine = Quarantine::Clear,
+            }
+        }
+        freed
+    }
+
+    fn held_bytes(&self) -> u64 {
+        self.quarantined
+            .iter()
+            .filter_map(|b| self.live.get(b))
+            .filter(|l| l.quarantine == Quarantine::Held)
+            .map(|l| l.size)
+            .sum()
+    }
+
+    /// Refuses an access to a suspect allocation.
+    fn check_clear(&self, base: u64, what: &'static str) -> Result<(), ChipError> {
+        match self.live.get(&base) {
+            Some(l) if l.quarantine == Quarantine::Suspect => Err(ChipError::Quarantined {
+                what,
+                base,
+                size: l.size,
+            }),
+            _ => Ok(()),
+        }
     }
 }
 
@@ -240,6 +332,8 @@ pub(crate) struct DeviceMemory {
     pub(crate) arena: Arc<Arena>,
     alloc: Mutex<Allocator>,
     pub(crate) chip: u64,
+    /// Whether anything is quarantined (read without the lock by every device call).
+    any_quarantine: AtomicBool,
 }
 
 impl DeviceMemory {
@@ -249,6 +343,7 @@ impl DeviceMemory {
             alloc: Mutex::new(Allocator::new(arena.len())),
             arena,
             chip,
+            any_quarantine: AtomicBool::new(false),
         })
     }
 
@@ -288,6 +383,68 @@ impl DeviceMemory {
         Ok(())
     }
 
+    /// Quarantines every live allocation that intersects one of `ranges` (device bytes
+    /// an abandoned kernel may still touch): those whose base is in `runtime_owned` (ring
+    /// heaps, staging, which the runtime gives up) are held at once; the others (user
+    /// allocations) become suspect — refused in copies and runs, held when freed.
+    /// Returns the runtime-owned bases that were held.
+    pub(crate) fn quarantine_ranges(
+        &self,
+        ranges: &[(u64, u64)],
+        runtime_owned: &[u64],
+    ) -> Vec<u64> {
+        let mut a = self.lock();
+        let mut hit = Vec::new();
+        for &(start, end) in ranges {
+            // Allocations are disjoint: the candidates start before `end`, and the first
+            // one below `start` may reach into the range.
+            let first = a
+                .live
+                .range(..=start)
+                .next_back()
+                .map_or(start, |(&b, _)| b);
+            for (&base, l) in a.live.range(first..end) {
+                if base + l.size > start && !hit.contains(&base) {
+                    hit.push(base);
+                }
+            }
+        }
+        let mut held = Vec::new();
+        for base in hit {
+            if runtime_owned.contains(&base) {
+                a.quarantine(base, Quarantine::Held);
+                held.push(base);
+            } else {
+                a.quarantine(base, Quarantine::Suspect);
+            }
+            self.any_quarantine.store(true, Ordering::Relaxed);
+        }
+        held
+    }
+
+    /// Whether any allocation is quarantined.
+    pub(crate) fn has_quarantine(&self) -> bool {
+        self.any_quarantine.load(Ordering::Relaxed)
+    }
+
+    /// Ends every quarantine: call only once no abandoned kernel can still run.
+    pub(crate) fn end_quarantine(&self) {
+        let mut a = self.lock();
+        let freed = a.end_quarantine();
+        self.any_quarantine.store(false, Ordering::Relaxed);
+        drop(a);
+        for (base, size) in freed {
+            if size >= DISCARD_MIN {
+                self.arena.discard(base, size);
+            }
+        }
+    }
+
+    /// Bytes held in quarantine (freed, but not reusable yet).
+    pub(crate) fn held_bytes(&self) -> u64 {
+        self.lock().held_bytes()
+    }
+
     /// Checks that `[ptr, ptr + len)` lies in one live allocation; returns its
     /// `(base, size)`.
     pub(crate) fn check_range(
@@ -297,11 +454,42 @@ impl DeviceMemory {
         what: &'static str,
     ) -> Result<(u64, u64), ChipError> {
         self.check_chip(ptr, what)?;
-        let (base, size) = self.lock().resolve(ptr)?;
+        let a = self.lock();
+        let (base, size) = a.resolve(ptr)?;
+        a.check_clear(base, what)?;
+        drop(a);
         match ptr.addr.checked_add(len) {
             Some(end) if end <= base + size => Ok((base, size)),
             _ => Err(ChipError::OutOfRange {
                 addr: ptr.addr,
+                len,
+                base,
+                size,
+            }),
+        }
+    }
+
+    /// Checks that `offset .. offset + len` bytes past `ptr` lie in `ptr`'s live
+    /// allocation; returns the device address of the range. The allocation is found from
+    /// `ptr` itself, so an offset at or past its end is [`ChipError::OutOfRange`] (not a
+    /// lookup of whatever allocation happens to lie there).
+    pub(crate) fn check_range_at(
+        &self,
+        ptr: &DevicePtr,
+        offset: u64,
+        len: u64,
+        what: &'static str,
+    ) -> Result<u64, ChipError> {
+        self.check_chip(ptr, what)?;
+        let a = self.lock();
+        let (base, size) = a.resolve(ptr)?;
+        a.check_clear(base, what)?;
+        drop(a);
+        let start = (ptr.addr - base).checked_add(offset);
+        match start.and_then(|s| s.checked_add(len).map(|e| (s, e))) {
+            Some((s, e)) if e <= size => Ok(base + s),
+            _ => Err(ChipError::OutOfRange {
+                addr: ptr.addr.saturating_add(offset),
                 len,
                 base,
                 size,
@@ -314,7 +502,7 @@ impl DeviceMemory {
     pub(crate) fn allocation_at(&self, addr: u64) -> Result<(DevicePtr, u64), ChipError> {
         let a = self.lock();
         match a.live.get(&addr) {
-            Some(l) => Ok((
+            Some(l) if l.quarantine != Quarantine::Held => Ok((
                 DevicePtr {
                     chip: self.chip,
                     addr,
@@ -322,7 +510,7 @@ impl DeviceMemory {
                 },
                 l.size,
             )),
-            None => Err(ChipError::DoubleFree {
+            _ => Err(ChipError::DoubleFree {
                 addr,
                 generation: 0,
             }),

@@ -17,7 +17,10 @@ impl ChipWorker {
         Ok(self.live("malloc")?.mem.malloc(bytes)?.0)
     }
 
-    /// Frees an allocation by its base pointer.
+    /// Frees an allocation by its base pointer. If a kernel abandoned after its timeout
+    /// may still write it, it is quarantined instead: freed for the caller (a second free
+    /// is a [`ChipError::DoubleFree`]) but not reused, and still committed, until that
+    /// kernel returns.
     ///
     /// # Errors
     /// [`ChipError::DoubleFree`], [`ChipError::StaleHandle`], [`ChipError::InteriorFree`],
@@ -27,11 +30,13 @@ impl ChipWorker {
     }
 
     /// Copies `nbytes` from `src` (starting at byte `offsets.host`) to device memory at
-    /// `dst + offsets.device`. The range must stay inside one live allocation.
+    /// `dst + offsets.device`. The range must stay inside `dst`'s live allocation.
     ///
     /// # Errors
-    /// [`ChipError::OutOfRange`], [`ChipError::HostRange`], and the handle errors of
-    /// [`ChipWorker::free`].
+    /// [`ChipError::OutOfRange`] if `offsets.device + nbytes` reaches past the end of
+    /// `dst`'s allocation (an offset at or past its end included, however large);
+    /// [`ChipError::HostRange`], and the handle errors of [`ChipWorker::free`] for `dst`
+    /// itself.
     pub fn copy_to<T: Element>(
         &self,
         dst: DevicePtr,
@@ -50,9 +55,10 @@ impl ChipWorker {
                 offset: offsets.host,
                 end: offsets.host.saturating_add(nbytes),
             })?;
-        let p = dst.offset(offsets.device);
-        live.mem.check_range(&p, nbytes as u64, "device pointer")?;
-        live.mem.arena.write(p.addr, &bytes[offsets.host..end])
+        let addr =
+            live.mem
+                .check_range_at(&dst, offsets.device, nbytes as u64, "device pointer")?;
+        live.mem.arena.write(addr, &bytes[offsets.host..end])
     }
 
     /// Copies `nbytes` from device memory at `src + offsets.device` into `dst` (starting at
@@ -79,9 +85,10 @@ impl ChipWorker {
                 offset: offsets.host,
                 end: offsets.host.saturating_add(nbytes),
             })?;
-        let p = src.offset(offsets.device);
-        live.mem.check_range(&p, nbytes as u64, "device pointer")?;
-        live.mem.arena.read(p.addr, &mut bytes[offsets.host..end])
+        let addr =
+            live.mem
+                .check_range_at(&src, offsets.device, nbytes as u64, "device pointer")?;
+        live.mem.arena.read(addr, &mut bytes[offsets.host..end])
     }
 
     /// The device tensor whose allocation starts at `addr`, seen through `view` (for a
@@ -247,13 +254,25 @@ impl ChipWorker {
         Ok(out)
     }
 
-    /// Bytes this chip's allocator holds: user allocations, ring heaps and the retained
-    /// staging buffer.
+    /// Bytes this chip's allocator holds: user allocations, ring heaps, the retained
+    /// staging buffer, and memory quarantined because a kernel abandoned after its
+    /// timeout may still write it ([`ChipWorker::quarantined_device_memory`]).
     ///
     /// # Errors
     /// [`ChipError::NotInitialized`].
     pub fn committed_device_memory(&self) -> Result<u64, ChipError> {
         Ok(self.live("committed_device_memory")?.mem.committed())
+    }
+
+    /// Bytes freed (or given up by the runtime: old ring heaps, old staging) that are not
+    /// reusable yet because a kernel abandoned after its timeout may still write them.
+    /// They are part of [`ChipWorker::committed_device_memory`] and return to the
+    /// allocator once [`ChipWorker::lost_cores`] is empty.
+    ///
+    /// # Errors
+    /// [`ChipError::NotInitialized`].
+    pub fn quarantined_device_memory(&self) -> Result<u64, ChipError> {
+        Ok(self.live("quarantined_device_memory")?.mem.held_bytes())
     }
 
     /// Free/total device memory of the physical device: not available on the emulator.

@@ -126,8 +126,9 @@ impl ChipWorker {
 
     /// The host tensors in device memory (one retained staging buffer, `IN`/`INOUT`
     /// copied in) and the resident tensors checked, as the orchestration's arguments.
-    fn stage(&mut self, args: &RunArgs<'_>) -> Result<ChipArgs, ChipError> {
+    fn stage(&mut self, args: &RunArgs<'_>, run: u64) -> Result<ChipArgs, ChipError> {
         let chip_id = self.config.chip_id;
+        let nonce = self.nonce;
         let live = self.live.as_mut().expect("checked by caller");
         // Checked: every later offset into the staging buffer is below this total, so once
         // it fits no other sum can overflow.
@@ -159,6 +160,26 @@ impl ChipWorker {
         let mut out = ChipArgs::default();
         let mut off = 0u64;
         for a in &args.tensors {
+            let view = match a {
+                RunArg::HostIn { view, .. }
+                | RunArg::HostOut { view, .. }
+                | RunArg::HostRaw { view, .. } => Some(view),
+                RunArg::Device { .. } => None,
+            };
+            if let Some(view) = view.filter(|v| v.is_empty()) {
+                // A zero-size host tensor: address 0 (as in the reference), no staging,
+                // nothing copied in or back.
+                out.tensors.push(ChipTensor {
+                    key: BufferKey::new(live.staged_ids.mint(), KeySpace::Device(chip_id)),
+                    addr: 0,
+                    size: 0,
+                    view: TensorView::contiguous_or_empty(view.dtype(), view.shape())?,
+                    manual_dep: false,
+                    chip: nonce,
+                    run,
+                });
+                continue;
+            }
             match a {
                 RunArg::HostIn { view, .. } | RunArg::HostOut { view, .. } => {
                     let (base, _) = live.staging.expect("allocated above");
@@ -178,6 +199,8 @@ impl ChipWorker {
                         size,
                         view: *view,
                         manual_dep: false,
+                        chip: nonce,
+                        run,
                     });
                 }
                 RunArg::HostRaw { base, view, tag } => {
@@ -201,6 +224,8 @@ impl ChipWorker {
                         size,
                         view: dense,
                         manual_dep: false,
+                        chip: nonce,
+                        run,
                     });
                 }
                 RunArg::Device { t, .. } => {
@@ -212,6 +237,8 @@ impl ChipWorker {
                         size: t.size,
                         view: t.view,
                         manual_dep: false,
+                        chip: nonce,
+                        run,
                     });
                 }
             }
@@ -248,7 +275,9 @@ impl ChipWorker {
         timer.mark(Mark::StageIn);
         let staged = self.stage_in(&plan, args, &mut timer)?;
         timer.mark(Mark::Staged);
-        let (reply, sched) = self.dispatch(plan, staged)?;
+        let dispatched = self.dispatch(plan, staged);
+        self.quarantine_abandoned();
+        let (reply, sched) = dispatched?;
         timer.mark(Mark::Replied);
         let verdict = Self::verdict(&reply, &sched);
         let copied_back = match &verdict {
@@ -319,11 +348,14 @@ impl ChipWorker {
         let reconfigure = self.live.as_ref().expect("validated").rings_current != plan.rings;
         let ring_bases = self.ensure_rings(&plan.rings)?;
         timer.mark(Mark::RingsReady);
-        let args = self.stage(args)?;
+        // The run's epoch: every handle it hands the orchestration carries it.
+        self.runs += 1;
+        let args = self.stage(args, self.runs)?;
         Ok(Staged {
             reconfigure,
             ring_bases,
             args,
+            run: self.runs,
         })
     }
 
@@ -356,8 +388,7 @@ impl ChipWorker {
                 *l.env.lock().unwrap_or_else(|e| e.into_inner()) = live.env.clone();
             }
         }
-        self.runs += 1;
-        let run_seq = self.runs;
+        let run_seq = staged.run;
         let timeout = plan.timeout;
         let req = OrchRequest {
             callable: plan.callable,
@@ -366,6 +397,7 @@ impl ChipWorker {
             rings: plan.rings,
             reconfigure: staged.reconfigure,
             ring_bases: staged.ring_bases,
+            run: run_seq,
             ctl: RunCtl {
                 timing: plan.swimlane,
                 timeout,
@@ -501,6 +533,7 @@ impl ChipWorker {
         for a in args.tensors.iter_mut() {
             match a {
                 RunArg::HostIn { view, .. } => off += view.nbytes().div_ceil(1024) * 1024,
+                RunArg::HostOut { view, .. } if view.is_empty() => {}
                 RunArg::HostOut { bytes, view, .. } => {
                     live.mem.arena.read(base.addr + off, bytes)?;
                     off += view.nbytes().div_ceil(1024) * 1024;
@@ -544,12 +577,15 @@ struct Staged {
     reconfigure: bool,
     ring_bases: [u64; RING_COUNT],
     args: ChipArgs,
+    /// The run's epoch (its sequence number on this chip).
+    run: u64,
 }
 
-/// Writes `<prefix>/chip_swimlane.json`.
+/// Writes `<prefix>/chip_swimlane.json`: the directory is created 0700 if missing, and
+/// the file is written without following a symlink planted under its name.
 fn write_swimlane(s: &Swimlane, prefix: &str) -> Result<(), ChipError> {
     let dir = std::path::Path::new(prefix);
-    std::fs::create_dir_all(dir)
+    crate::trace::file::create_trace_dir(dir)
         .and_then(|_| s.write_chrome_json(&dir.join("chip_swimlane.json")))
         .map_err(|e| {
             ChipError::InvalidConfig(format!(

@@ -40,6 +40,8 @@ pub(super) struct Live {
     pub(super) ring_regions: [Option<(DevicePtr, u64)>; RING_COUNT],
     pub(super) staging: Option<(DevicePtr, u64)>,
     pub(super) staged_ids: IdentityMinter,
+    /// [`SchedShared::abandoned`] when this chip last quarantined a run's memory.
+    pub(super) abandoned_seen: u64,
     /// The run environment the cores hold (rebuilt only when the registry or the comm
     /// context changed).
     pub(super) env: Arc<RunEnv>,
@@ -334,7 +336,7 @@ impl ChipWorker {
             mem.arena.clone(),
             shared.clone(),
             topo.clone(),
-            cfg.chip_id,
+            (cfg.chip_id, self.nonce),
             cfg.tensor_wait_timeout,
             heartbeat.clone(),
             sched.clone(),
@@ -380,6 +382,7 @@ impl ChipWorker {
             ring_regions: [None; RING_COUNT],
             staging: None,
             staged_ids: IdentityMinter::new(),
+            abandoned_seen: 0,
             env,
             pid: std::process::id(),
             print_strace,
@@ -391,7 +394,54 @@ impl ChipWorker {
         if self.closed {
             return Err(ChipError::Closed { op });
         }
-        self.live.as_ref().ok_or(ChipError::NotInitialized { op })
+        let live = self.live.as_ref().ok_or(ChipError::NotInitialized { op })?;
+        if live.mem.has_quarantine() && !live.shared.abandoned_kernels_may_run() {
+            // Every abandoned kernel has returned: its memory can be reused.
+            live.mem.end_quarantine();
+        }
+        Ok(live)
+    }
+
+    /// After a run in which a kernel was abandoned after its timeout: the device memory
+    /// its task's arguments cover is quarantined until the kernel has returned. A ring
+    /// heap or the staging buffer that holds such bytes is given up (held, still
+    /// committed) and the next run gets a fresh one; a user allocation is refused in
+    /// copies and runs ([`ChipError::Quarantined`]) and held if freed. Costs nothing in
+    /// a run that abandoned no kernel (one atomic load).
+    pub(super) fn quarantine_abandoned(&mut self) {
+        let Some(live) = self.live.as_mut() else {
+            return;
+        };
+        let abandoned = live.shared.abandoned.load(Ordering::Acquire);
+        if abandoned == live.abandoned_seen {
+            return;
+        }
+        live.abandoned_seen = abandoned;
+        let ranges: Vec<(u64, u64)> = live
+            .shared
+            .abandoned_ranges
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|&(_, s, e)| (s, e))
+            .collect();
+        let owned: Vec<u64> = live
+            .ring_regions
+            .iter()
+            .chain(std::iter::once(&live.staging))
+            .flatten()
+            .map(|(p, _)| p.addr)
+            .collect();
+        let held = live.mem.quarantine_ranges(&ranges, &owned);
+        for slot in live
+            .ring_regions
+            .iter_mut()
+            .chain(std::iter::once(&mut live.staging))
+        {
+            if slot.is_some_and(|(p, _)| held.contains(&p.addr)) {
+                *slot = None;
+            }
+        }
     }
 
     /// Cores currently out of service (their kernel exceeded a timeout and has not

@@ -105,11 +105,13 @@ impl Swimlane {
         out
     }
 
-    /// Writes [`Swimlane::to_chrome_json`] to `path`.
+    /// Writes [`Swimlane::to_chrome_json`] to `path`, replacing what is there. A symlink
+    /// at `path` is replaced, never followed: the JSON goes to a new file (created with
+    /// `O_EXCL | O_NOFOLLOW`, mode 0600) renamed over `path`.
     ///
     /// # Errors
     /// The I/O error.
     pub fn write_chrome_json(&self, path: &std::path::Path) -> std::io::Result<()> {
-        std::fs::write(path, self.to_chrome_json())
+        crate::trace::file::write_nofollow(path, self.to_chrome_json().as_bytes())
     }
 }

@@ -58,8 +58,25 @@ impl Sched {
         let s = &mut self.cores[c];
         s.lost = true;
         self.shared.lost[c].store(true, Ordering::Release);
+        self.shared.abandoned.fetch_add(1, Ordering::AcqRel);
         let front = s.outstanding.front_mut().expect("a busy core has work");
         front.abandoned = true;
+        // The abandoned kernel may keep touching its task's arguments: publish their
+        // device ranges before the task fails (the host quarantines them).
+        // SAFETY: `front` is outstanding, so its payload is alive (see `DescPtr`); only
+        // shared reads of immutable fields and an atomic.
+        let desc = unsafe { front.desc.0.as_ref() };
+        {
+            let mut ranges = self
+                .shared
+                .abandoned_ranges
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            for t in &desc.tensors {
+                let start = desc.addr_of(t);
+                ranges.push((c as u32, start, start.saturating_add(t.size)));
+            }
+        }
         let (task, block, seq) = (front.task, front.block, front.seq);
         let (func, total) = (
             front.meta.funcs[front.lane as usize],

@@ -74,6 +74,13 @@ pub(crate) struct SchedShared {
     pub(crate) orch_bell: ThreadBell,
     /// Per core: taken out of service by a timeout.
     pub(crate) lost: Vec<AtomicBool>,
+    /// Kernels abandoned after their timeout so far (the host quarantines the memory of
+    /// a run that abandoned one).
+    pub(crate) abandoned: AtomicU64,
+    /// The device byte ranges `[start, end)` that abandoned kernels still running may
+    /// touch (their task's arguments), with the core each runs on; a core's entries are
+    /// removed when its kernel returns.
+    pub(crate) abandoned_ranges: std::sync::Mutex<Vec<(u32, u64, u64)>>,
 }
 
 impl SchedShared {
@@ -88,7 +95,15 @@ impl SchedShared {
             orch_wake_at: AtomicU64::new(u64::MAX),
             orch_bell: ThreadBell::default(),
             lost: (0..cores).map(|_| AtomicBool::new(false)).collect(),
+            abandoned: AtomicU64::new(0),
+            abandoned_ranges: std::sync::Mutex::new(Vec::new()),
         }
+    }
+
+    /// Whether a kernel abandoned after its timeout may still be running (a core is out
+    /// of service until its kernel returns).
+    pub(crate) fn abandoned_kernels_may_run(&self) -> bool {
+        self.lost.iter().any(|l| l.load(Ordering::Acquire))
     }
 
     /// A number that grows whenever the scheduler makes progress (a task or block finished,
@@ -111,8 +126,27 @@ impl SchedShared {
     }
 }
 
+/// The payload of an outstanding dispatch, without a reference count: the `Arc` travels
+/// to the core in the dispatch and comes back in its completion, so it is alive for as
+/// long as the dispatch is outstanding (what [`Sched::lose_core`] relies on to read an
+/// abandoned kernel's arguments). Never dereferenced once its completion was taken.
+#[derive(Clone, Copy)]
+pub(super) struct DescPtr(std::ptr::NonNull<TaskDesc>);
+
+// SAFETY: a `DescPtr` is only dereferenced (for shared reads of a `Sync` payload) by the
+// scheduler while the dispatch it belongs to is outstanding, when the payload is alive.
+unsafe impl Send for DescPtr {}
+
+impl DescPtr {
+    pub(super) fn of(desc: &Arc<TaskDesc>) -> Self {
+        DescPtr(std::ptr::NonNull::from(&**desc))
+    }
+}
+
 struct Out {
     seq: u64,
+    /// The task's payload (see [`DescPtr`]).
+    desc: DescPtr,
     task: TaskRef,
     block: u32,
     lane: u8,
@@ -589,6 +623,11 @@ impl Sched {
                 let func = out.meta.funcs[out.lane as usize];
                 if self.cores[c].lost && self.cores[c].outstanding.is_empty() {
                     self.cores[c].lost = false;
+                    self.shared
+                        .abandoned_ranges
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .retain(|&(core, _, _)| core as usize != c);
                     self.shared.lost[c].store(false, Ordering::Release);
                     let note = format!(
                         "core {c} finished its cancelled kernel {:?} and is back in service",

@@ -154,6 +154,7 @@ impl Sched {
         }
         s.outstanding.push_back(Out {
             seq,
+            desc: super::DescPtr::of(&desc),
             task,
             block,
             lane,
