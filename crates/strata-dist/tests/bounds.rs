@@ -245,6 +245,107 @@ fn the_fence_of_a_failed_orchestration_ends_at_the_stuck_tasks_deadline() -> Out
     Ok(())
 }
 
+fn a_level_3_task_past_its_deadline_fails_with_a_timeout_naming_the_child() -> Outcome {
+    let mut cfg = DistConfig::l4(0).with_exec_mode(ExecMode::Process);
+    cfg.task_timeout = Duration::from_millis(500);
+    cfg.close_grace = Duration::from_millis(500);
+    let mut top = DistWorker::new(cfg).ctx("new")?;
+    let spin = top.register_sub("spin forever", |_| loop {
+        std::hint::spin_loop();
+    });
+    let inner = top.register_orchestration("inner", move |o, _| {
+        o.submit_sub(&spin, &TaskArgs::new())?;
+        Ok(())
+    });
+    // The level-3 child keeps the default deadlines (minutes): only the level-4 worker's
+    // deadline on its task can end this run.
+    let child = top
+        .add_worker(DistWorker::new(l3_config(ExecMode::Process, 0, 1)).ctx("child")?)
+        .ctx("add_worker")?;
+    let outer = top.register_orchestration("outer", move |o, _| {
+        o.submit_next_level(inner, &TaskArgs::new(), child)?;
+        Ok(())
+    });
+    top.init().ctx("init")?;
+    let grandchildren: Vec<i32> = {
+        let children = top.child_pids();
+        descendants()
+            .into_iter()
+            .filter(|p| !children.contains(p))
+            .collect()
+    };
+    let mut pids = top.child_pids();
+    pids.extend(&grandchildren);
+    let dog = Watchdog::arm(BOUND, pids);
+    let t0 = Instant::now();
+    let got = top.run(&outer, &TaskArgs::new());
+    let took = t0.elapsed();
+    let fired = dog.disarm();
+    println!("    a stuck level-3 task (deadline 500 ms) failed after {took:.2?}");
+    check!(
+        !fired,
+        "the run hung until the watchdog killed the children"
+    );
+    match got {
+        Err(DistError::TaskFailed(f)) => {
+            check!(f.kind() == FailureKind::Timeout, "a timeout: {f:?}");
+            check!(
+                f.message().contains("child_worker") && f.message().contains("deadline"),
+                "names the level-3 child and its deadline: {}",
+                f.message()
+            );
+        }
+        other => return Err(format!("expected a timeout, got {other:?}")),
+    }
+    let t0 = Instant::now();
+    match top.close() {
+        Ok(()) | Err(DistError::Close(_)) => {}
+        other => return Err(format!("close: {other:?}")),
+    }
+    check!(t0.elapsed() < SLACK, "close finished: {:?}", t0.elapsed());
+    // The killed child's own children die with it (its process group, or the parent-death
+    // signal) and are reparented to this subreaper: reap them.
+    let survivors = reap_within(&grandchildren, BOUND);
+    check!(
+        survivors.is_empty(),
+        "the level-3 child's children outlived it: {survivors:?}"
+    );
+    Ok(())
+}
+
+/// Reaps (as subreaper) each of `pids` as it ends, until all ended or `within` passed;
+/// `SIGKILL`s and reaps the survivors (cleanup) and returns them.
+fn reap_within(pids: &[i32], within: Duration) -> Vec<i32> {
+    let mut gone = vec![false; pids.len()];
+    let end = Instant::now() + within;
+    while gone.iter().any(|g| !g) && Instant::now() < end {
+        for (i, &p) in pids.iter().enumerate() {
+            if !gone[i] {
+                // SAFETY: reaping a process reparented to us (or not ours: -1, and then
+                // signal 0 probes whether it still exists).
+                let r = unsafe { libc::waitpid(p, std::ptr::null_mut(), libc::WNOHANG) };
+                // SAFETY: signal 0 only probes.
+                gone[i] = r == p || (r == -1 && unsafe { libc::kill(p, 0) } == -1);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let survivors: Vec<i32> = pids
+        .iter()
+        .zip(&gone)
+        .filter(|(_, g)| !**g)
+        .map(|(p, _)| *p)
+        .collect();
+    for &p in &survivors {
+        // SAFETY: an unreaped process reparented to us: kill and reap it.
+        unsafe {
+            libc::kill(p, libc::SIGKILL);
+            libc::waitpid(p, std::ptr::null_mut(), 0);
+        }
+    }
+    survivors
+}
+
 fn timeouts_too_large_for_an_instant_mean_no_deadline() -> Outcome {
     let mut cfg = l3_config(ExecMode::Process, 1, 1);
     cfg.startup_timeout = Duration::MAX;
@@ -284,6 +385,10 @@ fn main() {
         (
             "the_fence_of_a_failed_orchestration_ends_at_the_stuck_tasks_deadline",
             the_fence_of_a_failed_orchestration_ends_at_the_stuck_tasks_deadline,
+        ),
+        (
+            "a_level_3_task_past_its_deadline_fails_with_a_timeout_naming_the_child",
+            a_level_3_task_past_its_deadline_fails_with_a_timeout_naming_the_child,
         ),
         (
             "timeouts_too_large_for_an_instant_mean_no_deadline",

@@ -459,17 +459,19 @@ impl Lane {
         }
     }
 
-    /// Sends `SIGKILL` to the child process now, for a child the caller declared
-    /// unresponsive (a missed deadline). `SIGKILL` also ends a stopped (`SIGSTOP`ped)
-    /// process, which a graceful request never reaches. The child is reaped by a later
+    /// Sends `SIGKILL` to the child process (and the process group it leads) now, for a
+    /// child the caller declared unresponsive (a missed deadline). `SIGKILL` also ends a
+    /// stopped (`SIGSTOP`ped) process, which a graceful request never reaches. The child is reaped by a later
     /// [`Lane::check_alive`] or by [`Children::shutdown`]. A thread child cannot be
     /// killed: nothing is done (shutdown detaches it). Returns whether a signal was sent.
     pub fn kill(&mut self) -> bool {
         match (&self.watch, self.watch.end()) {
             (Watch::Process(p), None) => {
-                // SAFETY: `p.pid()` is a child of this process that has not been reaped
-                // (its end is unknown), so the pid cannot have been reused.
-                unsafe { libc::kill(p.pid(), libc::SIGKILL) == 0 }
+                // Unreaped (its end is unknown), so the pid and its group are still ours;
+                // the group takes what the child started with it (a level-3 child's
+                // chips and subs).
+                kill_group(p.pid());
+                true
             }
             _ => false,
         }
