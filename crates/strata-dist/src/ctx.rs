@@ -50,11 +50,31 @@ impl Ctx {
             command,
             reply: tx,
         });
-        let r = rx.recv().map_err(|_| DistError::Control {
-            worker: self.labels.get(lane).cloned().unwrap_or_default(),
-            message: "the scheduler stopped before answering".into(),
-        })?;
         let worker = || self.labels.get(lane).cloned().unwrap_or_default();
+        // The scheduler answers every request it takes in (within the control deadline
+        // once the child is idle). A loop that broke (a pass panicked) takes in nothing
+        // more and leaves the worker unusable: stop waiting then, after one more slice for
+        // a reply already on its way.
+        let mut unusable_seen = false;
+        let r = loop {
+            match rx.recv_timeout(crate::sched::BROKEN_CHECK) {
+                Ok(r) => break r,
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    return Err(DistError::Control {
+                        worker: worker(),
+                        message: "the scheduler stopped before answering".into(),
+                    })
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    if let Some(why) = self.link.unusable() {
+                        if unusable_seen {
+                            return Err(DistError::Unusable(why));
+                        }
+                        unusable_seen = true;
+                    }
+                }
+            }
+        };
         r.map_err(|e| match e {
             ControlFailure::Failed(message) => DistError::Control {
                 worker: worker(),

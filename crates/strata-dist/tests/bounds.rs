@@ -13,12 +13,16 @@
 mod common;
 
 use common::*;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 use strata_dist::*;
 use strata_graph::FailureKind;
 use strata_host::ExecMode;
 use strata_types::{ArgTag, DataType, TaskArgs};
+
+/// Lets Threads-mode callables that spin "forever" end (a thread cannot be killed).
+static RELEASE_THREADS: AtomicBool = AtomicBool::new(false);
 
 /// Kills `pids` unless disarmed within `after`: a hang of the engine becomes a failure of
 /// the scenario, never a hang of the suite.
@@ -37,6 +41,8 @@ impl Watchdog {
             for p in pids {
                 let _ = kill(p);
             }
+            // Thread children cannot be killed: let them out of their loops.
+            RELEASE_THREADS.store(true, Ordering::SeqCst);
             true
         });
         Watchdog { disarm, thread }
@@ -346,6 +352,60 @@ fn reap_within(pids: &[i32], within: Duration) -> Vec<i32> {
     survivors
 }
 
+fn a_threads_mode_sub_past_its_deadline_is_abandoned_and_close_finishes() -> Outcome {
+    let mut cfg = l3_config(ExecMode::Threads, 0, 1);
+    cfg.task_timeout = Duration::from_millis(300);
+    cfg.close_grace = Duration::from_millis(300);
+    let mut w = DistWorker::new(cfg).ctx("new")?;
+    RELEASE_THREADS.store(false, Ordering::SeqCst);
+    let spin = w.register_sub("spin until released", |_| {
+        while !RELEASE_THREADS.load(Ordering::SeqCst) {
+            std::hint::spin_loop();
+        }
+        Ok(())
+    });
+    let orch = w.register_orchestration("spin", move |o, _| {
+        o.submit_sub(&spin, &TaskArgs::new())?;
+        Ok(())
+    });
+    w.init().ctx("init")?;
+    let dog = Watchdog::arm(BOUND, Vec::new());
+    let got = w.run(&orch, &TaskArgs::new());
+    let fired = dog.disarm();
+    check!(
+        !fired,
+        "the run hung until the watchdog released the thread"
+    );
+    let outcome = match got {
+        Err(DistError::TaskFailed(f)) if f.kind() == FailureKind::Timeout => {
+            if f.message().contains("sub_worker") && f.message().contains("abandoned") {
+                Ok(())
+            } else {
+                Err(format!(
+                    "names the child and that it was abandoned: {}",
+                    f.message()
+                ))
+            }
+        }
+        other => Err(format!("expected a timeout, got {other:?}")),
+    };
+    let t0 = Instant::now();
+    let closed = w.close();
+    let took = t0.elapsed();
+    // The abandoned thread may end now (the leak check counts threads).
+    RELEASE_THREADS.store(true, Ordering::SeqCst);
+    outcome?;
+    match closed {
+        Ok(()) | Err(DistError::Close(_)) => {}
+        other => return Err(format!("close: {other:?}")),
+    }
+    check!(
+        took < SLACK,
+        "close finished with the thread still spinning: {took:?}"
+    );
+    Ok(())
+}
+
 fn timeouts_too_large_for_an_instant_mean_no_deadline() -> Outcome {
     let mut cfg = l3_config(ExecMode::Process, 1, 1);
     cfg.startup_timeout = Duration::MAX;
@@ -393,6 +453,12 @@ fn main() {
         (
             "timeouts_too_large_for_an_instant_mean_no_deadline",
             timeouts_too_large_for_an_instant_mean_no_deadline,
+        ),
+        // Last: it leaves this process multi-threaded for a moment, and the scenarios
+        // above fork.
+        (
+            "a_threads_mode_sub_past_its_deadline_is_abandoned_and_close_finishes",
+            a_threads_mode_sub_past_its_deadline_is_abandoned_and_close_finishes,
         ),
     ]);
 }
