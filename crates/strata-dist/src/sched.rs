@@ -712,14 +712,18 @@ impl<E: Endpoint> SchedLoop<E> {
                 // The child is idle and liveness-checked while it answers; one that does
                 // not answer in time (stopped, stuck) would hold every lane.
                 let deadline = Instant::now().checked_add(self.control_timeout);
-                match self.endpoints[lane].control(&job.command, deadline) {
+                let reply = match self.endpoints[lane].control(&job.command, deadline) {
                     Ok(word) => Ok(word),
                     Err(EndpointError::Control(HostError::Control {
                         source: MailboxError::Timeout { .. },
                         ..
                     })) => Err(self.unresponsive(lane, job.command.name())),
                     Err(e) => Err(e.to_string().into()),
-                }
+                };
+                // The wait may have been long: tasks dispatched later in this pass count
+                // their deadlines from now.
+                self.now = Instant::now();
+                reply
             };
             let _ = job.reply.send(result);
         }
