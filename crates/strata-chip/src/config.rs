@@ -17,6 +17,8 @@ pub const REFERENCE_RING_HEAP_BYTES: u64 = 256 << 20;
 /// strata's per-ring heap default on the emulator: 64 MiB (a quarter of the reference's;
 /// the emulator runs on small machines). Pages are committed only when touched.
 pub const DEFAULT_RING_HEAP_BYTES: u64 = 64 << 20;
+/// The most device memory a chip (and so one ring heap) may have: 2^46 bytes.
+pub const MAX_DEVICE_MEMORY_BYTES: u64 = 1 << 46;
 /// The reference's per-ring dependency pool default.
 pub const REFERENCE_DEP_POOL: u64 = 16_384;
 
@@ -76,6 +78,12 @@ impl RingSizing {
                 self.task_window
             ));
         }
+        if self.heap_bytes > MAX_DEVICE_MEMORY_BYTES {
+            return Err(ChipError::InvalidConfig(format!(
+                "ring {ring} heap_bytes = {} (at most 2^46 = {MAX_DEVICE_MEMORY_BYTES}, the device memory limit)",
+                self.heap_bytes
+            )));
+        }
         if self.heap_bytes < 1024 {
             return bad(format!(
                 "ring {ring} heap_bytes = {} (must be >= 1024)",
@@ -91,9 +99,12 @@ impl RingSizing {
         Ok(())
     }
 
-    /// The heap size actually mapped: rounded up to a multiple of 1024.
+    /// The heap size actually mapped: rounded up to a multiple of 1024 (saturating at the
+    /// largest multiple of 1024 for a size [`RingSizing::validate`] refuses).
     pub fn heap_bytes_aligned(&self) -> u64 {
-        self.heap_bytes.div_ceil(1024) * 1024
+        self.heap_bytes
+            .checked_next_multiple_of(1024)
+            .unwrap_or(u64::MAX - 1023)
     }
 
     pub(crate) fn graph(&self) -> RingConfig {
@@ -258,6 +269,7 @@ impl ChipConfig {
         for (i, r) in self.rings.iter().enumerate() {
             r.validate(i)?;
         }
+        // Each heap is at most 2^46 (validated above), so the sum of the four fits.
         let heaps: u64 = self.rings.iter().map(|r| r.heap_bytes_aligned()).sum();
         if self.device_memory_bytes < heaps {
             return bad(format!(
@@ -265,10 +277,11 @@ impl ChipConfig {
                 self.device_memory_bytes
             ));
         }
-        if usize::try_from(self.device_memory_bytes).is_err() || self.device_memory_bytes > 1 << 46
+        if usize::try_from(self.device_memory_bytes).is_err()
+            || self.device_memory_bytes > MAX_DEVICE_MEMORY_BYTES
         {
             return bad(format!(
-                "device_memory_bytes = {} (at most 2^46)",
+                "device_memory_bytes = {} (at most 2^46 = {MAX_DEVICE_MEMORY_BYTES})",
                 self.device_memory_bytes
             ));
         }
@@ -315,5 +328,23 @@ impl ChipConfig {
             r.validate(i)?;
         }
         Ok(rings)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{ChipConfig, MAX_DEVICE_MEMORY_BYTES};
+
+    #[test]
+    fn a_ring_heap_past_the_device_memory_limit_is_refused_naming_the_limit() {
+        for heap in [u64::MAX, u64::MAX - 1000, MAX_DEVICE_MEMORY_BYTES + 1] {
+            let mut c = ChipConfig::default();
+            c.rings[1].heap_bytes = heap;
+            let err = c.validate().unwrap_err().to_string();
+            assert!(
+                err.contains("ring 1") && err.contains("2^46"),
+                "heap {heap}: {err}"
+            );
+        }
     }
 }

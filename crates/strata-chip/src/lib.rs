@@ -45,8 +45,8 @@ pub use aicpu::tensor::{
 };
 pub use config::{
     ChipConfig, CoreType, OrchestratorPlacement, RingSizing, DEFAULT_RING_HEAP_BYTES,
-    EXIT_ORCHESTRATION_STALLED, MAX_AIC_CORES, MAX_AIV_CORES, REFERENCE_DEP_POOL,
-    REFERENCE_RING_HEAP_BYTES, REFERENCE_TASK_WINDOW,
+    EXIT_ORCHESTRATION_STALLED, MAX_AIC_CORES, MAX_AIV_CORES, MAX_DEVICE_MEMORY_BYTES,
+    REFERENCE_DEP_POOL, REFERENCE_RING_HEAP_BYTES, REFERENCE_TASK_WINDOW,
 };
 pub use device::arena::{SharedTensor, TensorMut, TensorRef};
 pub use device::memory::{DevicePtr, DeviceTensor, DEVICE_ALIGN};

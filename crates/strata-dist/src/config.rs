@@ -52,8 +52,24 @@ pub struct DistConfig {
     pub heap_ring_bytes: u64,
     /// Bound on the whole tree's startup.
     pub startup_timeout: Duration,
-    /// How long `close` waits for children to exit before killing them.
+    /// How long `close` waits for children to exit before killing them. A grace too large
+    /// for an `Instant` (e.g. `Duration::MAX`) is clamped to a century.
     pub close_grace: Duration,
+    /// How long a control request (`alloc_child_tensor`, `free`, `copy_to`, `copy_from`,
+    /// `committed_device_memory`) waits for the child's reply once the child is idle. A
+    /// child that misses it is declared unresponsive: the request fails naming it, the
+    /// child is killed (`SIGKILL`, which also ends a stopped process) and the worker
+    /// becomes unusable. Too large for an `Instant`: no deadline.
+    pub control_timeout: Duration,
+    /// The deadline of a task on a sub-worker or a next-level level-3 worker, from its
+    /// dispatch, when its [`strata_types::CallConfig::timeout_ms`] is 0; a non-zero
+    /// `timeout_ms` replaces it for those tasks. On a chip, `timeout_ms` bounds each
+    /// kernel (the chip enforces it) and this is the backstop for the whole chip task. A
+    /// task past its deadline fails with a timeout naming the child
+    /// ([`strata_graph::FailureKind::Timeout`]), its dependents are poisoned, and the
+    /// child is killed (a thread child is abandoned) so the worker can close; the worker
+    /// becomes unusable. Too large for an `Instant`: no deadline.
+    pub task_timeout: Duration,
     /// Runs in flight at once (1 or 2).
     pub pipeline_depth: usize,
     /// Bytes of the comm arena the chips' window buffers are carved from (level 3 with
@@ -67,6 +83,13 @@ pub struct DistConfig {
     /// Whether window buffers live for one run (default) or are kept across runs.
     pub windows: WindowLifetime,
 }
+
+/// [`DistConfig::control_timeout`]'s default: 30 s (a control request moves at most one
+/// copy chunk, which takes milliseconds).
+pub const DEFAULT_CONTROL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// [`DistConfig::task_timeout`]'s default: 10 minutes.
+pub const DEFAULT_TASK_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// How long window buffers live.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -94,6 +117,8 @@ impl DistConfig {
             heap_ring_bytes: 64 << 20,
             startup_timeout: Duration::from_secs(120),
             close_grace: Duration::from_secs(10),
+            control_timeout: DEFAULT_CONTROL_TIMEOUT,
+            task_timeout: DEFAULT_TASK_TIMEOUT,
             pipeline_depth: 2,
             comm_arena_bytes: 256 << 20,
             comm_wait_timeout: Duration::from_secs(5),
@@ -149,10 +174,21 @@ impl DistConfig {
                 self.heap_ring_bytes
             )));
         }
-        if self.startup_timeout.is_zero() {
-            return Err(DistError::InvalidConfig(
-                "startup_timeout must be positive".into(),
-            ));
+        for (name, d) in [
+            ("startup_timeout", self.startup_timeout),
+            ("control_timeout", self.control_timeout),
+            ("task_timeout", self.task_timeout),
+        ] {
+            if d.is_zero() {
+                return Err(DistError::InvalidConfig(format!("{name} must be positive")));
+            }
+        }
+        if self.heap_ring_bytes > strata_chip::MAX_DEVICE_MEMORY_BYTES {
+            return Err(DistError::InvalidConfig(format!(
+                "heap_ring_bytes = {} (at most 2^46 = {})",
+                self.heap_ring_bytes,
+                strata_chip::MAX_DEVICE_MEMORY_BYTES
+            )));
         }
         let min_arena = strata_comm::layout::MIN_ARENA_BYTES as u64;
         if self.comm_arena_bytes < min_arena || self.comm_arena_bytes % 4096 != 0 {

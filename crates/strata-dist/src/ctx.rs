@@ -9,7 +9,7 @@
 use crate::control::{ControlCommand, CopyDirection};
 use crate::endpoint::ChildKind;
 use crate::error::DistError;
-use crate::sched::{ControlJob, Link};
+use crate::sched::{ControlFailure, ControlJob, Link};
 use crate::tensor::ChildTensor;
 use std::collections::HashMap;
 use std::sync::{mpsc, Arc, Mutex};
@@ -51,13 +51,41 @@ impl Ctx {
             command,
             reply: tx,
         });
-        let r = rx.recv().map_err(|_| DistError::Control {
-            worker: self.labels.get(lane).cloned().unwrap_or_default(),
-            message: "the scheduler stopped before answering".into(),
-        })?;
-        r.map_err(|message| DistError::Control {
-            worker: self.labels.get(lane).cloned().unwrap_or_default(),
-            message,
+        let worker = || self.labels.get(lane).cloned().unwrap_or_default();
+        // The scheduler answers every request it takes in (within the control deadline
+        // once the child is idle). A loop that broke (a pass panicked) takes in nothing
+        // more and leaves the worker unusable: stop waiting then, after one more slice for
+        // a reply already on its way.
+        let mut unusable_seen = false;
+        let r = loop {
+            match rx.recv_timeout(crate::sched::BROKEN_CHECK) {
+                Ok(r) => break r,
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    return Err(DistError::Control {
+                        worker: worker(),
+                        message: "the scheduler stopped before answering".into(),
+                    })
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    if let Some(why) = self.link.unusable() {
+                        if unusable_seen {
+                            return Err(DistError::Unusable(why));
+                        }
+                        unusable_seen = true;
+                    }
+                }
+            }
+        };
+        r.map_err(|e| match e {
+            ControlFailure::Failed(message) => DistError::Control {
+                worker: worker(),
+                message,
+            },
+            ControlFailure::Unresponsive { message, after } => DistError::Unresponsive {
+                worker: worker(),
+                message,
+                after,
+            },
         })
     }
 

@@ -100,6 +100,18 @@ pub trait Endpoint: Send {
     /// [`EndpointError::Liveness`] if that cannot be told.
     fn check_alive(&mut self) -> Result<(), EndpointError>;
 
+    /// Stops the child at once: it missed a deadline (a control reply, a task's). A local
+    /// process is `SIGKILL`ed (which also ends a stopped one) and reaped at shutdown; a
+    /// thread cannot be killed and is abandoned (detached at shutdown).
+    /// Returns whether it was killed (`false`: abandoned).
+    fn kill(&mut self) -> bool;
+
+    /// What the child is doing, for the message of a missed deadline (e.g. that the
+    /// process is stopped), when that can be told.
+    fn state_note(&self) -> Option<String> {
+        None
+    }
+
     /// The engine drops these endpoints without an orderly shutdown (its scheduler
     /// unwound): stop their children as well as can be done without one.
     fn abandon(endpoints: Vec<Self>)
@@ -190,6 +202,20 @@ impl Endpoint for LocalEndpoint {
             }
             Err(other) => Err(EndpointError::Liveness(other.to_string())),
         }
+    }
+
+    fn kill(&mut self) -> bool {
+        self.lane.kill()
+    }
+
+    fn state_note(&self) -> Option<String> {
+        let note = match self.lane.process_state()? {
+            'T' | 't' => "the process is stopped (SIGSTOP or a tracer: state T)".to_owned(),
+            'D' => "the process is in uninterruptible sleep (state D)".to_owned(),
+            'Z' => "the process has exited (zombie)".to_owned(),
+            c => format!("process state {c}"),
+        };
+        Some(note)
     }
 
     fn abandon(endpoints: Vec<Self>) {

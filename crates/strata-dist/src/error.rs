@@ -86,6 +86,18 @@ pub enum DistError {
         /// Its message.
         message: String,
     },
+    /// A child did not answer a control request within
+    /// [`crate::DistConfig::control_timeout`] (stopped, stuck, or too slow): it was
+    /// declared unresponsive and killed, and the worker is unusable.
+    #[error("{message}")]
+    Unresponsive {
+        /// The child.
+        worker: String,
+        /// What happened, naming the child, the request and the deadline.
+        message: String,
+        /// The deadline it missed.
+        after: std::time::Duration,
+    },
     /// `close()` found children that ended abnormally during shutdown (killed after the
     /// grace period because a task did not finish, crashed while shutting down, ...). The
     /// worker is closed and every child reaped regardless.

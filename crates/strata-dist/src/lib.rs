@@ -41,7 +41,9 @@ mod tensor;
 mod worker;
 
 pub use comm::WindowTensor;
-pub use config::{DistConfig, Level, WindowLifetime};
+pub use config::{
+    DistConfig, Level, WindowLifetime, DEFAULT_CONTROL_TIMEOUT, DEFAULT_TASK_TIMEOUT,
+};
 pub use control::{ControlCommand, ControlDecodeError, CopyDirection, COPY_PAYLOAD_BYTES};
 pub use endpoint::{ChildKind, Endpoint, EndpointError, TaskOutcome};
 pub use error::{DistError, OrchError};

@@ -22,15 +22,15 @@
 //! completion and the orchestrator rings when it hands over work.
 
 use crate::control::ControlCommand;
-use crate::endpoint::{Endpoint, LocalEndpoint};
+use crate::endpoint::{ChildKind, Endpoint, EndpointError, LocalEndpoint};
 use crate::task::{DistTask, Route, Target};
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use strata_graph::{Claimed, Failure, FailureKind, ReadyTask, RunId, Scheduler, TaskRef};
-use strata_host::{Children, Doorbell, SharedMemory};
-use strata_mailbox::{FrameIdentity, TaskPublication, TaskSlot};
+use strata_host::{Children, Doorbell, HostError, SharedMemory};
+use strata_mailbox::{EncodedConfig, FrameIdentity, MailboxError, TaskPublication, TaskSlot};
 use strata_sync::{Broken, Driven, DriverSeat, SeatWaker, Turn};
 
 /// Spin before parking on the doorbell.
@@ -41,11 +41,33 @@ const BUSY_SLICE: Duration = Duration::from_millis(5);
 const IDLE_SLICE: Duration = Duration::from_millis(200);
 
 /// A control request for one child, run by the scheduler when the child is idle; the
-/// reply is the child's result word or the error's message.
+/// reply is the child's result word or why there is none.
 pub(crate) struct ControlJob {
     pub(crate) lane: usize,
     pub(crate) command: ControlCommand,
-    pub(crate) reply: mpsc::Sender<Result<u64, String>>,
+    pub(crate) reply: mpsc::Sender<Result<u64, ControlFailure>>,
+}
+
+/// Why a control request has no result word.
+#[derive(Debug)]
+pub(crate) enum ControlFailure {
+    /// The child's failure, its death, or the worker closing (the message says which).
+    Failed(String),
+    /// The child did not answer within the control deadline: it was declared unresponsive
+    /// (and killed).
+    Unresponsive { message: String, after: Duration },
+}
+
+impl From<String> for ControlFailure {
+    fn from(message: String) -> Self {
+        ControlFailure::Failed(message)
+    }
+}
+
+impl From<&str> for ControlFailure {
+    fn from(message: &str) -> Self {
+        ControlFailure::Failed(message.to_owned())
+    }
 }
 
 #[derive(Default)]
@@ -244,6 +266,10 @@ struct InFlight {
     group: bool,
     /// The shared-tensor regions this member holds in use until it ends.
     uses: Vec<u64>,
+    /// When the task is overdue (`None`: its budget is past what an `Instant` holds).
+    deadline: Option<Instant>,
+    /// Its budget from dispatch, for the message when it is overdue.
+    budget: Duration,
 }
 
 /// A child's two task frames, as the scheduler uses them: the second frame holds the
@@ -340,6 +366,13 @@ pub(crate) struct SchedLoop<E: Endpoint = LocalEndpoint> {
     labels: Vec<String>,
     stopping: Option<std::time::Instant>,
     last_liveness: std::time::Instant,
+    /// The clock read at the start of the current pass (the only one a pass makes on its
+    /// hot path): task deadlines are counted from it.
+    now: Instant,
+    /// How long a control reply may take ([`crate::DistConfig::control_timeout`]).
+    control_timeout: Duration,
+    /// A task's default budget ([`crate::DistConfig::task_timeout`]).
+    task_timeout: Duration,
     /// A test-only fault taken from the inbox, not yet fired.
     fault: Option<PassFault>,
     /// The shared memory the tasks' tensors live in (their in-use marks).
@@ -414,6 +447,9 @@ impl<E: Endpoint> SchedLoop<E> {
             labels,
             stopping: None,
             last_liveness: std::time::Instant::now(),
+            now: Instant::now(),
+            control_timeout: crate::config::DEFAULT_CONTROL_TIMEOUT,
+            task_timeout: crate::config::DEFAULT_TASK_TIMEOUT,
             fault: None,
             shared: SharedMemory::process().clone(),
             abandoned_uses: Vec::new(),
@@ -428,8 +464,21 @@ impl<E: Endpoint> SchedLoop<E> {
         self
     }
 
+    /// Sets the control deadline and the tasks' default budget (see
+    /// [`crate::DistConfig::control_timeout`] and [`crate::DistConfig::task_timeout`]).
+    pub(crate) fn with_deadlines(
+        mut self,
+        control_timeout: Duration,
+        task_timeout: Duration,
+    ) -> Self {
+        self.control_timeout = control_timeout;
+        self.task_timeout = task_timeout;
+        self
+    }
+
     /// One pass: intake, completions, control requests, dispatch, liveness.
     fn step(&mut self) -> Step {
+        self.now = Instant::now();
         let mut progress = self.intake();
         if self.fault.is_some() {
             self.fire_fault();
@@ -439,9 +488,10 @@ impl<E: Endpoint> SchedLoop<E> {
         if self.stopping.is_none() {
             progress |= self.dispatch();
         }
-        if self.last_liveness.elapsed() >= BUSY_SLICE {
+        if self.now.saturating_duration_since(self.last_liveness) >= BUSY_SLICE {
+            self.check_deadlines();
             self.check_liveness();
-            self.last_liveness = std::time::Instant::now();
+            self.last_liveness = self.now;
         }
         let busy = self.lanes.iter().any(LaneState::is_busy);
         if let Some(deadline) = self.stopping {
@@ -450,9 +500,7 @@ impl<E: Endpoint> SchedLoop<E> {
                 for lane in 0..self.lanes.len() {
                     // The child may still be running these tasks (a thread child cannot
                     // be stopped): their tensors stay in use until it is known gone.
-                    for f in self.lanes[lane].frames.iter_mut().flatten() {
-                        self.abandoned_uses.append(&mut f.uses);
-                    }
+                    self.abandon_uses(lane);
                     let f = self.endpoint_failure(
                         lane,
                         "the worker closed before this task finished (close_grace passed)",
@@ -614,6 +662,15 @@ impl<E: Endpoint> SchedLoop<E> {
         }
     }
 
+    /// Keeps the in-use marks of what `lane` still runs after it was killed or abandoned:
+    /// a killed process may run on until the signal lands and an abandoned thread never
+    /// stops, so their tensors stay in use until the worker knows the children are gone.
+    fn abandon_uses(&mut self, lane: usize) {
+        for f in self.lanes[lane].frames.iter_mut().flatten() {
+            self.abandoned_uses.append(&mut f.uses);
+        }
+    }
+
     /// Completes what `lane` ran in frame `slot`.
     fn finish(&mut self, lane: usize, slot: TaskSlot, outcome: Result<(), Failure>) {
         let Some(f) = self.lanes[lane].frames[slot.index()].take() else {
@@ -707,6 +764,95 @@ impl<E: Endpoint> SchedLoop<E> {
         }
     }
 
+    /// Fails every task past its deadline with a timeout naming its child, and stops that
+    /// child (it may be stuck anywhere, so it is killed, or abandoned if it is a thread):
+    /// its other frame fails with it and the worker becomes unusable, but closes.
+    fn check_deadlines(&mut self) {
+        let now = self.now;
+        let overdue = |l: &LaneState| {
+            l.dead.is_none()
+                && l.frames
+                    .iter()
+                    .flatten()
+                    .any(|f| f.deadline.is_some_and(|d| now >= d))
+        };
+        if !self.lanes.iter().any(overdue) {
+            return;
+        }
+        // A completion published just before the deadline still counts.
+        self.poll_lanes();
+        for lane in 0..self.lanes.len() {
+            if !overdue(&self.lanes[lane]) {
+                continue;
+            }
+            let Some((slot, budget)) = TaskSlot::ALL.into_iter().find_map(|s| {
+                self.lanes[lane].frames[s.index()]
+                    .as_ref()
+                    .filter(|f| f.deadline.is_some_and(|d| now >= d))
+                    .map(|f| (s, f.budget))
+            }) else {
+                continue;
+            };
+            let note = self.endpoints[lane]
+                .state_note()
+                .map(|n| format!(" ({n})"))
+                .unwrap_or_default();
+            let how = if self.endpoints[lane].kill() {
+                "the child was killed"
+            } else {
+                "the child (a thread) was abandoned"
+            };
+            let label = self.label(lane).to_owned();
+            let what = format!(
+                "{label}: the task ran past its deadline of {budget:?}{note} (timeout); {how} so the worker can close"
+            );
+            let dead = format!("{label}: stopped after a task ran past its deadline of {budget:?}");
+            self.lanes[lane].dead = Some(dead.clone());
+            self.link.set_unusable(what.clone());
+            self.abandon_uses(lane);
+            self.finish(lane, slot, Err(Failure::new(FailureKind::Timeout, what)));
+            self.finish_all(lane, &Failure::new(FailureKind::Endpoint, dead));
+        }
+    }
+
+    /// Declares `lane` unresponsive: it did not answer the control request `request`
+    /// within the control deadline. It is stopped (killed, or abandoned if a thread) and
+    /// the worker becomes unusable.
+    fn unresponsive(&mut self, lane: usize, request: &str) -> ControlFailure {
+        let after = self.control_timeout;
+        let note = self.endpoints[lane]
+            .state_note()
+            .map(|n| format!(" ({n})"))
+            .unwrap_or_default();
+        let how = if self.endpoints[lane].kill() {
+            "the child was killed"
+        } else {
+            "the child (a thread) was abandoned"
+        };
+        let message = format!(
+            "{}: unresponsive: no reply to the control request `{request}` within {after:?}{note}; {how}",
+            self.label(lane)
+        );
+        self.lanes[lane].dead = Some(message.clone());
+        self.link.set_unusable(message.clone());
+        self.abandon_uses(lane);
+        ControlFailure::Unresponsive { message, after }
+    }
+
+    /// The budget of a task on `lane`: its call configuration's `timeout_ms` on a sub or
+    /// level-3 worker (the worker's `task_timeout` when 0); on a chip, `timeout_ms` bounds
+    /// each kernel (the chip enforces it) and `task_timeout` is the backstop.
+    #[inline]
+    fn task_budget(&self, lane: usize, config: &EncodedConfig) -> Duration {
+        if self.endpoints[lane].kind() == ChildKind::Chip {
+            return self.task_timeout;
+        }
+        match strata_types::wire::config_timeout_ms(config.as_bytes()) {
+            0 => self.task_timeout,
+            ms => Duration::from_millis(ms),
+        }
+    }
+
     fn run_controls(&mut self) -> bool {
         let mut progress = false;
         let mut i = 0;
@@ -719,14 +865,25 @@ impl<E: Endpoint> SchedLoop<E> {
             let job = self.controls.remove(i).unwrap_or_else(|| unreachable!());
             progress = true;
             let result = if let Some(dead) = self.lanes.get(lane).and_then(|l| l.dead.clone()) {
-                Err(dead)
+                Err(dead.into())
             } else if lane >= self.lanes.len() {
-                Err(format!("no child {lane}"))
+                Err(format!("no child {lane}").into())
             } else {
-                // No deadline: the child is idle and liveness-checked while it answers.
-                self.endpoints[lane]
-                    .control(&job.command, None)
-                    .map_err(|e| e.to_string())
+                // The child is idle and liveness-checked while it answers; one that does
+                // not answer in time (stopped, stuck) would hold every lane.
+                let deadline = Instant::now().checked_add(self.control_timeout);
+                let reply = match self.endpoints[lane].control(&job.command, deadline) {
+                    Ok(word) => Ok(word),
+                    Err(EndpointError::Control(HostError::Control {
+                        source: MailboxError::Timeout { .. },
+                        ..
+                    })) => Err(self.unresponsive(lane, job.command.name())),
+                    Err(e) => Err(e.to_string().into()),
+                };
+                // The wait may have been long: tasks dispatched later in this pass count
+                // their deadlines from now.
+                self.now = Instant::now();
+                reply
             };
             let _ = job.reply.send(result);
         }
@@ -751,6 +908,7 @@ impl<E: Endpoint> SchedLoop<E> {
             return;
         };
         self.lanes[lane].seq += 1;
+        let budget = self.task_budget(lane, &p.config);
         let identity = FrameIdentity {
             run_id: run.0,
             lease_slot: slot.index() as u32,
@@ -775,6 +933,8 @@ impl<E: Endpoint> SchedLoop<E> {
                 member,
                 group,
                 uses: Vec::new(),
+                deadline: None,
+                budget,
             });
             let f = Failure::new(FailureKind::Task, format!("{}: {e}", self.label(lane)));
             self.finish(lane, slot, Err(f));
@@ -787,6 +947,8 @@ impl<E: Endpoint> SchedLoop<E> {
             member,
             group,
             uses,
+            deadline: self.now.checked_add(budget),
+            budget,
         });
         if let Err(e) = self.endpoints[lane].publish(slot, &publication) {
             let f = self.endpoint_failure(lane, &e.to_string());

@@ -429,7 +429,8 @@ impl DistWorker {
         let waiter = orch.run_waiter();
         let driver = Driver::new(
             SchedLoop::new(sched, endpoints, link.clone(), next.len())
-                .with_shared(self.shared.clone()),
+                .with_shared(self.shared.clone())
+                .with_deadlines(cfg.control_timeout, cfg.task_timeout),
         );
         let handle = driver
             .spawn()
@@ -772,6 +773,11 @@ impl DistWorker {
     /// child down and reaps it (killing what does not exit in time), and unlinks their
     /// shared memory. Idempotent; also runs on drop.
     ///
+    /// Bounded: it returns within `close_grace` + 0.5 s (the children's least grace) +
+    /// `control_timeout` (a control request the scheduler may be waiting on) + 10 s (the
+    /// reap bound after `SIGKILL`), a stopped or stuck child included (`SIGKILL` ends a
+    /// stopped process). A thread child that does not stop is detached, not waited for.
+    ///
     /// # Errors
     /// Children that exited abnormally (the worker is closed regardless).
     pub fn close(&mut self) -> Result<(), DistError> {
@@ -783,7 +789,13 @@ impl DistWorker {
             return Ok(());
         };
         self.state = State::Closed;
-        let deadline = Instant::now() + self.config.close_grace;
+        // A grace past what an `Instant` holds is clamped to a century (it waits as long as
+        // the runs take, in practice) rather than overflow.
+        let now = Instant::now();
+        let deadline = now
+            .checked_add(self.config.close_grace)
+            .or_else(|| now.checked_add(FAR_FUTURE))
+            .unwrap_or(now);
         while let Some(run) = rt.graph.dispatchable_run() {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() || rt.ctx.link.unusable().is_some() {
@@ -813,7 +825,12 @@ impl DistWorker {
         let Some(mut exit) = exit else {
             return panicked.map_or(Ok(()), Err);
         };
-        let shutdown = exit.children.shutdown(self.config.close_grace);
+        // One grace for the whole close, so it ends within `close_grace` plus a bound: the
+        // children get what the runs left of it, but at least a moment to exit cleanly.
+        let grace = deadline
+            .saturating_duration_since(Instant::now())
+            .max(self.config.close_grace.min(SHUTDOWN_FLOOR));
+        let shutdown = exit.children.shutdown(grace);
         // A thread child that did not stop was detached still running its task: it may
         // go on writing into the heap rings, the comm arena and the shared tensors that
         // task names. That memory is quarantined — never handed to the next run or the
@@ -867,6 +884,13 @@ impl Drop for DistWorker {
     }
 }
 
+/// The least grace `close` gives the children to exit once the scheduler stopped (or
+/// `close_grace`, if shorter), however much of `close_grace` the runs took.
+const SHUTDOWN_FLOOR: Duration = Duration::from_millis(500);
+
+/// What a grace too large for an [`Instant`] is clamped to: a century.
+const FAR_FUTURE: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
 /// A run in flight (see [`DistWorker::submit`]).
 pub struct RunHandle {
     run: RunId,
@@ -911,7 +935,8 @@ impl RunHandle {
         // run's wait stays at cache-line speed, with no third party); park once it made
         // no progress for the spin budget.
         let (waiter, run) = (&self.waiter, self.run);
-        let deadline = timeout.map(|t| Instant::now() + t);
+        // A timeout past what an `Instant` holds (e.g. `Duration::MAX`) is no deadline.
+        let deadline = timeout.and_then(strata_sync::deadline_after);
         let broken = |b: strata_sync::Broken| DistError::Internal(b.to_string());
         self.driver
             .drive_until(deadline, || {

@@ -18,6 +18,9 @@ pub enum FailureKind {
     Cancelled,
     /// A fatal error of the orchestration itself (a ring deadlock, an explicit fatal).
     Fatal,
+    /// The task ran past its deadline (the message names the child and the deadline);
+    /// the child that ran it was stopped.
+    Timeout,
 }
 
 /// Why a task (and its run) failed. Cheap to clone: downstream tasks poisoned by a failure

@@ -692,7 +692,8 @@ impl<P: Send + 'static> Orchestrator<P> {
             }
         }
         let timeout = timeout.unwrap_or(self.config.wait_timeout);
-        let deadline = Instant::now() + timeout;
+        // A timeout past what an `Instant` holds never expires.
+        let deadline = Instant::now().checked_add(timeout);
         for t in waits {
             loop {
                 let seen = self.core.progress.seq();
@@ -707,13 +708,13 @@ impl<P: Send + 'static> Orchestrator<P> {
                     }
                     _ => {}
                 }
-                if Instant::now() >= deadline {
+                if deadline.is_some_and(|d| Instant::now() >= d) {
                     return Err(GraphError::Timeout {
                         what: format!("producer {t} of buffer {}", access.key.identity),
                         after: timeout,
                     });
                 }
-                self.core.progress.wait(seen, Some(deadline));
+                self.core.progress.wait(seen, deadline);
             }
         }
         Ok(())
@@ -797,7 +798,7 @@ impl<P: Send + 'static> Orchestrator<P> {
         let seen = self.core.progress.seq();
         self.core
             .progress
-            .wait(seen, Some(Instant::now() + timeout));
+            .wait(seen, Instant::now().checked_add(timeout));
     }
 
     /// Shuts the graph down: pending `begin_run` waits return [`GraphError::Shutdown`].

@@ -118,7 +118,8 @@ impl Runs {
 
     /// Admits a new run, waiting while `depth` runs are in flight.
     pub(crate) fn begin(&self, timeout: Option<Duration>) -> Result<(RunId, usize), GraphError> {
-        let deadline = timeout.map(|t| Instant::now() + t);
+        // A timeout past what an `Instant` holds is no deadline.
+        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
         let mut g = self.inner.lock();
         if let Some(b) = g.building {
             return Err(GraphError::RunAlreadyBuilding { building: b });
@@ -344,7 +345,8 @@ impl Runs {
         id: u64,
         timeout: Option<Duration>,
     ) -> Result<Option<Result<(), Failure>>, GraphError> {
-        let deadline = timeout.map(|t| Instant::now() + t);
+        // A timeout past what an `Instant` holds is no deadline.
+        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
         let mut g = self.inner.lock();
         loop {
             if let Some(d) = g.done.get(&id) {

@@ -232,7 +232,7 @@ impl<P: Send> Scheduler<P> {
         let seen = self.core.progress.seq();
         self.core
             .progress
-            .wait(seen, Some(Instant::now() + timeout));
+            .wait(seen, Instant::now().checked_add(timeout));
     }
 
     /// The progress sequence number (changes whenever tasks complete or runs change
@@ -246,7 +246,7 @@ impl<P: Send> Scheduler<P> {
     pub fn wait_progress_since(&self, seen: u64, timeout: Duration) -> u64 {
         self.core
             .progress
-            .wait(seen, Some(Instant::now() + timeout))
+            .wait(seen, Instant::now().checked_add(timeout))
     }
 
     /// Hands the slots this scheduler consumed to the orchestrator for recycling now

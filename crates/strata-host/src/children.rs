@@ -459,6 +459,40 @@ impl Lane {
         }
     }
 
+    /// Sends `SIGKILL` to the child process (and the process group it leads) now, for a
+    /// child the caller declared unresponsive (a missed deadline). `SIGKILL` also ends a
+    /// stopped (`SIGSTOP`ped) process, which a graceful request never reaches. The child is reaped by a later
+    /// [`Lane::check_alive`] or by [`Children::shutdown`]. A thread child cannot be
+    /// killed: nothing is done (shutdown detaches it). Returns whether a signal was sent.
+    pub fn kill(&mut self) -> bool {
+        match (&self.watch, self.watch.end()) {
+            (Watch::Process(p), None) => {
+                // Unreaped (its end is unknown), so the pid and its group are still ours;
+                // the group takes what the child started with it (a level-3 child's
+                // chips and subs).
+                kill_group(p.pid());
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The child process's scheduler state as `/proc/<pid>/stat` reports it: `'R'`
+    /// running, `'S'` sleeping, `'T'` stopped (`SIGSTOP`), `'Z'` zombie, …; `None` for a
+    /// thread child, a reaped one, or when the file cannot be read. `waitpid(WNOHANG)`
+    /// does not see a stopped child; this does. It reads a file, so it is meant for
+    /// the moment a deadline passed, not for every liveness check.
+    pub fn process_state(&self) -> Option<char> {
+        if self.watch.end().is_some() {
+            return None;
+        }
+        let pid = self.pid()?;
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // `pid (comm) state ...`: comm may hold spaces and parentheses, so the state is
+        // the first field after the last `)`.
+        stat.rsplit_once(')')?.1.trim_start().chars().next()
+    }
+
     fn opts(&self, timeout: Option<Duration>) -> WaitOptions {
         match timeout {
             Some(t) => self.wait.with_timeout(t),
@@ -887,7 +921,9 @@ impl Children {
     /// The readiness barrier: polls every pending child until all published
     /// `INIT_READY`, one fails, or the deadline passes.
     fn await_ready(&mut self, timeout: Duration) -> Result<(), HostError> {
-        let deadline = Instant::now() + timeout;
+        // A timeout past what an `Instant` holds is no deadline (validated configs are
+        // positive; a huge one means "wait as long as it takes").
+        let deadline = Instant::now().checked_add(timeout);
         let mut pending: Vec<usize> = (0..self.lanes.len()).collect();
         let mut nap = Duration::from_micros(20);
         loop {
@@ -904,7 +940,7 @@ impl Children {
             if pending.is_empty() {
                 return Ok(());
             }
-            if Instant::now() >= deadline {
+            if deadline.is_some_and(|d| Instant::now() >= d) {
                 pending.sort_unstable();
                 let lane = &self.lanes[pending[0]];
                 let others = pending.len() - 1;
@@ -1035,7 +1071,8 @@ impl Children {
             lane.parent.request_shutdown();
         }
         let fault = std::mem::take(&mut self.reap_fault);
-        let deadline = Instant::now() + grace;
+        // A grace past what an `Instant` holds waits as long as the children take.
+        let deadline = Instant::now().checked_add(grace);
         if !fault {
             poll_until_ended(&mut self.lanes, deadline);
         }
@@ -1065,7 +1102,7 @@ impl Children {
             }
         }
         if killed.iter().any(|&k| k) && !bound.is_zero() {
-            poll_until_ended(&mut self.lanes, Instant::now() + bound);
+            poll_until_ended(&mut self.lanes, Instant::now().checked_add(bound));
         }
     }
 
@@ -1134,8 +1171,8 @@ impl Children {
 }
 
 /// Polls every lane's liveness (reaping/joining what ended) until all ended or
-/// `deadline` passes; naps grow from 20 µs to 1 ms.
-fn poll_until_ended(lanes: &mut [Lane], deadline: Instant) {
+/// `deadline` passes (`None`: until all ended); naps grow from 20 µs to 1 ms.
+fn poll_until_ended(lanes: &mut [Lane], deadline: Option<Instant>) {
     let mut nap = Duration::from_micros(20);
     loop {
         let mut alive = 0;
@@ -1150,7 +1187,7 @@ fn poll_until_ended(lanes: &mut [Lane], deadline: Instant) {
                 }
             }
         }
-        if alive == 0 || Instant::now() >= deadline {
+        if alive == 0 || deadline.is_some_and(|d| Instant::now() >= d) {
             return;
         }
         std::thread::sleep(nap);

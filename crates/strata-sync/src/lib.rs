@@ -47,6 +47,22 @@ pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
     }
 }
 
+/// The instant `timeout` from now, or `None` when that is past what an [`Instant`] can
+/// hold (a timeout of centuries, e.g. `Duration::MAX`): every caller treats `None` as "no
+/// deadline", which is what such a timeout means. `Instant::now() + timeout` would panic.
+///
+/// [`Instant`]: std::time::Instant
+///
+/// ```
+/// use std::time::Duration;
+/// assert!(strata_sync::deadline_after(Duration::MAX).is_none());
+/// assert!(strata_sync::deadline_after(Duration::from_secs(1)).is_some());
+/// ```
+#[inline]
+pub fn deadline_after(timeout: std::time::Duration) -> Option<std::time::Instant> {
+    std::time::Instant::now().checked_add(timeout)
+}
+
 /// Nanoseconds of `CLOCK_MONOTONIC`: one clock for every thread and every process of the
 /// machine (forked children included), so spans recorded anywhere line up.
 #[inline]

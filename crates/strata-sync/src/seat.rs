@@ -503,10 +503,14 @@ mod tests {
                 std::thread::yield_now();
             }
         });
-        // Drive until the loop's thread has parked, then leave quiet.
+        // Drive until the loop's thread has parked, then leave quiet. Done only after a
+        // turn: a run found done before the caller took the seat leaves it the plain way
+        // (the quiet judgement needs the loop's state), which would unpark the thread.
+        let turned = std::cell::Cell::new(false);
         let d = seat.drive_quiet(
-            || (parks.load(Ordering::SeqCst) > 0).then_some(()),
+            || (turned.get() && parks.load(Ordering::SeqCst) > 0).then_some(()),
             |_| {
+                turned.set(true);
                 std::thread::yield_now();
                 Turn::Again
             },

@@ -239,9 +239,11 @@ impl WaitOptions {
         self
     }
 
-    /// Sets the deadline to `timeout` from now.
-    pub fn with_timeout(self, timeout: Duration) -> Self {
-        self.with_deadline(Instant::now() + timeout)
+    /// Sets the deadline to `timeout` from now (none, if that is past what an
+    /// [`Instant`] can hold: such a timeout never expires).
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.deadline = Instant::now().checked_add(timeout);
+        self
     }
 
     /// The park slice, clamped.

@@ -257,6 +257,12 @@ pub fn encode_config(c: &CallConfig, out: &mut [u8; CALL_CONFIG_WIRE_BYTES]) {
     }
 }
 
+/// The `timeout_ms` field of an encoded [`CallConfig`], read without decoding the rest
+/// (a scheduler reads it for every task it dispatches).
+pub fn config_timeout_ms(buf: &[u8; CALL_CONFIG_WIRE_BYTES]) -> u64 {
+    get_u64(buf, 112)
+}
+
 /// Decodes and validates a [`CallConfig`].
 ///
 /// # Errors

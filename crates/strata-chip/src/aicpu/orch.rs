@@ -682,7 +682,15 @@ impl ChipOrch {
                             return Err(self.latch(codes::INVALID_ARGS, format!("output {i}: {e}")))
                         }
                     };
-                    let bytes = view.nbytes().div_ceil(1024) * 1024;
+                    let Some(bytes) = view.nbytes().checked_next_multiple_of(1024) else {
+                        return Err(self.latch(
+                            codes::INVALID_ARGS,
+                            format!(
+                                "output {i}: {} bytes rounded up to 1024 overflow a u64",
+                                view.nbytes()
+                            ),
+                        ));
+                    };
                     created.push(BufferKey::new(
                         self.minter.mint(),
                         KeySpace::Device(self.chip_id),

@@ -216,12 +216,28 @@ impl TensorCreateInfo {
         Ok(TensorView::contiguous(self.dtype, shape)?)
     }
 
-    /// Bytes of data (before 1024-byte alignment).
+    /// Bytes of data (before 1024-byte alignment); `u64::MAX` when the shape's product
+    /// overflows a u64 (such a tensor is refused by [`TensorCreateInfo::view`], and
+    /// [`TensorCreateInfo::checked_nbytes`] says so).
     pub fn nbytes(&self) -> u64 {
-        self.shape[..self.ndims.min(MAX_DIMS)]
+        self.checked_nbytes().unwrap_or(u64::MAX)
+    }
+
+    /// Bytes of data, checked.
+    ///
+    /// # Errors
+    /// [`ChipError::Types`] (geometry overflow) when the elements' bytes do not fit a u64.
+    pub fn checked_nbytes(&self) -> Result<u64, ChipError> {
+        let shape = &self.shape[..self.ndims.min(MAX_DIMS)];
+        shape
             .iter()
-            .product::<u64>()
-            * self.dtype.size_bytes() as u64
+            .try_fold(self.dtype.size_bytes() as u64, |n, &d| n.checked_mul(d))
+            .ok_or_else(|| {
+                ChipError::Types(strata_types::TypesError::GeometryOverflow {
+                    shape: shape.to_vec(),
+                    strides: Vec::new(),
+                })
+            })
     }
 }
 
@@ -515,5 +531,22 @@ impl MixedKernels {
         (self.aic.is_some() as u8)
             | ((self.aiv0.is_some() as u8) << 1)
             | ((self.aiv1.is_some() as u8) << 2)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::TensorCreateInfo;
+    use strata_types::DataType;
+
+    #[test]
+    fn nbytes_of_a_shape_whose_product_overflows_saturates_and_is_an_error_when_checked() {
+        let ci = TensorCreateInfo::new(DataType::F32, &[u64::MAX / 2, 3]);
+        assert_eq!(ci.nbytes(), u64::MAX);
+        let err = ci.checked_nbytes().unwrap_err().to_string();
+        assert!(err.contains("overflow"), "{err}");
+        assert!(ci.view().is_err());
+        let ok = TensorCreateInfo::new(DataType::F32, &[1 << 20, 4]);
+        assert_eq!(ok.checked_nbytes().unwrap(), 16 << 20);
     }
 }

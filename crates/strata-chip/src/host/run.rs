@@ -130,16 +130,26 @@ impl ChipWorker {
         let chip_id = self.config.chip_id;
         let nonce = self.nonce;
         let live = self.live.as_mut().expect("checked by caller");
-        let total: u64 = args
+        // Checked: every later offset into the staging buffer is below this total, so once
+        // it fits no other sum can overflow.
+        let total = args
             .tensors
             .iter()
-            .map(|a| match a {
+            .try_fold(0u64, |sum, a| match a {
                 RunArg::HostIn { view, .. }
                 | RunArg::HostOut { view, .. }
-                | RunArg::HostRaw { view, .. } => view.nbytes().div_ceil(1024) * 1024,
-                RunArg::Device { .. } => 0,
+                | RunArg::HostRaw { view, .. } => view
+                    .nbytes()
+                    .checked_next_multiple_of(1024)
+                    .and_then(|b| sum.checked_add(b)),
+                RunArg::Device { .. } => Some(sum),
             })
-            .sum();
+            .ok_or_else(|| {
+                ChipError::InvalidRunArgs(format!(
+                    "the host tensors of the run need more than {} staging bytes (the sum of their sizes, each rounded up to 1024, must fit a u64)",
+                    u64::MAX
+                ))
+            })?;
         if total > 0 && live.staging.is_none_or(|(_, s)| s < total) {
             if let Some((p, _)) = live.staging.take() {
                 live.mem.free(&p)?;
