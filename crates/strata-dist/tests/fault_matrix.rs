@@ -106,7 +106,7 @@ impl Fault {
         Fault::ALL.into_iter().find(|f| f.code() == c)
     }
 
-    /// Faults only a deadline can end: the run is given one.
+    /// Faults only a deadline can end: the run is given one (nested: the backstop).
     fn needs_deadline(self) -> bool {
         matches!(self, Fault::Stop | Fault::Loop)
     }
@@ -115,36 +115,18 @@ impl Fault {
 /// Cells that today's code cannot pass because the behaviour they check is another
 /// item of the issue; skipped with the reason printed (`FAULT_MATRIX_PENDING=1` runs
 /// them anyway).
-const PENDING: &[(Kind, Fault, &str)] = &[
-    (
-        Kind::Chip,
-        Fault::Stop,
-        "item 5/6 (waits): a stopped chip never reaches its own kernel deadline and the parent has none",
-    ),
-    (
-        Kind::Sub,
-        Fault::Stop,
-        "item 5/6 (waits): liveness does not see a stopped child; sub tasks have no deadline",
-    ),
-    (
-        Kind::Nested,
-        Fault::Stop,
-        "item 5/6 (waits): liveness does not see a stopped child; level-3 tasks have no deadline",
-    ),
-    (
-        Kind::Sub,
-        Fault::Loop,
-        "item 6 (waits): CallConfig's timeout covers chip kernels only, not sub closures",
-    ),
-    (
-        Kind::Nested,
-        Fault::Loop,
-        "item 6 (waits): CallConfig's timeout covers chip kernels only, not level-3 tasks",
-    ),
-];
+const PENDING: &[(Kind, Fault, &str)] = &[];
 
 /// The per-task deadline of the runs whose fault only a deadline ends.
 const TASK_DEADLINE: Duration = Duration::from_millis(1000);
+/// Every worker's backstop deadline for a whole task ([`DistConfig::task_timeout`]):
+/// it ends a chip task whose process was stopped (the chip's own kernel deadline cannot
+/// run then), and a level-3 child's task (stopped, or waiting on its own stuck child).
+const TASK_BACKSTOP: Duration = Duration::from_secs(3);
+/// The level-3 children's own task deadline, longer than the level-4 worker's, so it is
+/// the level-4 worker that ends a stuck level-3 child (which must take its busy child
+/// with it).
+const NESTED_TASK_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long a cell waits for the run's error before it fails (a generous bound on
 /// behaviour, not a performance figure).
 const ERROR_BOUND: Duration = Duration::from_secs(20);
@@ -238,10 +220,11 @@ struct Rig {
     victim: i32,
 }
 
-fn matrix_l3(chips: usize, subs: usize) -> DistConfig {
+fn matrix_l3(chips: usize, subs: usize, task_timeout: Duration) -> DistConfig {
     let mut cfg =
         DistConfig::l3(vec![ChipConfig::default(); chips], subs).with_exec_mode(ExecMode::Process);
     cfg.close_grace = CLOSE_GRACE;
+    cfg.task_timeout = task_timeout;
     cfg
 }
 
@@ -273,15 +256,24 @@ fn chip_task(
 impl Rig {
     fn new(kind: Kind) -> Result<Rig, String> {
         let (mut w, lane) = match kind {
-            Kind::Chip => (DistWorker::new(matrix_l3(2, 1)).ctx("new")?, 0),
-            Kind::Sub => (DistWorker::new(matrix_l3(1, 1)).ctx("new")?, 1),
+            Kind::Chip => (
+                DistWorker::new(matrix_l3(2, 1, TASK_BACKSTOP)).ctx("new")?,
+                0,
+            ),
+            Kind::Sub => (
+                DistWorker::new(matrix_l3(1, 1, TASK_BACKSTOP)).ctx("new")?,
+                1,
+            ),
             Kind::Nested => {
                 let mut cfg = DistConfig::l4(1).with_exec_mode(ExecMode::Process);
                 cfg.close_grace = CLOSE_GRACE;
+                cfg.task_timeout = TASK_BACKSTOP;
                 let mut top = DistWorker::new(cfg).ctx("new l4")?;
                 for i in 0..2 {
-                    top.add_worker(DistWorker::new(matrix_l3(0, 1)).ctx("new l3")?)
-                        .ctx(&format!("add level-3 child {i}"))?;
+                    top.add_worker(
+                        DistWorker::new(matrix_l3(0, 1, NESTED_TASK_TIMEOUT)).ctx("new l3")?,
+                    )
+                    .ctx(&format!("add level-3 child {i}"))?;
                 }
                 (top, 0)
             }
@@ -399,7 +391,9 @@ fn signal(pid: i32, sig: i32) -> Outcome {
 
 fn exercise(rig: &mut Rig, kind: Kind, fault: Fault) -> Result<Measured, String> {
     let w = &rig.words;
-    let config = if fault.needs_deadline() {
+    // A level-3 child passes its run's configuration on to its own tasks, so the nested
+    // runs keep the default and meet the level-4 worker's backstop instead.
+    let config = if fault.needs_deadline() && kind != Kind::Nested {
         CallConfig {
             timeout_ms: TASK_DEADLINE.as_millis() as u64,
             ..CallConfig::default()
