@@ -227,10 +227,6 @@ pub enum ChipError {
         /// The requested type.
         want: strata_types::DataType,
     },
-    /// The emulator has no device memory query.
-    #[error("device_memory_info is not available on the emulator (there is no physical device); use committed_device_memory() for this chip's allocator")]
-    DeviceMemoryInfoUnavailable,
-
     /// Bad run arguments (host side, before anything runs).
     #[error("invalid run arguments: {0}")]
     InvalidRunArgs(String),

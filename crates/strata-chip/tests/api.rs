@@ -234,11 +234,6 @@ const MISUSE_CASES: &[MisuseCase] = &[
         expect: |e| matches!(e, ChipError::ForeignHandle { .. }),
     },
     MisuseCase {
-        name: "device memory info of an emulated chip",
-        call: |m| m.chip.device_memory_info().map(drop),
-        expect: |e| matches!(e, ChipError::DeviceMemoryInfoUnavailable),
-    },
-    MisuseCase {
         name: "zero-sized malloc",
         call: |m| m.chip.malloc(0).map(drop),
         expect: |e| matches!(e, ChipError::ZeroSizedAlloc),
@@ -295,6 +290,33 @@ fn committed_memory_tracks_allocations() {
     assert!(c1 >= c0 + 100_000);
     chip.free(p).unwrap();
     assert_eq!(chip.committed_device_memory().unwrap(), c0);
+}
+
+#[test]
+fn device_memory_info_models_the_cards_capacity() {
+    // A 512 MiB card (room for the default ring heaps); its first 64 KiB are a guard.
+    let mut chip = ChipWorker::new(ChipConfig {
+        device_memory_bytes: 1 << 29,
+        ..cfg()
+    })
+    .unwrap();
+    chip.init().unwrap();
+    let (free0, total) = chip.device_memory_info().unwrap();
+    assert_eq!(total, 1 << 29);
+    assert_eq!(free0, (1 << 29) - 64 * 1024);
+    // 1000 bytes take one 1024-byte block.
+    let a = chip.malloc(1000).unwrap();
+    assert_eq!(chip.device_memory_info().unwrap(), (free0 - 1024, total));
+    // What is left can be taken in one piece, and then nothing more.
+    let rest = chip.malloc(free0 - 1024).unwrap();
+    assert_eq!(chip.device_memory_info().unwrap(), (0, total));
+    assert!(matches!(
+        chip.malloc(1),
+        Err(ChipError::OutOfDeviceMemory { capacity, .. }) if capacity == 1 << 29
+    ));
+    chip.free(a).unwrap();
+    chip.free(rest).unwrap();
+    assert_eq!(chip.device_memory_info().unwrap(), (free0, total));
 }
 
 #[test]

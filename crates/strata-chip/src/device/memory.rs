@@ -520,6 +520,13 @@ impl DeviceMemory {
     pub(crate) fn committed(&self) -> u64 {
         self.lock().committed
     }
+
+    /// The emulated card's free bytes (the sum of its free blocks: what allocations could
+    /// still take, fragmentation aside) and its capacity.
+    pub(crate) fn info(&self) -> (u64, u64) {
+        let a = self.lock();
+        (a.free.values().sum(), a.capacity)
+    }
 }
 
 #[cfg(test)]

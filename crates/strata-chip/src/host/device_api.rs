@@ -275,11 +275,29 @@ impl ChipWorker {
         Ok(self.live("quarantined_device_memory")?.mem.held_bytes())
     }
 
-    /// Free/total device memory of the physical device: not available on the emulator.
+    /// `(free, total)` bytes of this emulated card: `total` is its configured capacity
+    /// ([`ChipConfig::device_memory_bytes`](crate::ChipConfig::device_memory_bytes)),
+    /// `free` what its allocator could still hand out (the sum of its free blocks; one
+    /// allocation may need a contiguous block, see [`ChipError::OutOfDeviceMemory`]'s
+    /// `largest_free`). These are emulated figures: the arena is virtual memory committed
+    /// on touch, so they say what this card would have, not what the host has. The first
+    /// 64 KiB of every card are never handed out (no buffer has address 0).
+    ///
+    /// ```
+    /// use strata_chip::{ChipConfig, ChipWorker};
+    /// let mut chip = ChipWorker::new(ChipConfig { device_memory_bytes: 1 << 24, ..ChipConfig::default() })?;
+    /// chip.init()?;
+    /// let (free, total) = chip.device_memory_info()?;
+    /// assert_eq!(total, 1 << 24);
+    /// let p = chip.malloc(4096)?;
+    /// assert_eq!(chip.device_memory_info()?.0, free - 4096);
+    /// chip.free(p)?;
+    /// # Ok::<(), strata_chip::ChipError>(())
+    /// ```
     ///
     /// # Errors
-    /// Always [`ChipError::DeviceMemoryInfoUnavailable`].
+    /// [`ChipError::NotInitialized`].
     pub fn device_memory_info(&self) -> Result<(u64, u64), ChipError> {
-        Err(ChipError::DeviceMemoryInfoUnavailable)
+        Ok(self.live("device_memory_info")?.mem.info())
     }
 }
