@@ -9,12 +9,14 @@
 //! |---|---|---|---|
 //! | [`ControlCommand::Allocate`] | 1 | bytes | empty |
 //! | [`ControlCommand::Free`] | 2 | device address | empty |
-//! | [`ControlCommand::Copy`] to the device | 3 | 0 | device address, region, offset, length (4 × `u64` LE) |
-//! | [`ControlCommand::Copy`] from the device | 4 | 0 | as 3 |
+//! | [`ControlCommand::Copy`] to the device | 3 | byte offset in the allocation | device address, region, offset, length (4 × `u64` LE) |
+//! | [`ControlCommand::Copy`] from the device | 4 | as 3 | as 3 |
 //! | [`ControlCommand::CommittedBytes`] | 5 | 0 | empty |
+//! | [`ControlCommand::FreeBytes`] | 6 | 0 | empty |
 //!
 //! The reply is the result word: the device address for `Allocate`, the bytes the chip's
-//! allocator holds for `CommittedBytes`, 0 otherwise.
+//! allocator holds for `CommittedBytes`, the bytes it could still hand out for
+//! `FreeBytes`, 0 otherwise.
 
 use strata_mailbox::ControlRequest;
 
@@ -40,13 +42,16 @@ pub enum ControlCommand {
         /// The allocation's base address.
         addr: u64,
     },
-    /// Copy `len` bytes between the allocation at device address `addr` and shared-memory
-    /// region `region` at `offset` (both ranges are bounds-checked by the child).
+    /// Copy `len` bytes between the allocation at device address `addr`, from its byte
+    /// `dev_offset` on, and shared-memory region `region` at `offset` (both ranges are
+    /// bounds-checked by the child, without overflow).
     Copy {
         /// Which way.
         direction: CopyDirection,
         /// The device allocation's base address.
         addr: u64,
+        /// The byte offset in the allocation.
+        dev_offset: u64,
         /// The shared-memory region id (`BufferLocation::HostShared::region`).
         region: u64,
         /// The byte offset in the region.
@@ -56,6 +61,9 @@ pub enum ControlCommand {
     },
     /// How many bytes the chip's device allocator holds; the reply is that count.
     CommittedBytes,
+    /// How many bytes the chip's emulated card could still hand out; the reply is that
+    /// count (its capacity is the parent's `ChipConfig::device_memory_bytes`).
+    FreeBytes,
 }
 
 /// Payload bytes of a [`ControlCommand::Copy`].
@@ -68,6 +76,7 @@ mod word {
     pub(super) const COPY_TO_DEVICE: u64 = 3;
     pub(super) const COPY_FROM_DEVICE: u64 = 4;
     pub(super) const COMMITTED_BYTES: u64 = 5;
+    pub(super) const FREE_BYTES: u64 = 6;
 }
 
 /// Why a control frame does not decode to a [`ControlCommand`].
@@ -106,6 +115,7 @@ impl ControlCommand {
             ControlCommand::Copy {
                 direction,
                 addr,
+                dev_offset,
                 region,
                 offset,
                 len,
@@ -114,9 +124,10 @@ impl ControlCommand {
                     CopyDirection::ToDevice => word::COPY_TO_DEVICE,
                     CopyDirection::FromDevice => word::COPY_FROM_DEVICE,
                 };
-                (command, 0, Some([addr, region, offset, len]))
+                (command, dev_offset, Some([addr, region, offset, len]))
             }
             ControlCommand::CommittedBytes => (word::COMMITTED_BYTES, 0, None),
+            ControlCommand::FreeBytes => (word::FREE_BYTES, 0, None),
         };
         let len = match words {
             Some(w) => {
@@ -172,7 +183,6 @@ impl ControlCommand {
             }
             word::COPY_TO_DEVICE | word::COPY_FROM_DEVICE => {
                 expect_len(COPY_PAYLOAD_BYTES)?;
-                no_arg()?;
                 let mut w = [0u64; 4];
                 for (v, chunk) in w.iter_mut().zip(req.payload.chunks_exact(8)) {
                     let mut b = [0u8; 8];
@@ -188,6 +198,7 @@ impl ControlCommand {
                 Ok(ControlCommand::Copy {
                     direction,
                     addr,
+                    dev_offset: req.arg0,
                     region,
                     offset,
                     len,
@@ -197,6 +208,11 @@ impl ControlCommand {
                 expect_len(0)?;
                 no_arg()?;
                 Ok(ControlCommand::CommittedBytes)
+            }
+            word::FREE_BYTES => {
+                expect_len(0)?;
+                no_arg()?;
+                Ok(ControlCommand::FreeBytes)
             }
             other => Err(ControlDecodeError::UnknownCommand(other)),
         }
@@ -216,6 +232,7 @@ impl ControlCommand {
                 ..
             } => "copy from device",
             ControlCommand::CommittedBytes => "committed bytes",
+            ControlCommand::FreeBytes => "free bytes",
         }
     }
 }
@@ -230,11 +247,13 @@ mod tests {
             ControlCommand::Allocate { bytes: u64::MAX },
             ControlCommand::Free { addr: 0x1000 },
             ControlCommand::CommittedBytes,
+            ControlCommand::FreeBytes,
         ];
         for direction in [CopyDirection::ToDevice, CopyDirection::FromDevice] {
             v.push(ControlCommand::Copy {
                 direction,
                 addr: 0xdead_beef_0000,
+                dev_offset: u64::MAX,
                 region: 7,
                 offset: u64::MAX - 1,
                 len: 4096,
@@ -258,12 +277,13 @@ mod tests {
         let req = ControlCommand::Copy {
             direction: CopyDirection::FromDevice,
             addr: 1,
+            dev_offset: 5,
             region: 2,
             offset: 3,
             len: 4,
         }
         .to_request(&mut buf);
-        assert_eq!((req.command, req.arg0), (4, 0));
+        assert_eq!((req.command, req.arg0), (4, 5));
         let mut expected = Vec::new();
         for v in [1u64, 2, 3, 4] {
             expected.extend_from_slice(&v.to_le_bytes());
@@ -297,12 +317,8 @@ mod tests {
                     expected: 32
                 })
             );
-            assert_eq!(
-                ControlCommand::from_request(&req(command, 5, &[0; 32])),
-                Err(ControlDecodeError::UnexpectedArgument { command, arg0: 5 })
-            );
         }
-        for command in [1, 2, 5] {
+        for command in [1, 2, 5, 6] {
             assert_eq!(
                 ControlCommand::from_request(&req(command, 0, &[0; 8])),
                 Err(ControlDecodeError::PayloadLength {
@@ -312,12 +328,11 @@ mod tests {
                 })
             );
         }
-        assert_eq!(
-            ControlCommand::from_request(&req(5, 1, &[])),
-            Err(ControlDecodeError::UnexpectedArgument {
-                command: 5,
-                arg0: 1
-            })
-        );
+        for command in [5, 6] {
+            assert_eq!(
+                ControlCommand::from_request(&req(command, 1, &[])),
+                Err(ControlDecodeError::UnexpectedArgument { command, arg0: 1 })
+            );
+        }
     }
 }

@@ -42,8 +42,10 @@ mod worker;
 
 pub use comm::WindowTensor;
 pub use config::{
-    DistConfig, Level, WindowLifetime, DEFAULT_CONTROL_TIMEOUT, DEFAULT_TASK_TIMEOUT,
+    DistConfig, Level, WindowLifetime, DEFAULT_CONTROL_TIMEOUT, DEFAULT_STAGING_BYTES,
+    DEFAULT_TASK_TIMEOUT,
 };
+pub use ctx::CopyPath;
 pub use control::{ControlCommand, ControlDecodeError, CopyDirection, COPY_PAYLOAD_BYTES};
 pub use endpoint::{ChildKind, Endpoint, EndpointError, TaskOutcome};
 pub use error::{DistError, OrchError};

@@ -71,6 +71,8 @@ struct Runtime {
     heap_leases: Vec<strata_host::RegionLease>,
     /// The comm arena's region, returned (or quarantined) likewise.
     comm_lease: Option<strata_host::RegionLease>,
+    /// The staging region's lease (copies between ordinary host memory and chips).
+    _staging_lease: Option<strata_host::RegionLease>,
 }
 
 /// An L3 (or L4) worker: host orchestrations that dispatch chip orchestrations to chip
@@ -348,6 +350,17 @@ impl DistWorker {
             arena = Some(a);
             comm_lease = Some(lease);
         }
+        // Staging for copies between ordinary host memory and chip memory: shared memory
+        // every chip child maps (created before the fork), used in two halves.
+        let mut staging_lease = None;
+        let mut staging = None;
+        if cfg.level == Level::L3 && !cfg.chips.is_empty() && cfg.staging_bytes > 0 {
+            let lease = self
+                .shared
+                .lease_region(cfg.staging_bytes as usize, "staging")?;
+            staging = Some((lease.id(), cfg.staging_bytes / 2));
+            staging_lease = Some(lease);
+        }
         let visible_regions = self.shared.regions() as u64;
 
         let mut programs: Vec<Box<dyn ChildProgram>> = Vec::new();
@@ -445,6 +458,12 @@ impl DistWorker {
             shared: self.shared.clone(),
             comm,
             minter: self.minter.clone(),
+            staging,
+            device_capacity: if cfg.level == Level::L3 {
+                cfg.chips.iter().map(|c| c.device_memory_bytes).collect()
+            } else {
+                Vec::new()
+            },
             child_tensors: Mutex::new(HashMap::new()),
         });
         Ok(Runtime {
@@ -459,6 +478,7 @@ impl DistWorker {
             mailbox_bases,
             heap_leases,
             comm_lease,
+            _staging_lease: staging_lease,
         })
     }
 
@@ -695,6 +715,52 @@ impl DistWorker {
             .copy(src, dst, crate::control::CopyDirection::FromDevice)
     }
 
+    /// Copies `src` — ordinary host memory, created any time — into chip tensor `dst`
+    /// from its byte `dst_offset` on (outside any run). The bytes go through the worker's
+    /// staging memory in chunks ([`DistConfig::staging_bytes`]), or in place — no staging
+    /// copy — if `src` lies in a shared mapping adopted before `init`
+    /// ([`strata_host::SharedMemory::adopt_region`]). Returns which way they went.
+    ///
+    /// # Errors
+    /// A run in flight; `dst` not a live chip tensor of this worker; `dst_offset +
+    /// src.len()` past the end of `dst` (checked without overflow); no staging memory.
+    pub fn copy_bytes_to(
+        &mut self,
+        dst: &ChildTensor,
+        dst_offset: u64,
+        src: &[u8],
+    ) -> Result<crate::CopyPath, DistError> {
+        self.idle_control("copy_to")?
+            .copy_bytes_to_device(dst, dst_offset, src)
+    }
+
+    /// Copies `dst.len()` bytes of chip tensor `src`, from its byte `src_offset` on, into
+    /// `dst` — ordinary host memory (outside any run); staged, or in place into a writable
+    /// adopted mapping (one adopted read-only is refused).
+    ///
+    /// # Errors
+    /// As [`DistWorker::copy_bytes_to`]; a read-only adopted destination.
+    pub fn copy_bytes_from(
+        &mut self,
+        dst: &mut [u8],
+        src: &ChildTensor,
+        src_offset: u64,
+    ) -> Result<crate::CopyPath, DistError> {
+        self.idle_control("copy_from")?
+            .copy_bytes_from_device(src, src_offset, dst)
+    }
+
+    /// `(free, total)` bytes of chip `worker`'s emulated card: `total` its configured
+    /// capacity (`ChipConfig::device_memory_bytes`), `free` what its allocator could still
+    /// hand out. Emulated figures (see `ChipWorker::device_memory_info`).
+    ///
+    /// # Errors
+    /// A run in flight, a worker that is not a chip.
+    pub fn device_memory_info(&mut self, worker: usize) -> Result<(u64, u64), DistError> {
+        self.idle_control("device_memory_info")?
+            .device_memory_info(worker)
+    }
+
     /// Bytes chip `worker`'s allocator holds.
     ///
     /// # Errors
@@ -847,6 +913,8 @@ impl DistWorker {
             if let Some(lease) = rt.comm_lease.take() {
                 self.shared.quarantine(lease);
             }
+            // A control copy runs on the child's serving thread, never in a task, so a
+            // detached task cannot be writing the staging region; it is returned as usual.
             // The abandoned tasks' tensors stay in use for good: host copies refuse and
             // their pages are never discarded.
         } else {

@@ -183,11 +183,13 @@ fn commands(fx: &ChipFixture) -> Vec<ControlCommand> {
         ControlCommand::Allocate { bytes: u64::MAX },
         ControlCommand::Free { addr: fx.addrs[1] },
         ControlCommand::CommittedBytes,
+        ControlCommand::FreeBytes,
     ];
     for direction in [CopyDirection::ToDevice, CopyDirection::FromDevice] {
         v.push(ControlCommand::Copy {
             direction,
             addr: fx.addrs[0],
+            dev_offset: 0,
             region: 1,
             offset: 0,
             len: 4096,
@@ -195,6 +197,7 @@ fn commands(fx: &ChipFixture) -> Vec<ControlCommand> {
         v.push(ControlCommand::Copy {
             direction,
             addr: fx.addrs[2],
+            dev_offset: 512,
             region: 2,
             offset: 1024,
             len: 512,

@@ -40,6 +40,8 @@ pub fn suite<M: Mode>() -> Vec<Scenario> {
         bad_arguments_are_typed_errors,
         chips_and_a_sub_worker_compute_against_a_host_golden,
         device_tensors_stay_resident_on_their_chip,
+        host_bytes_copy_to_and_from_chip_tensors_at_offsets,
+        an_adopted_shared_mapping_is_copied_in_place,
         a_level_4_worker_drives_level_3_children,
         lifecycle_misuse_is_refused,
         a_blocked_group_reserves_its_targets_and_precedes_conflicting_singles,
@@ -856,6 +858,150 @@ pub fn device_tensors_stay_resident_on_their_chip<M: Mode>() -> Outcome {
     let e = w.run(&orch, &TaskArgs::new()).unwrap_err();
     assert!(e.to_string().contains("not a live allocation"), "{e}");
     Ok(())
+}
+
+/// Copies between ordinary host memory (created after `init`) and a chip tensor, at
+/// offsets, through a staging region small enough that a copy takes many chunks: read
+/// back byte for byte against a host model of the device bytes.
+pub fn host_bytes_copy_to_and_from_chip_tensors_at_offsets<M: Mode>() -> Outcome {
+    let mode = M::VALUE;
+    let mut cfg = l3_config(mode, 2, 0);
+    cfg.staging_bytes = 8 << 10; // 4 KiB halves
+    cfg.chips[1].device_memory_bytes = 1 << 30;
+    let capacity = cfg.chips[1].device_memory_bytes;
+    let mut w = DistWorker::new(cfg).ctx("new")?;
+    w.init().ctx("init")?;
+    // 10 001 f32: 40 004 bytes, not a multiple of the 4 KiB half.
+    let dev = w
+        .alloc_child_tensor(1, &[10_001], DataType::F32)
+        .ctx("alloc")?;
+    let size = 40_004usize;
+    let mut model: Vec<u8> = (0..size).map(|i| (i * 7 + 3) as u8).collect();
+    let path = w.copy_bytes_to(&dev, 0, &model).ctx("copy whole")?;
+    check!(path == CopyPath::Staged, "a plain Vec is staged, got {path:?}");
+    let mut back = vec![0u8; size];
+    w.copy_bytes_from(&mut back, &dev, 0).ctx("read whole")?;
+    check!(back == model, "the whole tensor reads back as written");
+
+    // Offset writes and reads, including ones that start and end mid-chunk.
+    let patch: Vec<u8> = (0..9_000).map(|i| (i % 13 + 200) as u8).collect();
+    w.copy_bytes_to(&dev, 1_000, &patch).ctx("offset write")?;
+    model[1_000..10_000].copy_from_slice(&patch);
+    w.copy_bytes_to(&dev, size as u64 - 3, &[1, 2, 3]).ctx("tail write")?;
+    model[size - 3..].copy_from_slice(&[1, 2, 3]);
+    for (offset, len) in [(0usize, size), (777, 12_345), (4_095, 4_098), (size - 1, 1), (5, 0)] {
+        let mut part = vec![0xAAu8; len];
+        w.copy_bytes_from(&mut part, &dev, offset as u64)
+            .ctx("offset read")?;
+        check!(
+            part == model[offset..offset + len],
+            "bytes [{offset}, {offset} + {len}) read back as the model has them"
+        );
+    }
+
+    // Out of range, without overflow.
+    for (offset, len) in [(size as u64, 1usize), (size as u64 - 3, 4), (u64::MAX, 1), (1, size)] {
+        let e = w.copy_bytes_to(&dev, offset, &vec![0; len]);
+        check!(
+            matches!(&e, Err(DistError::InvalidArgs(m)) if m.contains("leaves the 40004-byte tensor")),
+            "copy of {len} bytes at {offset}: {e:?}"
+        );
+        let e = w.copy_bytes_from(&mut vec![0; len], &dev, offset);
+        check!(matches!(e, Err(DistError::InvalidArgs(_))), "read of {len} bytes at {offset}: {e:?}");
+    }
+
+    // The emulated card: its configured capacity, less what is allocated.
+    let (free, total) = w.device_memory_info(1).ctx("info")?;
+    check!(total == capacity, "total {total} is the configured {capacity}");
+    let big = w.alloc_child_tensor(1, &[1 << 20], DataType::U8).ctx("alloc 1 MiB")?;
+    let (free2, _) = w.device_memory_info(1).ctx("info after alloc")?;
+    check!(free2 == free - (1 << 20), "free {free} -> {free2} after a 1 MiB allocation");
+    w.free(big).ctx("free")?;
+    check!(
+        matches!(w.device_memory_info(2), Err(DistError::UnknownWorker { id: 2, count: 2 })),
+        "worker 2 does not exist"
+    );
+
+    // A freed tensor is refused, whatever its bytes' fate.
+    w.free(dev).ctx("free dev")?;
+    let e = w.copy_bytes_to(&dev, 0, &[1, 2, 3]);
+    check!(matches!(e, Err(DistError::StaleTensor { .. })), "copy into a freed tensor: {e:?}");
+    w.close().ctx("close")
+}
+
+/// Memory the caller mapped `MAP_SHARED` before `init` and handed over (adopted) is read
+/// and written in place by the chip child, with no staging; a read-only one refuses a
+/// copy into it.
+pub fn an_adopted_shared_mapping_is_copied_in_place<M: Mode>() -> Outcome {
+    let mode = M::VALUE;
+    const LEN: usize = 3 * 4096;
+    let map = |len: usize| {
+        // SAFETY: a fresh anonymous shared mapping; unmapped below, after the regions
+        // naming it were released.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        p.cast::<u8>()
+    };
+    let (rw, ro) = (map(LEN), map(LEN));
+    let mem = strata_host::SharedMemory::process();
+    // SAFETY: both mappings stay mapped until after the regions are released.
+    let (rw_region, ro_region) = unsafe {
+        (
+            mem.adopt_region(rw, LEN, "rw weights", false).ctx("adopt rw")?,
+            mem.adopt_region(ro, LEN, "ro weights", true).ctx("adopt ro")?,
+        )
+    };
+    let outcome = (|| -> Outcome {
+        let mut cfg = l3_config(mode, 1, 0);
+        cfg.staging_bytes = 0; // no staging at all: only the in-place path can work
+        let mut w = DistWorker::new(cfg).ctx("new")?;
+        w.init().ctx("init")?;
+        // SAFETY: the mappings are LEN bytes; nothing else touches them meanwhile.
+        let (rw_bytes, ro_bytes) = unsafe {
+            (
+                std::slice::from_raw_parts_mut(rw, LEN),
+                std::slice::from_raw_parts_mut(ro, LEN),
+            )
+        };
+        for (i, b) in ro_bytes.iter_mut().enumerate() {
+            *b = (i % 241) as u8;
+        }
+        let dev = w.alloc_child_tensor(0, &[LEN as u64], DataType::U8).ctx("alloc")?;
+        let path = w.copy_bytes_to(&dev, 0, &ro_bytes[100..]).ctx("upload")?;
+        check!(path == CopyPath::InPlace, "an adopted mapping is copied in place: {path:?}");
+        let path = w.copy_bytes_from(&mut rw_bytes[..LEN - 100], &dev, 0).ctx("download")?;
+        check!(path == CopyPath::InPlace, "into a writable adopted mapping in place: {path:?}");
+        check!(rw_bytes[..LEN - 100] == ro_bytes[100..], "the bytes went through the chip");
+        let e = w.copy_bytes_from(&mut ro_bytes[..10], &dev, 0);
+        check!(
+            matches!(&e, Err(DistError::InvalidArgs(m)) if m.contains("read-only")),
+            "a copy into the read-only mapping is refused: {e:?}"
+        );
+        // Without staging, plain memory has no way in.
+        let e = w.copy_bytes_to(&dev, 0, &[1, 2, 3]);
+        check!(
+            matches!(&e, Err(DistError::InvalidArgs(m)) if m.contains("staging")),
+            "plain memory without staging: {e:?}"
+        );
+        w.close().ctx("close")
+    })();
+    mem.release_region(rw_region).ctx("release rw")?;
+    mem.release_region(ro_region).ctx("release ro")?;
+    // SAFETY: the regions are released and the worker (and its children) are gone.
+    unsafe {
+        libc::munmap(rw.cast(), LEN);
+        libc::munmap(ro.cast(), LEN);
+    }
+    outcome
 }
 
 pub fn a_level_4_worker_drives_level_3_children<M: Mode>() -> Outcome {
