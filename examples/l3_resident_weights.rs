@@ -5,7 +5,7 @@
 //! stages the next request while the previous ones execute).
 //!
 //! - The weights are copied to the chips once, after `init`, with `alloc_child_tensor` +
-//!   `copy_to`; every run names them as device tensors (`ChildTensor::arg`) and never
+//!   `copy_to`; every run names them as device tensors (`DeviceTensor::arg`) and never
 //!   copies them again.
 //! - Requests go through two staging slots (one input `x`, one output `y` each): request
 //!   `k` uses slot `k % 2`, so before staging it the host waits for request `k − 2`, checks

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use strata_chip::{ChipConfig, ChipWorker, KernelHandle, OrchHandle, RunArgs, TaskArgsError};
 use strata_dist::{
-    ChildTensor, DistConfig, DistError, DistWorker, HostOrchHandle, Orch, OrchError, SubHandle,
+    DistConfig, DistError, DistWorker, HostOrchHandle, Orch, OrchError, SubHandle,
 };
 use strata_host::{SharedMemory, SharedTensor};
 use strata_types::{CallConfig, DataType, Element, IdentityMinter, TaskArgs};
@@ -372,7 +372,7 @@ impl Worker {
         worker: usize,
         shape: &[u64],
         dtype: DataType,
-    ) -> Result<ChildTensor, Error> {
+    ) -> Result<strata_chip::DeviceTensor, Error> {
         Ok(self
             .dist("alloc_child_tensor")?
             .alloc_child_tensor(worker, shape, dtype)?)
@@ -382,7 +382,7 @@ impl Worker {
     ///
     /// # Errors
     /// A double free, a run in flight.
-    pub fn free(&mut self, t: ChildTensor) -> Result<(), Error> {
+    pub fn free(&mut self, t: strata_chip::DeviceTensor) -> Result<(), Error> {
         Ok(self.dist("free")?.free(t)?)
     }
 
@@ -390,7 +390,7 @@ impl Worker {
     ///
     /// # Errors
     /// Size mismatch, a freed tensor, a run in flight.
-    pub fn copy_to(&mut self, dst: &ChildTensor, src: &SharedTensor) -> Result<(), Error> {
+    pub fn copy_to(&mut self, dst: &strata_chip::DeviceTensor, src: &SharedTensor) -> Result<(), Error> {
         Ok(self.dist("copy_to")?.copy_to(dst, src)?)
     }
 
@@ -398,7 +398,7 @@ impl Worker {
     ///
     /// # Errors
     /// As [`Worker::copy_to`].
-    pub fn copy_from(&mut self, dst: &SharedTensor, src: &ChildTensor) -> Result<(), Error> {
+    pub fn copy_from(&mut self, dst: &SharedTensor, src: &strata_chip::DeviceTensor) -> Result<(), Error> {
         Ok(self.dist("copy_from")?.copy_from(dst, src)?)
     }
 

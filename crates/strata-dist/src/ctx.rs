@@ -10,13 +10,13 @@ use crate::control::{ControlCommand, CopyDirection};
 use crate::endpoint::ChildKind;
 use crate::error::DistError;
 use crate::sched::{ControlFailure, ControlJob, Link};
-use crate::tensor::ChildTensor;
 use std::collections::{HashMap, VecDeque};
 use std::sync::{mpsc, Arc, Mutex};
 use strata_graph::RING_COUNT;
+use strata_chip::DeviceTensor;
 use strata_host::{SharedMemory, SharedTensor};
 use strata_types::{
-    BufferDesc, BufferIdentity, BufferLocation, DataType, IdentityMinter, TensorView,
+    BufferIdentity, BufferLocation, DataType, IdentityMinter, TensorView,
 };
 
 /// How a copy between host memory and a chip tensor went.
@@ -142,7 +142,7 @@ impl Ctx {
         worker: usize,
         shape: &[u64],
         dtype: DataType,
-    ) -> Result<ChildTensor, DistError> {
+    ) -> Result<DeviceTensor, DistError> {
         let lane = self.chip_lane(worker)?;
         let view = TensorView::contiguous(dtype, shape)?;
         let addr = self.control(
@@ -152,46 +152,39 @@ impl Ctx {
             },
         )?;
         let identity = self.minter.mint();
-        // SAFETY: the chip's allocator just gave these bytes to this allocation alone; the
-        // fresh identity is recorded with its extent, and tasks naming it are admitted only
-        // while it is live (`child_tensor_live`).
-        let buffer = unsafe {
-            BufferDesc::from_parts(
-                identity,
+        // SAFETY: the chip's allocator just gave these bytes (`view.nbytes()` of them, at
+        // `addr`) to this allocation alone; the handle's identity is recorded with its
+        // extent, and tasks and copies naming it are admitted only while it is live
+        // (`child_tensor_live`).
+        let t = unsafe {
+            DeviceTensor::from_raw_parts(
+                identity.owner().0,
+                identity.buffer_id(),
+                worker as u32,
+                addr,
                 view.nbytes(),
-                BufferLocation::Device {
-                    worker: worker as u32,
-                    addr,
-                },
+                view,
             )
-        };
-        let t = ChildTensor {
-            worker,
-            addr,
-            buffer,
-            view,
         };
         self.child_tensors
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(identity, (worker, addr, view.nbytes()));
+            .insert(t.identity(), (worker, addr, view.nbytes()));
         Ok(t)
     }
 
-    pub(crate) fn free_child_tensor(&self, t: ChildTensor) -> Result<(), DistError> {
-        let lane = self.chip_lane(t.worker)?;
-        let removed = self
-            .child_tensors
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&t.buffer.identity());
-        if removed != Some((t.worker, t.addr, t.buffer.nbytes())) {
+    pub(crate) fn free_child_tensor(&self, t: DeviceTensor) -> Result<(), DistError> {
+        let (worker, addr) = (t.worker() as usize, t.ptr().addr());
+        let lane = self.chip_lane(worker)?;
+        let mut live = self.child_tensors.lock().unwrap_or_else(|e| e.into_inner());
+        if live.get(&t.identity()) != Some(&(worker, addr, t.nbytes())) {
             return Err(DistError::InvalidArgs(format!(
-                "the tensor at device address {:#x} of worker {} is not a live allocation of this worker (double free, or allocated elsewhere)",
-                t.addr, t.worker
+                "the tensor at device address {addr:#x} of worker {worker} is not a live allocation of this worker (double free, or allocated elsewhere)"
             )));
         }
-        self.control(lane, ControlCommand::Free { addr: t.addr })?;
+        live.remove(&t.identity());
+        drop(live);
+        self.control(lane, ControlCommand::Free { addr })?;
         Ok(())
     }
 
@@ -199,26 +192,21 @@ impl Ctx {
     /// its byte `dev_offset` on stay inside it; returns its chip's lane.
     fn check_device_range(
         &self,
-        dev: &ChildTensor,
+        dev: &DeviceTensor,
         dev_offset: u64,
         len: u64,
     ) -> Result<usize, DistError> {
-        let lane = self.chip_lane(dev.worker)?;
-        if !self.child_tensor_live(
-            &dev.buffer.identity(),
-            dev.worker,
-            dev.addr,
-            dev.buffer.nbytes(),
-        ) {
+        let (worker, addr) = (dev.worker() as usize, dev.ptr().addr());
+        let lane = self.chip_lane(worker)?;
+        if !self.child_tensor_live(&dev.identity(), worker, addr, dev.nbytes()) {
             return Err(DistError::StaleTensor {
                 index: 0,
                 reason: format!(
-                    "device tensor {:#x} of worker {} is not a live allocation of this worker (freed, or allocated by another worker)",
-                    dev.addr, dev.worker
+                    "device tensor {addr:#x} of worker {worker} is not a live allocation of this worker (freed, or allocated by another worker)"
                 ),
             });
         }
-        let size = dev.buffer.nbytes();
+        let size = dev.nbytes();
         if dev_offset.checked_add(len).is_none_or(|end| end > size) {
             return Err(DistError::InvalidArgs(format!(
                 "a copy of {len} bytes at device offset {dev_offset} leaves the {size}-byte tensor (offset + bytes must be at most {size})"
@@ -230,11 +218,11 @@ impl Ctx {
     /// Copies between a whole chip tensor and a shared tensor of the same byte size.
     pub(crate) fn copy(
         &self,
-        dev: &ChildTensor,
+        dev: &DeviceTensor,
         host: &SharedTensor,
         direction: CopyDirection,
     ) -> Result<(), DistError> {
-        let n = dev.view.nbytes();
+        let n = dev.view().nbytes();
         let lane = self.check_device_range(dev, 0, n)?;
         let hb = host.buffer();
         let BufferLocation::HostShared { region, offset } = hb.location() else {
@@ -258,7 +246,7 @@ impl Ctx {
             lane,
             ControlCommand::Copy {
                 direction,
-                addr: dev.addr,
+                addr: dev.ptr().addr(),
                 dev_offset: 0,
                 region,
                 offset,
@@ -293,7 +281,7 @@ impl Ctx {
     /// half while the child copies the other.
     pub(crate) fn copy_bytes_to_device(
         &self,
-        dev: &ChildTensor,
+        dev: &DeviceTensor,
         dev_offset: u64,
         src: &[u8],
     ) -> Result<CopyPath, DistError> {
@@ -303,7 +291,7 @@ impl Ctx {
         }
         let copy = |region, offset, dev_offset, len| ControlCommand::Copy {
             direction: CopyDirection::ToDevice,
-            addr: dev.addr,
+            addr: dev.ptr().addr(),
             dev_offset,
             region,
             offset,
@@ -351,7 +339,7 @@ impl Ctx {
     /// half while the child fills the other).
     pub(crate) fn copy_bytes_from_device(
         &self,
-        dev: &ChildTensor,
+        dev: &DeviceTensor,
         dev_offset: u64,
         dst: &mut [u8],
     ) -> Result<CopyPath, DistError> {
@@ -361,7 +349,7 @@ impl Ctx {
         }
         let copy = |region, offset, dev_offset, len| ControlCommand::Copy {
             direction: CopyDirection::FromDevice,
-            addr: dev.addr,
+            addr: dev.ptr().addr(),
             dev_offset,
             region,
             offset,

@@ -52,7 +52,8 @@ pub use error::{DistError, OrchError};
 pub use orch::Orch;
 pub use registry::{HostOrchFn, HostOrchHandle, NextLevelCallable, SubHandle};
 pub use strata_comm::{AllreduceAlgo, CommStats, Domain, ReduceOp, WindowBuffer};
-pub use tensor::{ChildTensor, RunTensor};
+pub use strata_chip::DeviceTensor;
+pub use tensor::RunTensor;
 pub use worker::{DistWorker, RunHandle};
 
 /// Entry points for the fuzz harness (`fuzz/`): the exact code a child runs on bytes its

@@ -6,7 +6,8 @@ use crate::endpoint::ChildKind;
 use crate::error::{DistError, OrchError};
 use crate::registry::{NextLevelCallable, Programs, SubHandle};
 use crate::task::{DistTask, Member, Route, Target};
-use crate::tensor::{ChildTensor, RunTensor};
+use crate::tensor::RunTensor;
+use strata_chip::DeviceTensor;
 use std::collections::HashMap;
 use std::sync::Arc;
 use strata_graph::{Access, BufferKey, KeySpace, Orchestrator, ReadyTask, RunId, TaskSpec};
@@ -647,7 +648,7 @@ impl<'w> Orch<'w> {
         worker: usize,
         shape: &[u64],
         dtype: DataType,
-    ) -> Result<ChildTensor, DistError> {
+    ) -> Result<DeviceTensor, DistError> {
         self.control_gate("alloc_child_tensor")?;
         self.ctx.alloc_child_tensor(worker, shape, dtype)
     }
@@ -656,7 +657,7 @@ impl<'w> Orch<'w> {
     ///
     /// # Errors
     /// A tensor already freed or of another worker, or control after a submit.
-    pub fn free(&mut self, t: ChildTensor) -> Result<(), DistError> {
+    pub fn free(&mut self, t: DeviceTensor) -> Result<(), DistError> {
         self.control_gate("free")?;
         self.ctx.free_child_tensor(t)
     }
@@ -665,7 +666,7 @@ impl<'w> Orch<'w> {
     ///
     /// # Errors
     /// Size mismatch, a dead allocation, or control after a submit.
-    pub fn copy_to(&mut self, dst: &ChildTensor, src: &SharedTensor) -> Result<(), DistError> {
+    pub fn copy_to(&mut self, dst: &DeviceTensor, src: &SharedTensor) -> Result<(), DistError> {
         self.control_gate("copy_to")?;
         self.ctx
             .copy(dst, src, crate::control::CopyDirection::ToDevice)
@@ -675,7 +676,7 @@ impl<'w> Orch<'w> {
     ///
     /// # Errors
     /// As [`Orch::copy_to`].
-    pub fn copy_from(&mut self, dst: &SharedTensor, src: &ChildTensor) -> Result<(), DistError> {
+    pub fn copy_from(&mut self, dst: &SharedTensor, src: &DeviceTensor) -> Result<(), DistError> {
         self.control_gate("copy_from")?;
         self.ctx
             .copy(src, dst, crate::control::CopyDirection::FromDevice)

@@ -28,7 +28,10 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
-use strata_graph::{Claimed, Failure, FailureKind, ReadyTask, RunId, Scheduler, TaskRef};
+use crate::worker::CHIP_FAILED_BELOW;
+use strata_graph::{
+    Claimed, Failure, FailureKind, Origin, ReadyTask, RunId, Scheduler, TaskRef, WorkerClass,
+};
 use strata_host::{Children, Doorbell, HostError, SharedMemory};
 use strata_mailbox::{EncodedConfig, FrameIdentity, MailboxError, TaskPublication, TaskSlot};
 use strata_sync::{Broken, Driven, DriverSeat, SeatWaker, Turn};
@@ -671,11 +674,33 @@ impl<E: Endpoint> SchedLoop<E> {
         }
     }
 
+    /// Where a failure on `lane` happened: the lane's kind of worker and index — or, for a
+    /// level-3 child reporting that one of its chips failed ([`CHIP_FAILED_BELOW`]), a chip.
+    fn origin(&self, lane: usize, failure: &Failure) -> Origin {
+        let (class, index) = match self.endpoints[lane].kind() {
+            ChildKind::Chip => (WorkerClass::Chip, lane),
+            ChildKind::Worker if failure.code() == CHIP_FAILED_BELOW => (WorkerClass::Chip, lane),
+            ChildKind::Worker => (WorkerClass::Worker, lane),
+            ChildKind::Sub => (WorkerClass::SubWorker, lane - self.n_next),
+        };
+        Origin {
+            class,
+            index: index as u32,
+        }
+    }
+
     /// Completes what `lane` ran in frame `slot`.
     fn finish(&mut self, lane: usize, slot: TaskSlot, outcome: Result<(), Failure>) {
         let Some(f) = self.lanes[lane].frames[slot.index()].take() else {
             return;
         };
+        let outcome = outcome.map_err(|failure| match failure.origin() {
+            Some(_) => failure,
+            None => {
+                let origin = self.origin(lane, &failure);
+                failure.with_origin(origin)
+            }
+        });
         // Before the graph hears of it: a caller that sees the run done may copy the
         // tensors at once.
         for &r in &f.uses {

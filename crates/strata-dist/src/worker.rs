@@ -13,7 +13,7 @@ use crate::orch::Orch;
 use crate::registry::{HostOrchHandle, Programs, SubHandle};
 use crate::sched::{Driver, Link, PassFault, SchedExit, SchedLoop, BROKEN_CHECK};
 use crate::task::DistTask;
-use crate::tensor::ChildTensor;
+use strata_chip::DeviceTensor;
 use nested::NestedChild;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -684,7 +684,7 @@ impl DistWorker {
         worker: usize,
         shape: &[u64],
         dtype: DataType,
-    ) -> Result<ChildTensor, DistError> {
+    ) -> Result<DeviceTensor, DistError> {
         self.idle_control("alloc_child_tensor")?
             .alloc_child_tensor(worker, shape, dtype)
     }
@@ -693,7 +693,7 @@ impl DistWorker {
     ///
     /// # Errors
     /// A run in flight, a double free.
-    pub fn free(&mut self, t: ChildTensor) -> Result<(), DistError> {
+    pub fn free(&mut self, t: DeviceTensor) -> Result<(), DistError> {
         self.idle_control("free")?.free_child_tensor(t)
     }
 
@@ -701,7 +701,7 @@ impl DistWorker {
     ///
     /// # Errors
     /// A run in flight, size mismatch, a freed tensor.
-    pub fn copy_to(&mut self, dst: &ChildTensor, src: &SharedTensor) -> Result<(), DistError> {
+    pub fn copy_to(&mut self, dst: &DeviceTensor, src: &SharedTensor) -> Result<(), DistError> {
         self.idle_control("copy_to")?
             .copy(dst, src, crate::control::CopyDirection::ToDevice)
     }
@@ -710,7 +710,7 @@ impl DistWorker {
     ///
     /// # Errors
     /// As [`DistWorker::copy_to`].
-    pub fn copy_from(&mut self, dst: &SharedTensor, src: &ChildTensor) -> Result<(), DistError> {
+    pub fn copy_from(&mut self, dst: &SharedTensor, src: &DeviceTensor) -> Result<(), DistError> {
         self.idle_control("copy_from")?
             .copy(src, dst, crate::control::CopyDirection::FromDevice)
     }
@@ -726,7 +726,7 @@ impl DistWorker {
     /// src.len()` past the end of `dst` (checked without overflow); no staging memory.
     pub fn copy_bytes_to(
         &mut self,
-        dst: &ChildTensor,
+        dst: &DeviceTensor,
         dst_offset: u64,
         src: &[u8],
     ) -> Result<crate::CopyPath, DistError> {
@@ -743,7 +743,7 @@ impl DistWorker {
     pub fn copy_bytes_from(
         &mut self,
         dst: &mut [u8],
-        src: &ChildTensor,
+        src: &DeviceTensor,
         src_offset: u64,
     ) -> Result<crate::CopyPath, DistError> {
         self.idle_control("copy_from")?
@@ -951,6 +951,11 @@ impl Drop for DistWorker {
         let _ = self.close();
     }
 }
+
+/// The mailbox failure code a level-3 child reports when the task failed because one of
+/// its chips did, so the parent attributes it to a chip too
+/// ([`strata_graph::WorkerClass::Chip`]).
+pub(crate) const CHIP_FAILED_BELOW: i32 = 0x4348_4950; // "CHIP"
 
 /// The least grace `close` gives the children to exit once the scheduler stopped (or
 /// `close_grace`, if shorter), however much of `close_grace` the runs took.

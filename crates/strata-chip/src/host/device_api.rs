@@ -102,7 +102,12 @@ impl ChipWorker {
         let live = self.live("device_tensor_at")?;
         let (ptr, size) = live.mem.allocation_at(addr)?;
         view.check_fits(size)?;
-        Ok(DeviceTensor { ptr, size, view })
+        Ok(DeviceTensor {
+            ptr,
+            size,
+            view,
+            worker: self.config().chip_id,
+        })
     }
 
     /// Copies `nbytes` from raw host memory to device memory at `dst`.
@@ -175,7 +180,12 @@ impl ChipWorker {
                     .fill(ptr.addr, view.nbytes(), &b[..dtype.size_bytes()])?
             }
         }
-        Ok(DeviceTensor { ptr, size, view })
+        Ok(DeviceTensor {
+            ptr,
+            size,
+            view,
+            worker: self.config().chip_id,
+        })
     }
 
     /// Frees a device tensor.
@@ -285,10 +295,10 @@ impl ChipWorker {
     ///
     /// ```
     /// use strata_chip::{ChipConfig, ChipWorker};
-    /// let mut chip = ChipWorker::new(ChipConfig { device_memory_bytes: 1 << 24, ..ChipConfig::default() })?;
+    /// let mut chip = ChipWorker::new(ChipConfig { device_memory_bytes: 1 << 29, ..ChipConfig::default() })?;
     /// chip.init()?;
     /// let (free, total) = chip.device_memory_info()?;
-    /// assert_eq!(total, 1 << 24);
+    /// assert_eq!(total, 1 << 29);
     /// let p = chip.malloc(4096)?;
     /// assert_eq!(chip.device_memory_info()?.0, free - 4096);
     /// chip.free(p)?;

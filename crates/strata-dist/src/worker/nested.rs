@@ -3,7 +3,9 @@
 //! this child) serving host orchestrations for its parent. It lives with the worker it runs
 //! because it drives that worker's lifecycle (`init`, `run_with`, `close`).
 
-use super::DistWorker;
+use super::{DistWorker, CHIP_FAILED_BELOW};
+use crate::error::DistError;
+use strata_graph::WorkerClass;
 use crate::registry::HostOrchHandle;
 use strata_host::{ChildEnv, ChildProgram};
 use strata_mailbox::{codes, ControlReply, ControlRequest, Failure, Handler, TaskRequest};
@@ -47,7 +49,18 @@ impl Handler for NestedHandler {
         let handle = HostOrchHandle { id: req.callable };
         self.worker
             .run_nested(&handle, req.args, req.config)
-            .map_err(|e| Failure::new(codes::FAILED, e.to_string()))
+            .map_err(|e| {
+                // A chip's failure stays a chip's failure one level up.
+                let code = match &e {
+                    DistError::TaskFailed(f)
+                        if f.origin().map(|o| o.class) == Some(WorkerClass::Chip) =>
+                    {
+                        CHIP_FAILED_BELOW
+                    }
+                    _ => codes::FAILED,
+                };
+                Failure::new(code, e.to_string())
+            })
     }
 
     fn control(&mut self, req: &ControlRequest<'_>) -> Result<ControlReply, Failure> {

@@ -830,7 +830,7 @@ pub fn device_tensors_stay_resident_on_their_chip<M: Mode>() -> Outcome {
     let chip_scale = register_chip_scale(&mut w);
     let host = w.shared_tensor_from(&[8], &[1.0f32; 8]).unwrap();
     let result = w.shared_tensor(&[8], DataType::F32).unwrap();
-    let holder: Arc<std::sync::Mutex<Option<ChildTensor>>> = Arc::default();
+    let holder: Arc<std::sync::Mutex<Option<DeviceTensor>>> = Arc::default();
     let h2 = holder.clone();
     let orch = w.register_orchestration("scale_twice", move |o, _| {
         let dev = h2.lock().unwrap().ok_or("no device tensor")?;
@@ -1244,7 +1244,7 @@ pub fn group_members_run_on_the_worker_ids_they_name<M: Mode>() -> Outcome {
     let chip_scale = register_chip_scale(&mut w);
     let ones = w.shared_tensor_from(&[4], &[1.0f32; 4]).unwrap();
     let result = w.shared_tensor(&[4], DataType::F32).unwrap();
-    let devs: Arc<std::sync::Mutex<Vec<ChildTensor>>> = Arc::default();
+    let devs: Arc<std::sync::Mutex<Vec<DeviceTensor>>> = Arc::default();
     let d2 = devs.clone();
     // Member 0 runs on worker 1 with worker 1's tensor, member 1 on worker 0 with worker
     // 0's: a scheduler that used member indices as worker ids would hand each chip an
