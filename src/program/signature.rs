@@ -117,6 +117,11 @@ impl ScalarValue {
         }
     }
 
+    /// A value of `dtype` from its wire pattern.
+    pub(crate) fn from_bits(dtype: DataType, bits: u64) -> ScalarValue {
+        ScalarValue { dtype, bits }
+    }
+
     /// Its data type.
     pub fn dtype(&self) -> DataType {
         self.dtype
@@ -142,8 +147,16 @@ macro_rules! scalar_value_from {
         }
     )*};
 }
+impl From<bool> for ScalarValue {
+    fn from(v: bool) -> ScalarValue {
+        ScalarValue {
+            dtype: DataType::Bool,
+            bits: v as u64,
+        }
+    }
+}
+
 scalar_value_from!(
-    bool,
     u8,
     i8,
     i16,
@@ -396,7 +409,7 @@ impl Signature {
                         BoundDim::Named(_) => Some(acc),
                     });
                     if fixed
-                        .and_then(|n| n.checked_mul(t.dtype.size() as u64))
+                        .and_then(|n| n.checked_mul(t.dtype.size_bytes() as u64))
                         .is_none()
                     {
                         return Err(bad(
@@ -500,6 +513,13 @@ impl BoundSignature {
             .iter()
             .filter(|p| !matches!(p, BoundParam::Scalar { fixed: Some(_), .. }))
             .count()
+    }
+
+    /// The parameters a dispatch passes (all but fixed scalars), in order.
+    pub(crate) fn dispatch_params(&self) -> impl Iterator<Item = &BoundParam> {
+        self.params
+            .iter()
+            .filter(|p| !matches!(p, BoundParam::Scalar { fixed: Some(_), .. }))
     }
 
     /// The parameter names, for messages.

@@ -25,6 +25,15 @@ impl HostOrchHandle {
     pub fn id(&self) -> CallableId {
         self.id
     }
+
+    /// The handle a host orchestration registered under `name` has (on any worker: the
+    /// digest depends on the name alone); using it where nothing is registered under that
+    /// name is an error then.
+    pub fn named(name: &str) -> HostOrchHandle {
+        HostOrchHandle {
+            id: CallableDescriptor::new(CallableKind::HostOrchestration, name).digest(),
+        }
+    }
 }
 
 /// A registered sub-worker callable.
@@ -37,6 +46,15 @@ impl SubHandle {
     /// Its digest.
     pub fn id(&self) -> CallableId {
         self.id
+    }
+
+    /// The handle a sub-worker callable registered under `name` has (the digest depends
+    /// on the name alone); submitting it where nothing is registered under that name is an
+    /// error then.
+    pub fn named(name: &str) -> SubHandle {
+        SubHandle {
+            id: strata_host::SubRegistry::id_of(name),
+        }
     }
 }
 
@@ -110,11 +128,11 @@ impl std::fmt::Debug for Programs {
 
 impl Programs {
     pub(crate) fn register_host(&mut self, name: &str, f: HostOrchFn) -> HostOrchHandle {
-        let id = CallableDescriptor::new(CallableKind::HostOrchestration, name).digest();
+        let h = HostOrchHandle::named(name);
         // The same name again replaces the function (as for sub callables): the handle
         // stays valid.
-        self.host.insert(id, (Arc::from(name), f));
-        HostOrchHandle { id }
+        self.host.insert(h.id, (Arc::from(name), f));
+        h
     }
 
     /// Adds everything `other` has that `self` lacks (a parent's programs cascading into

@@ -178,6 +178,31 @@ impl DistWorker {
         self.programs.register_host(name, Arc::new(f))
     }
 
+    /// [`DistWorker::register_orchestration`] for an already shared function.
+    pub fn register_orchestration_fn(&mut self, name: &str, f: crate::HostOrchFn) -> HostOrchHandle {
+        self.programs.register_host(name, f)
+    }
+
+    /// [`DistWorker::register_sub`] for an already shared function.
+    pub fn register_sub_fn(&mut self, name: &str, f: strata_host::SubFn) -> SubHandle {
+        SubHandle {
+            id: self.programs.subs.register(name, f),
+        }
+    }
+
+    /// Adds every kernel and chip orchestration of `registry` (one built apart, e.g. by a
+    /// program) that this worker's chip registry lacks; a digest already registered keeps
+    /// its function.
+    ///
+    /// # Errors
+    /// Too many kernels or orchestrations for a chip.
+    pub fn register_chip_callables(
+        &mut self,
+        registry: &strata_chip::Registry,
+    ) -> Result<(), DistError> {
+        Ok(self.programs.chip.absorb(registry)?)
+    }
+
     /// Registers a sub-worker callable: a closure (it may capture state) run by a host
     /// sub-worker child. Children are forked after registration and find it by digest.
     pub fn register_sub<F>(&mut self, name: &str, f: F) -> SubHandle

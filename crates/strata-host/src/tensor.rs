@@ -65,6 +65,13 @@ impl Drop for RegionOwner {
     }
 }
 
+/// The minter of the tensors [`SharedTensor::zeroed`] and [`SharedTensor::from_data`]
+/// create.
+fn process_minter() -> &'static IdentityMinter {
+    static MINTER: std::sync::OnceLock<IdentityMinter> = std::sync::OnceLock::new();
+    MINTER.get_or_init(IdentityMinter::new)
+}
+
 impl SharedTensor {
     /// A zero-filled tensor of `shape` and `dtype` in a new region, with a fresh buffer
     /// identity from `minter`.
@@ -111,6 +118,42 @@ impl SharedTensor {
             view,
             region,
         })
+    }
+
+    /// A zero-filled tensor in this process's shared memory ([`SharedMemory::process`]),
+    /// with an identity from the process-wide minter: what a program's host tensors are.
+    /// Create it before the worker that uses it starts its children (before `prepare` or
+    /// `init`).
+    ///
+    /// ```
+    /// use strata_host::SharedTensor;
+    /// use strata_types::DataType;
+    /// let t = SharedTensor::zeroed(&[2, 4], DataType::F32)?;
+    /// assert_eq!(t.to_vec::<f32>()?, vec![0.0; 8]);
+    /// # Ok::<(), strata_host::HostError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`SharedTensor::new`].
+    pub fn zeroed(shape: &[u64], dtype: DataType) -> Result<SharedTensor, HostError> {
+        Self::new(SharedMemory::process(), process_minter(), shape, dtype)
+    }
+
+    /// A tensor in this process's shared memory holding `data` (row-major); see
+    /// [`SharedTensor::zeroed`].
+    ///
+    /// ```
+    /// use strata_host::SharedTensor;
+    /// let t = SharedTensor::from_data(&[3], &[1i32, 2, 3])?;
+    /// assert_eq!(t.to_vec::<i32>()?, vec![1, 2, 3]);
+    /// assert!(SharedTensor::from_data(&[4], &[1i32, 2, 3]).is_err()); // 3 values for 4 places
+    /// # Ok::<(), strata_host::HostError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`SharedTensor::from_slice`].
+    pub fn from_data<T: Element>(shape: &[u64], data: &[T]) -> Result<SharedTensor, HostError> {
+        Self::from_slice(SharedMemory::process(), process_minter(), shape, data)
     }
 
     /// A zero-filled tensor of element type `T` (same as [`SharedTensor::new`] with
