@@ -1120,10 +1120,13 @@ impl Core {
         if self.owned.get(&t.identity()) == Some(t) {
             return Ok(());
         }
-        let reused = self
-            .owned
-            .values()
-            .any(|o| o.worker() == t.worker() && o.ptr().addr() == t.ptr().addr());
+        // Handles carry their issuer: one of this worker's at the address of a live
+        // allocation is stale; anything else is not this worker's at all.
+        let reused = self.owned.values().any(|o| {
+            o.worker() == t.worker()
+                && o.ptr().addr() == t.ptr().addr()
+                && o.ptr().chip() == t.ptr().chip()
+        });
         Err(Error::Memory(if reused {
             format!(
                 "{op}: stale DeviceTensor: the allocation at {:#x} on worker {} was freed and its address reused by a newer allocation (which stays valid)",
@@ -1272,11 +1275,11 @@ struct DispatchState {
     program: String,
     inner: Mutex<StateInner>,
     done: Condvar,
-    /// The arguments, kept alive until the dispatch is done.
-    _args: Vec<HeldArg>,
 }
 
 struct StateInner {
+    /// The arguments, kept alive until the dispatch is done (then dropped).
+    args: Vec<HeldArg>,
     run: Option<strata_dist::RunHandle>,
     outcome: Option<Result<(), Error>>,
     /// A thread is waiting on `run` (others wait on `done`).
@@ -1291,13 +1294,13 @@ impl DispatchState {
             id,
             program,
             inner: Mutex::new(StateInner {
+                args,
                 run: Some(run),
                 outcome: None,
                 waiting: false,
                 observed: false,
             }),
             done: Condvar::new(),
-            _args: args,
         }
     }
 
@@ -1306,13 +1309,16 @@ impl DispatchState {
             id,
             program,
             inner: Mutex::new(StateInner {
+                args: {
+                    drop(args);
+                    Vec::new()
+                },
                 run: None,
                 outcome: Some(outcome),
                 waiting: false,
                 observed: false,
             }),
             done: Condvar::new(),
-            _args: args,
         }
     }
 
@@ -1365,6 +1371,7 @@ impl DispatchState {
                     }
                     r => {
                         g.outcome = Some(r.map_err(Error::from));
+                        g.args.clear();
                         self.done.notify_all();
                     }
                 }

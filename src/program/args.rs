@@ -308,6 +308,17 @@ impl ProgramTensor {
         }
     }
 
+    /// The chip shard `i` of a stacked tensor is resident on (where its task must run).
+    ///
+    /// # Errors
+    /// Not a stacked tensor; `i` out of range.
+    pub fn shard_worker(&self, i: usize) -> Result<usize, Error> {
+        match self.shard(i)?.buffer.location() {
+            BufferLocation::Device { worker, .. } => Ok(worker as usize),
+            _ => Err(Error::Internal("shards are device tensors".into())),
+        }
+    }
+
     /// Shard `i` of a stacked tensor — resident on the chip it was placed on — as a task
     /// argument tagged by its direction.
     ///
