@@ -40,6 +40,7 @@ pub struct Prepare {
     callbacks: Vec<(String, strata_host::SubFn)>,
     startup_timeout: Option<Duration>,
     inherited: Vec<Inherited>,
+    prewarm: Option<CallConfig>,
 }
 
 impl std::fmt::Debug for Prepare {
@@ -53,6 +54,7 @@ impl std::fmt::Debug for Prepare {
             )
             .field("startup_timeout", &self.startup_timeout)
             .field("inherited", &self.inherited.len())
+            .field("prewarm", &self.prewarm)
             .finish()
     }
 }
@@ -99,6 +101,13 @@ impl Prepare {
         F: Fn(&mut strata_host::SubCall<'_>) -> Result<(), String> + Send + Sync + 'static,
     {
         self.callbacks.push((name.to_owned(), Arc::new(f)));
+        self
+    }
+
+    /// Builds every chip's run arenas for `config`'s ring sizing while the worker starts,
+    /// so the first dispatch with that sizing does not (`ChipWorker::prewarm`).
+    pub fn prewarm(mut self, config: &CallConfig) -> Prepare {
+        self.prewarm = Some(config.clone());
         self
     }
 
@@ -278,7 +287,11 @@ impl PreparedWorker {
                 programs.push(p);
             }
         }
-        let target = primary.target().clone();
+        let mut target = primary.target().clone();
+        if let Some(p) = &options.prewarm {
+            p.validate()?;
+            target = target.configure_chips(|c| c.prewarm = Some(p.clone()));
+        }
         let mut names = std::collections::HashSet::new();
         for p in &programs {
             if !names.insert(p.name().to_owned()) {
@@ -287,7 +300,7 @@ impl PreparedWorker {
                     p.name()
                 )));
             }
-            if !same_target(p.target(), &target) {
+            if !same_target(p.target(), primary.target()) {
                 return Err(Error::Program(format!(
                     "multi-program mode requires every program compiled for the same target: {} is compiled for {:?}, {} for {:?}",
                     p.name(),

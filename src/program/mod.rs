@@ -137,13 +137,17 @@ impl Target {
     }
 
     /// With the chip's settings changed by `f` (level 2), or every chip's (level 3).
-    pub fn configure_chips(mut self, f: impl Fn(&mut ChipConfig)) -> Target {
+    pub fn configure_chips(self, f: impl Fn(&mut ChipConfig)) -> Target {
+        self.each_chip(&f)
+    }
+
+    fn each_chip(mut self, f: &dyn Fn(&mut ChipConfig)) -> Target {
         match &mut self.kind {
             TargetKind::Chip(c) => f(c),
             TargetKind::Dist { config, children } => {
-                config.chips.iter_mut().for_each(&f);
+                config.chips.iter_mut().for_each(f);
                 for c in children.iter_mut() {
-                    *c = c.clone().configure_chips(&f);
+                    *c = c.clone().each_chip(f);
                 }
             }
         }

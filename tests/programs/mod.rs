@@ -49,6 +49,7 @@ pub fn suite<M: Mode>() -> Vec<Scenario> {
         arguments_are_checked_against_the_signature_before_dispatch,
         registrations_dispatch_and_can_be_released,
         a_level_2_program_runs_on_one_chip,
+        prewarm_builds_the_ring_heaps_while_preparing,
     ]
 }
 
@@ -899,4 +900,35 @@ fn check_fixed(a: &ChipArgs) -> Result<(), strata::chip::ChipError> {
         ));
     }
     Ok(())
+}
+
+/// `Prepare::prewarm` builds the chips' ring heaps for a sizing while the worker starts:
+/// they are committed before any dispatch, and a dispatch with that sizing keeps them.
+pub fn prewarm_builds_the_ring_heaps_while_preparing<M: Mode>() -> Outcome {
+    let compiled = scale_program().compile(&l3::<M>(1)).ctx("compile")?;
+    let mut sizing = CallConfig::default();
+    for r in sizing.rings.iter_mut() {
+        r.heap_bytes = 3 << 20;
+    }
+    let heaps = 4 * (3u64 << 20);
+    let cold = compiled.prepare(Prepare::new()).ctx("prepare cold")?;
+    let cold_committed = cold.committed_device_memory(0).ctx("cold")?;
+    cold.close().ctx("close cold")?;
+    check!(cold_committed < heaps, "nothing is built before a dispatch ({cold_committed} bytes)");
+    let warm = compiled
+        .prepare(Prepare::new().prewarm(&sizing))
+        .ctx("prepare warm")?;
+    let warm_committed = warm.committed_device_memory(0).ctx("warm")?;
+    check!(
+        warm_committed >= heaps,
+        "the four 3 MiB ring heaps are committed while preparing ({warm_committed} bytes)"
+    );
+    let t = warm.alloc_tensor_from(&[4], &[1f32; 4], 0).ctx("t")?;
+    warm.run_with(&compiled, (&t, 2.0f32), &sizing).ctx("dispatch with the sizing")?;
+    let after = warm.committed_device_memory(0).ctx("after")?;
+    check!(
+        after == warm_committed + 1024,
+        "the dispatch reused the heaps: {warm_committed} + the 1 KiB tensor, got {after}"
+    );
+    warm.close().ctx("close warm")
 }

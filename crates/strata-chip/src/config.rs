@@ -162,6 +162,10 @@ pub struct ChipConfig {
     /// thread that calls `run`. See [`OrchestratorPlacement`]; the default (`Auto`) is the
     /// orchestrator thread, except in a chip process of the level-3 engine.
     pub orchestrator: OrchestratorPlacement,
+    /// Builds the run arenas (ring heaps in device memory, the graph's task windows and
+    /// dependency pools) for this call configuration's ring sizing at `init`, so the first
+    /// run with a matching sizing does not; see [`crate::ChipWorker::prewarm`].
+    pub prewarm: Option<CallConfig>,
 }
 
 /// Which thread runs a chip orchestration (`ChipConfig::orchestrator`).
@@ -226,6 +230,7 @@ impl Default for ChipConfig {
             chip_id: 0,
             print_strace: false,
             orchestrator: OrchestratorPlacement::Auto,
+            prewarm: None,
         }
     }
 }
@@ -293,6 +298,9 @@ impl ChipConfig {
             if d.is_zero() {
                 return bad(format!("{name} = 0 (must be positive)"));
             }
+        }
+        if let Some(p) = &self.prewarm {
+            self.effective_rings(p)?;
         }
         Ok(())
     }

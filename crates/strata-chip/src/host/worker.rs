@@ -387,6 +387,12 @@ impl ChipWorker {
             pid: std::process::id(),
             print_strace,
         });
+        if let Some(sizing) = self.config.prewarm.clone() {
+            if let Err(e) = self.prewarm(&sizing) {
+                let _ = self.close();
+                return Err(e);
+            }
+        }
         Ok(())
     }
 
