@@ -15,17 +15,13 @@
 use std::process::ExitCode;
 use strata::chip::{ChipConfig, CoreArgs, KernelError};
 use strata::comm::{signal_cells, AllreduceAlgo, Comm, DistributedTensor, ReduceOp};
-use strata::dist::DistConfig;
 use strata::types::{ArgTag, DataType, TaskArgs};
-use strata::{Error, Worker, WorkerConfig};
+use strata::{Error, Worker};
 
 const N: u64 = 1024;
 
 fn run() -> Result<String, Error> {
-    let mut w = Worker::new(
-        3,
-        WorkerConfig::Dist(DistConfig::l3(vec![ChipConfig::default(); 2], 0)),
-    )?;
+    let mut w = Worker::l3(vec![ChipConfig::default(); 2], 0)?;
 
     // The kernel each rank runs. Tensor 0 is its input row, tensor 1 its output row;
     // scalars 0..4 name the data window, 4..8 the signal window.
@@ -96,7 +92,7 @@ fn run() -> Result<String, Error> {
     let golden: Vec<f32> = (1..=N).map(|i| 11.0 * i as f32).collect();
     for (r, row) in got.chunks(N as usize).enumerate() {
         if row != golden.as_slice() {
-            return Err(Error::InvalidArgs(format!(
+            return Err(Error::InvalidArgument(format!(
                 "rank {r} sees {:?}..., the host golden is {:?}...",
                 &row[..3],
                 &golden[..3]

@@ -17,10 +17,9 @@
 use std::collections::VecDeque;
 use std::process::ExitCode;
 use strata::chip::{ChipConfig, CoreArgs, KernelError};
-use strata::dist::DistConfig;
 use strata::host::SharedTensor;
 use strata::types::{ArgTag, DataType, TaskArgs};
-use strata::{Error, RunHandle, Worker, WorkerConfig};
+use strata::{DispatchHandle, Error, Worker};
 
 /// `W` is `ROWS × COLS`; each chip holds `ROWS / 2` rows.
 const ROWS: u64 = 256;
@@ -45,10 +44,7 @@ fn golden(x: &[f32]) -> Vec<f32> {
 }
 
 fn run() -> Result<String, Error> {
-    let mut w = Worker::new(
-        3,
-        WorkerConfig::Dist(DistConfig::l3(vec![ChipConfig::default(); 2], 0)),
-    )?;
+    let mut w = Worker::l3(vec![ChipConfig::default(); 2], 0)?;
 
     // y[rows] = W[rows, COLS] · x[COLS] on one AIV core.
     let matvec = w.register_kernel("matvec", |ctx| {
@@ -117,15 +113,15 @@ fn run() -> Result<String, Error> {
 
     // Dispatch many: at most SLOTS runs in flight.
     let start = std::time::Instant::now();
-    let mut in_flight: VecDeque<(usize, RunHandle)> = VecDeque::new();
+    let mut in_flight: VecDeque<(usize, DispatchHandle)> = VecDeque::new();
     let mut checked = 0;
-    let check = |k: usize, h: RunHandle| -> Result<(), Error> {
-        h.result()?;
+    let check = |k: usize, h: DispatchHandle| -> Result<(), Error> {
+        h.result(None)?;
         let got = ys[k % SLOTS].to_vec::<f32>()?;
         let want = golden(&input(k));
         if got != want {
             let i = (0..got.len()).find(|&i| got[i] != want[i]).unwrap_or(0);
-            return Err(Error::InvalidArgs(format!(
+            return Err(Error::InvalidArgument(format!(
                 "request {k}: y[{i}] = {}, the host golden is {}",
                 got[i], want[i]
             )));

@@ -11,22 +11,18 @@
 
 use std::process::ExitCode;
 use strata::chip::{ChipConfig, CoreArgs, KernelError};
-use strata::dist::DistConfig;
 use strata::host::SharedTensor;
 use strata::types::{ArgTag, DataType, TaskArgs};
-use strata::{Error, Worker, WorkerConfig};
+use strata::{Error, Worker};
 
 const N: u64 = 1 << 14;
 
 fn level3() -> Result<Worker, Error> {
-    Worker::new(
-        3,
-        WorkerConfig::Dist(DistConfig::l3(vec![ChipConfig::default(); 2], 1)),
-    )
+    Worker::l3(vec![ChipConfig::default(); 2], 1)
 }
 
 fn run() -> Result<String, Error> {
-    let mut top = Worker::new(4, WorkerConfig::Dist(DistConfig::l4(1)))?;
+    let mut top = Worker::l4(1)?;
     let add = top.register_kernel("vadd", |ctx| {
         let a = ctx.input::<f32>(0)?.to_vec();
         let b = ctx.input::<f32>(1)?.to_vec();
@@ -135,7 +131,7 @@ fn run() -> Result<String, Error> {
     top.close()?;
 
     if let Some(i) = (0..N as usize).find(|&i| got[i] != golden[i]) {
-        return Err(Error::InvalidArgs(format!(
+        return Err(Error::InvalidArgument(format!(
             "total[{i}] = {}, the host golden is {}",
             got[i], golden[i]
         )));

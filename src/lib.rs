@@ -15,6 +15,7 @@
 //! below; [`prelude`] brings what programs use into scope.
 
 mod error;
+mod handle;
 pub mod prelude;
 mod prepared;
 pub mod program;
@@ -22,9 +23,8 @@ mod tensors;
 mod worker;
 
 pub use error::Error;
-pub use prepared::{
-    CopyRange, DispatchHandle, Prepare, PreparedWorker, Registration, MAX_WAIT,
-};
+pub use handle::{DispatchHandle, MAX_WAIT};
+pub use prepared::{CopyRange, Prepare, PreparedWorker, Registration};
 pub use program::args::{Arg, IntoArgs, ProgramArgs, ProgramTensor};
 pub use program::{Compiled, Program, Signature, Target};
 pub use strata_chip::DeviceTensor;
@@ -37,4 +37,4 @@ pub use strata_host as host;
 pub use strata_mailbox as mailbox;
 pub use strata_types as types;
 pub use tensors::StackedDeviceTensor;
-pub use worker::{Callable, RunHandle, Worker, WorkerConfig};
+pub use worker::{Callable, Worker};

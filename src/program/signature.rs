@@ -320,7 +320,7 @@ impl Signature {
     /// use strata::program::{Direction, Signature};
     /// use strata::host::SharedTensor;
     /// use strata::types::DataType;
-    /// let x = SharedTensor::zeros(&[2, 8], DataType::F32)?;
+    /// let x = SharedTensor::zeroed(&[2, 8], DataType::F32)?;
     /// let sig = Signature::from_samples([("x", Direction::In, &x)]);
     /// assert_eq!(sig.params()[0].name(), "x");
     /// # Ok::<(), strata::Error>(())

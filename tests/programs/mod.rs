@@ -50,6 +50,7 @@ pub fn suite<M: Mode>() -> Vec<Scenario> {
         registrations_dispatch_and_can_be_released,
         a_level_2_program_runs_on_one_chip,
         prewarm_builds_the_ring_heaps_while_preparing,
+        a_chip_failure_is_one_error_at_every_level,
     ]
 }
 
@@ -931,4 +932,73 @@ pub fn prewarm_builds_the_ring_heaps_while_preparing<M: Mode>() -> Outcome {
         "the dispatch reused the heaps: {warm_committed} + the 1 KiB tensor, got {after}"
     );
     warm.close().ctx("close warm")
+}
+
+/// A kernel that fails, and the chip orchestration that runs it.
+fn failing_chip(p: &mut Program) -> strata::chip::OrchHandle {
+    let k = p.kernel("fail", |_ctx| Err(KernelError::new("deliberate kernel failure")));
+    p.chip_orchestration("fail", move |o, _a| {
+        o.submit_aiv(k, &CoreArgs::new())?;
+        Ok(())
+    })
+}
+
+/// A chip's failure reaches the caller as `Error::Chip`, whether the chip is the worker
+/// (level 2), a child of it (level 3), or a child of a level-3 child (level 4).
+pub fn a_chip_failure_is_one_error_at_every_level<M: Mode>() -> Outcome {
+    let is_chip_failure = |e: &Error| {
+        matches!(e, Error::Chip { kind: strata::FailureKind::Task, message, .. }
+            if message.contains("deliberate kernel failure"))
+    };
+    // Level 2.
+    let mut p2 = Program::new("fail_l2", Signature::new());
+    let k = p2.kernel("fail", |_ctx| Err(KernelError::new("deliberate kernel failure")));
+    p2.orchestrate_chip(move |o, _a| {
+        o.submit_aiv(k, &CoreArgs::new())?;
+        Ok(())
+    });
+    let e = p2
+        .compile(&Target::chip(ChipConfig::default()))
+        .ctx("compile l2")?
+        .run_once(())
+        .unwrap_err();
+    check!(is_chip_failure(&e), "level 2: {e:?}");
+    check!(matches!(e, Error::Chip { worker: 0, .. }), "level 2 names chip 0");
+
+    // Level 3: the failing chip is worker 1.
+    let mut p3 = Program::new("fail_l3", Signature::new());
+    let chip = failing_chip(&mut p3);
+    p3.orchestrate(move |o, _| {
+        o.submit_next_level(chip, &TaskArgs::new(), 1)?;
+        Ok(())
+    });
+    let e = p3
+        .compile(&l3::<M>(2))
+        .ctx("compile l3")?
+        .run_once(())
+        .unwrap_err();
+    check!(is_chip_failure(&e), "level 3: {e:?}");
+    check!(matches!(e, Error::Chip { worker: 1, .. }), "level 3 names chip 1: {e:?}");
+
+    // Level 4: level-3 child 1 runs an orchestration that sends the failing kernel to its
+    // chip.
+    let mut p4 = Program::new("fail_l4", Signature::new());
+    let chip = failing_chip(&mut p4);
+    let inner = p4.worker_orchestration("inner", move |o, _| {
+        o.submit_next_level(chip, &TaskArgs::new(), 0)?;
+        Ok(())
+    });
+    p4.orchestrate(move |o, _| {
+        o.submit_next_level(inner, &TaskArgs::new(), 1)?;
+        Ok(())
+    });
+    let target = Target::l4(vec![l3::<M>(1), l3::<M>(1)]).configure(|c| c.exec_mode = M::VALUE);
+    let e = p4
+        .compile(&target)
+        .ctx("compile l4")?
+        .run_once(())
+        .unwrap_err();
+    check!(is_chip_failure(&e), "level 4: {e:?}");
+    check!(matches!(e, Error::Chip { worker: 1, .. }), "level 4 names level-3 child 1: {e:?}");
+    Ok(())
 }
