@@ -51,6 +51,7 @@ pub fn suite<M: Mode>() -> Vec<Scenario> {
         a_level_2_program_runs_on_one_chip,
         prewarm_builds_the_ring_heaps_while_preparing,
         a_chip_failure_is_one_error_at_every_level,
+        inherited_host_memory_is_copied_in_place,
     ]
 }
 
@@ -1000,5 +1001,108 @@ pub fn a_chip_failure_is_one_error_at_every_level<M: Mode>() -> Outcome {
         .unwrap_err();
     check!(is_chip_failure(&e), "level 4: {e:?}");
     check!(matches!(e, Error::Chip { worker: 1, .. }), "level 4 names level-3 child 1: {e:?}");
+    Ok(())
+}
+
+/// A `MAP_SHARED` anonymous mapping of `len` bytes, unmapped on drop.
+struct SharedMap {
+    ptr: *mut u8,
+    len: usize,
+}
+
+impl SharedMap {
+    fn new(len: usize) -> SharedMap {
+        // SAFETY: a fresh anonymous shared mapping, owned by the value.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        SharedMap { ptr: p.cast(), len }
+    }
+
+    fn bytes(&mut self) -> &mut [u8] {
+        // SAFETY: the mapping is `len` bytes and lives as long as `self`.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+impl Drop for SharedMap {
+    fn drop(&mut self) {
+        // SAFETY: unmapping what `new` mapped; nothing refers to it any more.
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
+}
+
+/// Host memory listed at prepare is used in place (uploads and downloads see the same
+/// bytes without a staging copy); a read-only one refuses a download; one range listed
+/// both read-only and writable is refused; it is never a dispatch argument.
+pub fn inherited_host_memory_is_copied_in_place<M: Mode>() -> Outcome {
+    // No staging memory at all: only in-place copies can work.
+    let target = l3::<M>(1).configure(|c| c.staging_bytes = 0);
+    let compiled = scale_program().compile(&target).ctx("compile")?;
+    let (mut weights, mut results) = (SharedMap::new(1 << 16), SharedMap::new(1 << 16));
+    for (i, b) in weights.bytes().iter_mut().enumerate() {
+        *b = (i % 253) as u8;
+    }
+    // SAFETY (both): the mappings outlive the prepared workers (dropped at the end).
+    let both = unsafe {
+        Prepare::new()
+            .inherit_raw(weights.ptr, 4096, true)
+            .inherit_raw(weights.ptr, 4096, false)
+    };
+    let e = compiled.prepare(both).unwrap_err();
+    check!(
+        matches!(&e, Error::InvalidArgument(m) if m.contains("both read-only and writable")),
+        "one range read-only and writable: {e}"
+    );
+    // Two views of the weights (overlapping) collapse into one; the results are writable.
+    let options = unsafe {
+        Prepare::new()
+            .inherit_raw(weights.ptr, 1 << 15, true)
+            .inherit_raw(weights.ptr.add(1 << 14), (1 << 16) - (1 << 14), true)
+            .inherit_raw(results.ptr, 1 << 16, false)
+    };
+    let rt = compiled.prepare(options).ctx("prepare")?;
+    let t = rt
+        .alloc_tensor_from(&[1 << 16], &weights.bytes()[..], 0)
+        .ctx("alloc with the inherited weights as init")?;
+    let e = rt.copy_to(&t, &[1u8, 2, 3], CopyRange::bytes(3)).unwrap_err();
+    check!(e.to_string().contains("staging"), "plain memory needs staging, which is off: {e}");
+    rt.copy_to(&t, &weights.bytes()[..], CopyRange::bytes(1 << 16))
+        .ctx("upload from the inherited weights")?;
+    rt.copy_from(&mut results.bytes()[..], &t, CopyRange::bytes(1 << 16))
+        .ctx("download into the inherited results")?;
+    let (w, r) = (weights.bytes().to_vec(), results.bytes().to_vec());
+    check!(r == w, "the bytes went through the chip and back");
+    let e = rt
+        .copy_from(&mut weights.bytes()[..16], &t, CopyRange::bytes(16))
+        .unwrap_err();
+    check!(e.to_string().contains("read-only"), "a download into read-only memory: {e}");
+    rt.close().ctx("close")?;
+    drop((weights, results));
+
+    // A read-only shared file mapping handed over safely (the worker keeps it alive).
+    let path = std::env::temp_dir().join(format!("strata-inherit-{}", std::process::id()));
+    let data: Vec<u8> = (0..8192).map(|i| (i * 7 % 256) as u8).collect();
+    std::fs::write(&path, &data).ctx("write the weights file")?;
+    let file = std::fs::File::open(&path).ctx("open")?;
+    std::fs::remove_file(&path).ctx("unlink")?;
+    // SAFETY: nobody writes or truncates the (unlinked) file while it is mapped.
+    let map = std::sync::Arc::new(unsafe { memmap2::Mmap::map(&file) }.ctx("map")?);
+    let rt = compiled
+        .prepare(Prepare::new().inherit_read_only(map.clone()))
+        .ctx("prepare with a file mapping")?;
+    let t = rt.alloc_tensor_from(&[8192], &map[..], 0).ctx("upload in place")?;
+    let mut back = vec![0u8; 8192];
+    let e = rt.copy_from(&mut back, &t, CopyRange::bytes(8192)).unwrap_err();
+    check!(e.to_string().contains("staging"), "plain memory still needs staging: {e}");
+    rt.close().ctx("close")?;
     Ok(())
 }
