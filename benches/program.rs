@@ -24,7 +24,10 @@ const WEIGHT: usize = 64 << 20;
 const RTT_RUNS: usize = 3_000;
 
 fn noop_program() -> Program {
-    let mut p = Program::new("noop", Signature::new().inout("t", DataType::U8, [Dim::named("n")]));
+    let mut p = Program::new(
+        "noop",
+        Signature::new().inout("t", DataType::U8, [Dim::named("n")]),
+    );
     let k = p.kernel("k", |_ctx| Ok(()));
     let c = p.chip_orchestration("c", move |o, a| {
         o.submit_aiv(k, CoreArgs::new().inout(&a.tensor(0)?))?;
@@ -72,9 +75,8 @@ fn main() -> Result<(), Error> {
     let mut scratch = vec![0u8; WEIGHT];
     assert_single_threaded("prepare (uploads)");
     // SAFETY: the mapping is never unmapped.
-    let rt = compiled.prepare(unsafe {
-        Prepare::new().inherit_raw(inherited.as_mut_ptr(), WEIGHT, true)
-    })?;
+    let rt = compiled
+        .prepare(unsafe { Prepare::new().inherit_raw(inherited.as_mut_ptr(), WEIGHT, true) })?;
     let dev = rt.alloc_tensor(&[WEIGHT as u64], DataType::U8, 0)?;
     let range = CopyRange::bytes(WEIGHT as u64);
     let uploads = Rounds::new(ROUNDS)
@@ -91,7 +93,8 @@ fn main() -> Result<(), Error> {
         })
         .variant("upload, inherited in place", || {
             let t = Instant::now();
-            rt.copy_to(&dev, &inherited[..], range).expect("in-place upload");
+            rt.copy_to(&dev, &inherited[..], range)
+                .expect("in-place upload");
             gbps(WEIGHT, t.elapsed().as_secs_f64())
         })
         .baseline("memcpy, one core")
@@ -116,14 +119,17 @@ fn main() -> Result<(), Error> {
         assert_single_threaded("prepare (first dispatch)");
         let rt = compiled.prepare(options).expect("prepare");
         let s = Instant::now();
-        rt.run_with(&compiled, (&t,), &sizing).expect("first dispatch");
+        rt.run_with(&compiled, (&t,), &sizing)
+            .expect("first dispatch");
         let us = s.elapsed().as_secs_f64() * 1e6;
         rt.close().expect("close");
         us
     };
     let firsts = Rounds::new(ROUNDS)
         .variant("first dispatch, cold", || first(Prepare::new()))
-        .variant("first dispatch, prewarmed", || first(Prepare::new().prewarm(&sizing)))
+        .variant("first dispatch, prewarmed", || {
+            first(Prepare::new().prewarm(&sizing))
+        })
         .baseline("first dispatch, cold")
         .run();
     println!("\nthe first dispatch with 4 x 64 MiB ring heaps, 64 Ki task windows (µs)");
@@ -206,7 +212,11 @@ fn main() -> Result<(), Error> {
             uploads.ratio_median_vs("upload, inherited in place", "memcpy, one core"),
             3,
         )
-        .num("first_dispatch_cold_us", firsts.median("first dispatch, cold"), 1)
+        .num(
+            "first_dispatch_cold_us",
+            firsts.median("first dispatch, cold"),
+            1,
+        )
         .num(
             "first_dispatch_prewarmed_us",
             firsts.median("first dispatch, prewarmed"),

@@ -30,7 +30,12 @@ struct StateInner {
 }
 
 impl DispatchState {
-    pub(crate) fn running(id: u64, program: String, run: strata_dist::RunHandle, args: Vec<HeldArg>) -> Self {
+    pub(crate) fn running(
+        id: u64,
+        program: String,
+        run: strata_dist::RunHandle,
+        args: Vec<HeldArg>,
+    ) -> Self {
         DispatchState {
             id,
             program,
@@ -45,7 +50,12 @@ impl DispatchState {
         }
     }
 
-    pub(crate) fn finished(id: u64, program: String, outcome: Result<(), Error>, args: Vec<HeldArg>) -> Self {
+    pub(crate) fn finished(
+        id: u64,
+        program: String,
+        outcome: Result<(), Error>,
+        args: Vec<HeldArg>,
+    ) -> Self {
         DispatchState {
             id,
             program,
@@ -96,7 +106,9 @@ impl DispatchState {
             }
             if !g.waiting {
                 let Some(mut run) = g.run.take() else {
-                    return Err(Error::Internal("a dispatch without a run or an outcome".into()));
+                    return Err(Error::Internal(
+                        "a dispatch without a run or an outcome".into(),
+                    ));
                 };
                 g.waiting = true;
                 drop(g);
@@ -198,4 +210,3 @@ impl DispatchHandle {
         self.state.try_finish()
     }
 }
-

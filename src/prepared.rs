@@ -257,7 +257,11 @@ impl Shared {
         let id = core.next_dispatch;
         core.next_dispatch += 1;
         let p = &core.programs[index];
-        let (start, name, sig) = (p.start, p.compiled.name().to_owned(), p.compiled.inner.bound.clone());
+        let (start, name, sig) = (
+            p.start,
+            p.compiled.name().to_owned(),
+            p.compiled.inner.bound.clone(),
+        );
         let state = match (&mut core.backend, start) {
             (Backend::Dist(d), Start::Host(h)) => {
                 let targs = encode(&sig, &held)?;
@@ -268,7 +272,11 @@ impl Shared {
                 let outcome = run_on_chip(chip, h, &sig, &held, config);
                 DispatchState::finished(id, name, outcome, held)
             }
-            _ => return Err(Error::Internal("program entry and worker level agree".into())),
+            _ => {
+                return Err(Error::Internal(
+                    "program entry and worker level agree".into(),
+                ))
+            }
         };
         let state = Arc::new(state);
         core.inflight.push_back(state.clone());
@@ -351,7 +359,12 @@ impl PreparedWorker {
                 // the worker closes; `inherit_read_only` keeps its mapping alive in
                 // `Core::_inherited`; the region is released at close.
                 let r = unsafe {
-                    mem.adopt_region(h.ptr as *mut u8, h.len, &format!("inherited {i}"), h.read_only)
+                    mem.adopt_region(
+                        h.ptr as *mut u8,
+                        h.len,
+                        &format!("inherited {i}"),
+                        h.read_only,
+                    )
                 }?;
                 adopted.push(r);
             }
@@ -424,10 +437,13 @@ impl PreparedWorker {
                             return Err(Error::Internal("a host program has a host entry".into()));
                         };
                         let (user, sig) = (user.clone(), p.inner.bound.clone());
-                        let h = w.register_orchestration(&format!("program:{}", p.name()), move |o, a| {
-                            let args = ProgramArgs::decode(&sig, a)?;
-                            user(o, &args)
-                        });
+                        let h = w.register_orchestration(
+                            &format!("program:{}", p.name()),
+                            move |o, a| {
+                                let args = ProgramArgs::decode(&sig, a)?;
+                                user(o, &args)
+                            },
+                        );
                         prepared.push(PreparedProgram {
                             compiled: p.clone(),
                             start: Start::Host(h),
@@ -759,7 +775,9 @@ impl PreparedWorker {
         }
         for (i, &w) in ids.iter().enumerate() {
             if ids[..i].contains(&w) {
-                return bad(format!("worker id {w} appears twice; shards go to distinct chips"));
+                return bad(format!(
+                    "worker id {w} appears twice; shards go to distinct chips"
+                ));
             }
             if w >= world {
                 return bad(format!(
@@ -1184,7 +1202,9 @@ impl Core {
                 (BoundParam::Tensor { .. }, Arg::Host(t)) => {
                     sig.check_tensor(p, t.view().dtype(), t.view().shape(), &mut named)?;
                     let BufferLocation::HostShared { region, .. } = t.buffer().location() else {
-                        return Err(Error::Internal("shared tensors live in shared memory".into()));
+                        return Err(Error::Internal(
+                            "shared tensors live in shared memory".into(),
+                        ));
                     };
                     if region > self.visible_regions {
                         return Err(err(
@@ -1195,7 +1215,8 @@ impl Core {
                 }
                 (BoundParam::Tensor { .. }, Arg::Device(t)) => {
                     sig.check_tensor(p, t.dtype(), t.shape(), &mut named)?;
-                    self.check_owned(t, "dispatch").map_err(|e| err(e.to_string()))?;
+                    self.check_owned(t, "dispatch")
+                        .map_err(|e| err(e.to_string()))?;
                     held.push(HeldArg::Device(**t));
                 }
                 (BoundParam::Tensor { .. }, Arg::Stacked(s)) => {
@@ -1204,7 +1225,8 @@ impl Core {
                         return Err(err("is a stacked tensor, which shards over the chips of a level-3 worker; a chip takes a DeviceTensor".into()));
                     }
                     for shard in s.shards() {
-                        self.check_owned(shard, "dispatch").map_err(|e| err(e.to_string()))?;
+                        self.check_owned(shard, "dispatch")
+                            .map_err(|e| err(e.to_string()))?;
                     }
                     held.push(HeldArg::Stacked((*s).clone()));
                 }
@@ -1251,7 +1273,9 @@ fn run_on_chip(
                 Some(HeldArg::Host(t)) => {
                     let BufferLocation::HostShared { region, offset } = t.buffer().location()
                     else {
-                        return Err(Error::Internal("shared tensors live in shared memory".into()));
+                        return Err(Error::Internal(
+                            "shared tensors live in shared memory".into(),
+                        ));
                     };
                     let base = mem.ptr(region, offset, t.nbytes())?;
                     // SAFETY: `ptr` checked the tensor's bytes against its region, which the

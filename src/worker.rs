@@ -7,8 +7,8 @@
 use crate::error::Error;
 use crate::handle::{DispatchHandle, DispatchState};
 use std::sync::Arc;
-use strata_chip::{ChipConfig, ChipWorker, DeviceTensor, KernelHandle, OrchHandle, RunArgs};
 use strata_chip::TaskArgsError;
+use strata_chip::{ChipConfig, ChipWorker, DeviceTensor, KernelHandle, OrchHandle, RunArgs};
 use strata_dist::{DistConfig, DistWorker, HostOrchHandle, Orch, OrchError, SubHandle};
 use strata_host::{SharedMemory, SharedTensor};
 use strata_types::{CallConfig, DataType, Element, IdentityMinter, TaskArgs};

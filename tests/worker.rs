@@ -190,7 +190,10 @@ fn mismatched_levels_and_callables_are_typed_errors() {
     );
     let mut bad = ChipConfig::default();
     bad.aiv_cores = 100;
-    assert!(matches!(Worker::chip(bad), Err(Error::Config(_))), "a chip with 100 AIV cores");
+    assert!(
+        matches!(Worker::chip(bad), Err(Error::Config(_))),
+        "a chip with 100 AIV cores"
+    );
 
     // A host orchestration on a chip, a chip orchestration on a host.
     let mut w2 = Worker::chip(ChipConfig::default()).unwrap();

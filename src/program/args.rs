@@ -353,7 +353,12 @@ impl ProgramArgs {
     /// Decodes what [`encode`] produced (the engine hands the orchestration these task
     /// arguments unchanged).
     pub(crate) fn decode(sig: &BoundSignature, a: &TaskArgs) -> Result<ProgramArgs, Error> {
-        let bad = || Error::Internal(format!("program {}: malformed dispatch arguments", sig.program));
+        let bad = || {
+            Error::Internal(format!(
+                "program {}: malformed dispatch arguments",
+                sig.program
+            ))
+        };
         let n_tensor_params = sig
             .params
             .iter()
@@ -406,20 +411,17 @@ impl ProgramArgs {
     /// # Errors
     /// No tensor parameter of that name.
     pub fn tensor(&self, name: &str) -> Result<&ProgramTensor, Error> {
-        self.tensors
-            .iter()
-            .find(|t| t.name == name)
-            .ok_or_else(|| {
-                Error::Program(format!(
-                    "program {} has no tensor parameter {name:?} (it has: {})",
-                    self.program,
-                    self.tensors
-                        .iter()
-                        .map(|t| t.name.as_str())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ))
-            })
+        self.tensors.iter().find(|t| t.name == name).ok_or_else(|| {
+            Error::Program(format!(
+                "program {} has no tensor parameter {name:?} (it has: {})",
+                self.program,
+                self.tensors
+                    .iter()
+                    .map(|t| t.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))
+        })
     }
 
     /// The value of scalar parameter `name` as `T`.
@@ -427,12 +429,16 @@ impl ProgramArgs {
     /// # Errors
     /// No scalar parameter of that name, or it is not a `T`.
     pub fn scalar<T: Element + Scalar>(&self, name: &str) -> Result<T, Error> {
-        let (_, v) = self.scalars.iter().find(|(n, _)| n == name).ok_or_else(|| {
-            Error::Program(format!(
-                "program {} has no scalar parameter {name:?}",
-                self.program
-            ))
-        })?;
+        let (_, v) = self
+            .scalars
+            .iter()
+            .find(|(n, _)| n == name)
+            .ok_or_else(|| {
+                Error::Program(format!(
+                    "program {} has no scalar parameter {name:?}",
+                    self.program
+                ))
+            })?;
         v.get::<T>().ok_or_else(|| {
             Error::Program(format!(
                 "scalar parameter {name:?} is {:?}, not {:?}",

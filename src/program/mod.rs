@@ -183,7 +183,9 @@ impl Target {
         match &self.kind {
             TargetKind::Chip(c) => c.validate().map_err(|e| Error::Config(e.to_string())),
             TargetKind::Dist { config, children } => {
-                config.validate().map_err(|e| Error::Config(e.to_string()))?;
+                config
+                    .validate()
+                    .map_err(|e| Error::Config(e.to_string()))?;
                 if config.level == Level::L3 && !children.is_empty() {
                     return Err(Error::Config(
                         "a level-3 target has chips, not level-3 children".into(),
@@ -273,7 +275,7 @@ impl Program {
             + Sync
             + 'static,
     {
-        let desc = CallableDescriptor::new(CallableKind::Kernel, &self.scoped(name));
+        let desc = CallableDescriptor::new(CallableKind::Kernel, self.scoped(name));
         match self.chip.register_kernel(desc.clone(), f) {
             Ok(h) => h,
             Err(e) => {
@@ -295,10 +297,11 @@ impl Program {
             + Sync
             + 'static,
     {
-        let desc = CallableDescriptor::new(CallableKind::ChipOrchestration, &self.scoped(name));
+        let desc = CallableDescriptor::new(CallableKind::ChipOrchestration, self.scoped(name));
         let id = desc.digest();
         if let Err(e) = self.chip.register_orchestration(desc, f) {
-            self.errors.push(format!("chip orchestration {name:?}: {e}"));
+            self.errors
+                .push(format!("chip orchestration {name:?}: {e}"));
         }
         OrchHandle::from_id(id)
     }
@@ -327,7 +330,10 @@ impl Program {
     /// program's orchestration submits it with `submit_next_level`).
     pub fn worker_orchestration<F>(&mut self, name: &str, f: F) -> HostOrchHandle
     where
-        F: Fn(&mut strata_dist::Orch<'_>, &strata_types::TaskArgs) -> Result<(), strata_dist::OrchError>
+        F: Fn(
+                &mut strata_dist::Orch<'_>,
+                &strata_types::TaskArgs,
+            ) -> Result<(), strata_dist::OrchError>
             + Send
             + Sync
             + 'static,
@@ -412,7 +418,11 @@ impl Program {
         let mut seen = std::collections::HashSet::new();
         for (n, f) in &self.subs {
             if !seen.insert(n) {
-                let what = if f.is_some() { "sub callable" } else { "callback" };
+                let what = if f.is_some() {
+                    "sub callable"
+                } else {
+                    "callback"
+                };
                 return Err(Error::Program(format!(
                     "program {name}: {what} {n:?} is declared twice"
                 )));

@@ -371,7 +371,10 @@ impl Signature {
                 ));
             }
             if let Some(j) = seen.insert(name.to_owned(), i) {
-                return Err(bad(name, format!("is declared twice (parameters {j} and {i})")));
+                return Err(bad(
+                    name,
+                    format!("is declared twice (parameters {j} and {i})"),
+                ));
             }
             match p {
                 Param::Tensor(t) => {
@@ -540,7 +543,11 @@ impl BoundSignature {
                             BoundDim::Named(n) => n.to_string(),
                         })
                         .collect();
-                    format!("{name}: {} {dtype:?}[{}]", direction.name(), dims.join(", "))
+                    format!(
+                        "{name}: {} {dtype:?}[{}]",
+                        direction.name(),
+                        dims.join(", ")
+                    )
                 }
                 BoundParam::Scalar { name, dtype, fixed } => match fixed {
                     Some(_) => format!("{name}: {dtype:?} (fixed)"),
@@ -567,7 +574,10 @@ impl BoundSignature {
             ..
         } = param
         else {
-            return Err(self.arg_error(param.name(), "is a scalar parameter, but a tensor was given".into()));
+            return Err(self.arg_error(
+                param.name(),
+                "is a scalar parameter, but a tensor was given".into(),
+            ));
         };
         if dtype != *want {
             return Err(self.arg_error(name, format!("expects dtype {want:?}, got {dtype:?}")));
@@ -594,22 +604,26 @@ impl BoundSignature {
                 BoundDim::Fixed(n) if *n != got => {
                     return Err(self.arg_error(
                         name,
-                        format!("expects shape dimension {axis} = {n}, got {got} (shape {shape:?})"),
+                        format!(
+                            "expects shape dimension {axis} = {n}, got {got} (shape {shape:?})"
+                        ),
                     ))
                 }
                 BoundDim::Fixed(_) => {}
-                BoundDim::Named(dim) => match named.get(dim.as_ref()) {
-                    Some((bound, by)) if *bound != got => {
-                        return Err(self.arg_error(
+                BoundDim::Named(dim) => {
+                    match named.get(dim.as_ref()) {
+                        Some((bound, by)) if *bound != got => return Err(self.arg_error(
                             name,
-                            format!("dimension {axis} ({dim}) is {got}, but {by} bound {dim} = {bound}"),
-                        ))
+                            format!(
+                                "dimension {axis} ({dim}) is {got}, but {by} bound {dim} = {bound}"
+                            ),
+                        )),
+                        Some(_) => {}
+                        None => {
+                            named.insert(dim.to_string(), (got, name.to_string()));
+                        }
                     }
-                    Some(_) => {}
-                    None => {
-                        named.insert(dim.to_string(), (got, name.to_string()));
-                    }
-                },
+                }
             }
         }
         Ok(())
@@ -653,17 +667,58 @@ mod tests {
     #[test]
     fn bad_signatures_name_the_parameter() {
         let cases: Vec<(Signature, usize, &str, &str)> = vec![
-            (Signature::new().scalar("a", DataType::F32).scalar("a", DataType::I32), 1, "a", "declared twice"),
-            (Signature::new().input("x", DataType::F32, Vec::<Dim>::new()), 1, "x", "0 dimensions"),
-            (Signature::new().input("x", DataType::F32, [1u64; 6]), 1, "x", "6 dimensions"),
-            (Signature::new().input("x", DataType::F32, [Dim::World]), 0, "x", "no chips"),
-            (Signature::new().input("x", DataType::F32, [Dim::named("")]), 1, "x", "non-empty name"),
-            (Signature::new().input("", DataType::F32, [1u64]), 1, "", "non-empty name"),
-            (Signature::new().input("x", DataType::F64, [u64::MAX, 2]), 1, "x", "64-bit size"),
+            (
+                Signature::new()
+                    .scalar("a", DataType::F32)
+                    .scalar("a", DataType::I32),
+                1,
+                "a",
+                "declared twice",
+            ),
+            (
+                Signature::new().input("x", DataType::F32, Vec::<Dim>::new()),
+                1,
+                "x",
+                "0 dimensions",
+            ),
+            (
+                Signature::new().input("x", DataType::F32, [1u64; 6]),
+                1,
+                "x",
+                "6 dimensions",
+            ),
+            (
+                Signature::new().input("x", DataType::F32, [Dim::World]),
+                0,
+                "x",
+                "no chips",
+            ),
+            (
+                Signature::new().input("x", DataType::F32, [Dim::named("")]),
+                1,
+                "x",
+                "non-empty name",
+            ),
+            (
+                Signature::new().input("", DataType::F32, [1u64]),
+                1,
+                "",
+                "non-empty name",
+            ),
+            (
+                Signature::new().input("x", DataType::F64, [u64::MAX, 2]),
+                1,
+                "x",
+                "64-bit size",
+            ),
         ];
         for (sig, world, param, msg) in cases {
             match sig.bind("prog", world) {
-                Err(Error::Signature { program, param: p, message }) => {
+                Err(Error::Signature {
+                    program,
+                    param: p,
+                    message,
+                }) => {
                     assert_eq!((program.as_str(), p.as_str()), ("prog", param));
                     assert!(message.contains(msg), "{message:?} should say {msg:?}");
                 }
@@ -709,6 +764,10 @@ mod tests {
         if let Param::Scalar(p) = &mut s.params[0] {
             p.dtype = DataType::F32;
         }
-        assert!(s.bind("p", 1).unwrap_err().to_string().contains("fixed to a U32"));
+        assert!(s
+            .bind("p", 1)
+            .unwrap_err()
+            .to_string()
+            .contains("fixed to a U32"));
     }
 }

@@ -4,9 +4,9 @@
 //! thread.
 #![allow(dead_code)]
 
+use strata::host::ExecMode;
 use strata::prelude::*;
 use strata::Arg;
-use strata::host::ExecMode;
 use strata_testkit::suite::Variant;
 use strata_testkit::{check, contracts, Ctx, Outcome, Scenario};
 
@@ -78,7 +78,10 @@ fn add_one_program(n: u64) -> Program {
         Ok(())
     });
     let per_chip = p.chip_orchestration("add_on_chip", move |o, a| {
-        o.submit_aiv(add, CoreArgs::new().input(&a.tensor(0)?).output(&a.tensor(1)?))?;
+        o.submit_aiv(
+            add,
+            CoreArgs::new().input(&a.tensor(0)?).output(&a.tensor(1)?),
+        )?;
         Ok(())
     });
     p.orchestrate(move |o, args| {
@@ -111,7 +114,10 @@ pub fn a_program_adds_one_per_rank_in_one_shot_and_prepared<M: Mode>() -> Outcom
     for round in 0..3 {
         y.write(&[0f32; 16]).ctx("reset y")?;
         rt.call((&x, &y)).ctx("call")?;
-        check!(y.to_vec::<f32>().ctx("y")? == golden, "round {round}: y = x + 1");
+        check!(
+            y.to_vec::<f32>().ctx("y")? == golden,
+            "round {round}: y = x + 1"
+        );
     }
     rt.close().ctx("close")
 }
@@ -134,7 +140,9 @@ pub fn s12_multi_program_kv_cache_on_one_resident_tensor<M: Mode>() -> Outcome {
     let fill_chip = prefill.chip_orchestration("fill", move |o, a| {
         o.submit_aiv(
             fill,
-            CoreArgs::new().output(&a.tensor(0)?).scalar(a.scalar::<f32>(0)?),
+            CoreArgs::new()
+                .output(&a.tensor(0)?)
+                .scalar(a.scalar::<f32>(0)?),
         )?;
         Ok(())
     });
@@ -193,7 +201,10 @@ pub fn s12_multi_program_kv_cache_on_one_resident_tensor<M: Mode>() -> Outcome {
     let mut back = vec![0f32; N as usize];
     rt.copy_from(&mut back, &kv, CopyRange::bytes(4 * N))
         .ctx("read kv")?;
-    check!(back.iter().all(|&v| v == 4.0), "prefill: kv = 2 * 2.0 everywhere");
+    check!(
+        back.iter().all(|&v| v == 4.0),
+        "prefill: kv = 2 * 2.0 everywhere"
+    );
     for s in 0..2 {
         rt.run(&decode, (s as f32, &kv, &logits)).ctx("decode")?;
         let got = logits.to_vec::<f32>().ctx("logits")?;
@@ -371,7 +382,9 @@ pub fn s14_callbacks_are_bound_at_prepare<M: Mode>() -> Outcome {
 /// S15 (a): two dispatches in flight return at once; a third waits until the oldest is
 /// done, and only then builds its dispatch.
 pub fn s15_at_most_two_dispatches_are_in_flight<M: Mode>() -> Outcome {
-    let compiled = gated_program().compile(&l3_subs::<M>(0, 2)).ctx("compile")?;
+    let compiled = gated_program()
+        .compile(&l3_subs::<M>(0, 2))
+        .ctx("compile")?;
     let (g1, g2, g3) = (gate()?, gate()?, gate()?);
     let counts: Vec<SharedTensor> = (0..3)
         .map(|_| SharedTensor::zeroed(&[1], DataType::U32))
@@ -395,8 +408,14 @@ pub fn s15_at_most_two_dispatches_are_in_flight<M: Mode>() -> Outcome {
         })
     };
     let h3 = rt.submit(&compiled, (&g3, &counts[2])).ctx("submit 3")?;
-    check!(h1.is_done(), "the third submit returned only after dispatch 1 finished");
-    check!(peek(&counts[0]) == 1, "dispatch 1 ran its task before dispatch 3 was built");
+    check!(
+        h1.is_done(),
+        "the third submit returned only after dispatch 1 finished"
+    );
+    check!(
+        peek(&counts[0]) == 1,
+        "dispatch 1 ran its task before dispatch 3 was built"
+    );
     opener.join().map_err(|_| "opener panicked".to_string())?;
     open_gate(&g2);
     for (i, h) in [&h1, &h2, &h3].iter().enumerate() {
@@ -408,16 +427,23 @@ pub fn s15_at_most_two_dispatches_are_in_flight<M: Mode>() -> Outcome {
 
 /// S15 (b): a zero timeout on a pending dispatch is a timeout that leaves it running; an
 /// absurd timeout is refused; the outcome is cached.
-pub fn s15_handles_cache_their_outcome_and_time_out_without_losing_the_dispatch<M: Mode>(
-) -> Outcome {
-    let compiled = gated_program().compile(&l3_subs::<M>(0, 1)).ctx("compile")?;
+pub fn s15_handles_cache_their_outcome_and_time_out_without_losing_the_dispatch<M: Mode>() -> Outcome
+{
+    let compiled = gated_program()
+        .compile(&l3_subs::<M>(0, 1))
+        .ctx("compile")?;
     let g = gate()?;
     let count = SharedTensor::zeroed(&[1], DataType::U32).ctx("count")?;
     let rt = compiled.prepare(Prepare::new()).ctx("prepare")?;
     let h = rt.submit(&compiled, (&g, &count)).ctx("submit")?;
     let e = h.result(Some(std::time::Duration::ZERO)).unwrap_err();
-    check!(matches!(e, Error::Timeout(_)), "pending: a timeout, got {e}");
-    let e = h.result(Some(std::time::Duration::from_secs(400 * 24 * 3600))).unwrap_err();
+    check!(
+        matches!(e, Error::Timeout(_)),
+        "pending: a timeout, got {e}"
+    );
+    let e = h
+        .result(Some(std::time::Duration::from_secs(400 * 24 * 3600)))
+        .unwrap_err();
     check!(
         matches!(&e, Error::InvalidArgument(m) if m.contains("None")),
         "an absurd timeout is refused: {e}"
@@ -442,10 +468,7 @@ pub fn s15_handles_cache_their_outcome_and_time_out_without_losing_the_dispatch<
 /// S15 (c): a failed dispatch gives its error on every wait, and back-pressure that
 /// waits for it does not fail the submit that waited.
 pub fn s15_a_failed_oldest_dispatch_does_not_fail_the_third_submit<M: Mode>() -> Outcome {
-    let mut p = Program::new(
-        "maybe_fail",
-        Signature::new().scalar("fail", DataType::U32),
-    );
+    let mut p = Program::new("maybe_fail", Signature::new().scalar("fail", DataType::U32));
     let cb = p.sub("maybe_fail", |call| {
         if call.scalar::<u32>(0).ok_or("no scalar")? == 1 {
             return Err("deliberate failure of dispatch 1".into());
@@ -462,7 +485,9 @@ pub fn s15_a_failed_oldest_dispatch_does_not_fail_the_third_submit<M: Mode>() ->
     let rt = compiled.prepare(Prepare::new()).ctx("prepare")?;
     let h1 = rt.submit(&compiled, (1u32,)).ctx("submit 1")?;
     let h2 = rt.submit(&compiled, (0u32,)).ctx("submit 2")?;
-    let h3 = rt.submit(&compiled, (0u32,)).ctx("submit 3 waits for the failed 1")?;
+    let h3 = rt
+        .submit(&compiled, (0u32,))
+        .ctx("submit 3 waits for the failed 1")?;
     for round in 0..3 {
         let e = h1.result(None).unwrap_err();
         check!(
@@ -478,7 +503,9 @@ pub fn s15_a_failed_oldest_dispatch_does_not_fail_the_third_submit<M: Mode>() ->
 /// S15 (d): a handle keeps its arguments alive: a host tensor the caller dropped after
 /// submitting keeps its memory until the dispatch is done.
 pub fn s15_handles_keep_their_arguments_alive<M: Mode>() -> Outcome {
-    let compiled = gated_program().compile(&l3_subs::<M>(0, 1)).ctx("compile")?;
+    let compiled = gated_program()
+        .compile(&l3_subs::<M>(0, 1))
+        .ctx("compile")?;
     let g = gate()?;
     let count = SharedTensor::zeroed(&[1], DataType::U32).ctx("count")?;
     let strata::types::BufferLocation::HostShared { region, .. } = count.buffer().location() else {
@@ -488,18 +515,26 @@ pub fn s15_handles_keep_their_arguments_alive<M: Mode>() -> Outcome {
     let h = rt.submit(&compiled, (&g, &count)).ctx("submit")?;
     drop(count);
     let mem = strata::host::SharedMemory::process();
-    check!(mem.is_live(region), "the dropped tensor's memory lives while its dispatch runs");
+    check!(
+        mem.is_live(region),
+        "the dropped tensor's memory lives while its dispatch runs"
+    );
     open_gate(&g);
     h.result(None).ctx("result")?;
     drop(h);
-    check!(!mem.is_live(region), "and is released once the handle is gone");
+    check!(
+        !mem.is_live(region),
+        "and is released once the handle is gone"
+    );
     rt.close().ctx("close")
 }
 
 /// S15 (e): close waits for pending dispatches (oldest first), then closes; a submit after
 /// close is refused.
 pub fn s15_close_drains_pending_dispatches_in_order<M: Mode>() -> Outcome {
-    let compiled = gated_program().compile(&l3_subs::<M>(0, 2)).ctx("compile")?;
+    let compiled = gated_program()
+        .compile(&l3_subs::<M>(0, 2))
+        .ctx("compile")?;
     let (g1, g2) = (gate()?, gate()?);
     let count = SharedTensor::zeroed(&[1], DataType::U32).ctx("count")?;
     let rt = compiled.prepare(Prepare::new()).ctx("prepare")?;
@@ -515,7 +550,10 @@ pub fn s15_close_drains_pending_dispatches_in_order<M: Mode>() -> Outcome {
     };
     rt.close().ctx("close")?;
     opener.join().map_err(|_| "opener panicked".to_string())?;
-    check!(h1.is_done() && h2.is_done(), "close drained both dispatches");
+    check!(
+        h1.is_done() && h2.is_done(),
+        "close drained both dispatches"
+    );
     check!(peek(&count) == 2, "both tasks ran before the worker closed");
     h1.result(None).ctx("h1")?;
     let e = rt.submit(&compiled, (&g1, &count)).unwrap_err();
@@ -545,14 +583,20 @@ fn scale_program() -> Program {
         Ok(())
     });
     let chip = p.chip_orchestration("scale", move |o, a| {
-        o.submit_aiv(scale, CoreArgs::new().inout(&a.tensor(0)?).scalar(a.scalar::<f32>(0)?))?;
+        o.submit_aiv(
+            scale,
+            CoreArgs::new()
+                .inout(&a.tensor(0)?)
+                .scalar(a.scalar::<f32>(0)?),
+        )?;
         Ok(())
     });
     p.orchestrate(move |o, args| {
         let t = args.tensor("t")?;
         let w = t.worker().unwrap_or(0);
         let mut a = TaskArgs::new();
-        a.push_tensor(t.arg()?)?.push_scalar(args.scalar::<f32>("k")?)?;
+        a.push_tensor(t.arg()?)?
+            .push_scalar(args.scalar::<f32>("k")?)?;
         o.submit_next_level(chip, &a, w)?;
         Ok(())
     });
@@ -581,9 +625,11 @@ pub fn s16_resident_ownership_and_memory_negatives<M: Mode>() -> Outcome {
         matches!(&e, Error::Argument { param, message, .. } if param == "t" && message.contains("stale")),
         "dispatch of the stale tensor: {e}"
     );
-    rt.call((&new, 3.0f32)).ctx("the newer tensor stays valid")?;
+    rt.call((&new, 3.0f32))
+        .ctx("the newer tensor stays valid")?;
     let mut back = [0f32; 256];
-    rt.copy_from(&mut back, &new, CopyRange::bytes(1024)).ctx("read new")?;
+    rt.copy_from(&mut back, &new, CopyRange::bytes(1024))
+        .ctx("read new")?;
     check!(back.iter().all(|&v| v == 6.0), "new = 2 * 3");
 
     // A copy whose device range leaves the tensor (an interior address past its end).
@@ -615,7 +661,10 @@ pub fn s16_resident_ownership_and_memory_negatives<M: Mode>() -> Outcome {
         "another worker's tensor: {e}"
     );
     let e = rt.free_tensor(&foreign).unwrap_err();
-    check!(matches!(&e, Error::Memory(_)), "free of another worker's tensor: {e}");
+    check!(
+        matches!(&e, Error::Memory(_)),
+        "free of another worker's tensor: {e}"
+    );
     other.close().ctx("close other")?;
 
     // A handle built from a raw address names nothing this worker allocated.
@@ -646,7 +695,10 @@ pub fn s16_resident_ownership_and_memory_negatives<M: Mode>() -> Outcome {
     let mut cfg = CallConfig::default();
     cfg.rings[0].heap_bytes = 1000;
     let e = rt.run_with(&compiled, (&new, 1.0f32), &cfg).unwrap_err();
-    check!(e.to_string().contains("heap_bytes = 1000"), "a bad ring heap: {e}");
+    check!(
+        e.to_string().contains("heap_bytes = 1000"),
+        "a bad ring heap: {e}"
+    );
     rt.close().ctx("close")
 }
 
@@ -659,22 +711,45 @@ pub fn offset_copies_round_trip_byte_for_byte<M: Mode>() -> Outcome {
     check!(t.worker() == 1, "allocated on chip 1");
     let mut model = vec![0u8; 4000];
     let src: Vec<u8> = (0..3000).map(|i| (i * 31 + 7) as u8).collect();
-    for (n, dev, host) in [(3000u64, 0u64, 0u64), (100, 3900, 17), (1, 3999, 2999), (0, 4000, 0), (1234, 555, 1000)] {
-        rt.copy_to(&t, &src, CopyRange::new(n, dev, host)).ctx("copy_to")?;
+    for (n, dev, host) in [
+        (3000u64, 0u64, 0u64),
+        (100, 3900, 17),
+        (1, 3999, 2999),
+        (0, 4000, 0),
+        (1234, 555, 1000),
+    ] {
+        rt.copy_to(&t, &src, CopyRange::new(n, dev, host))
+            .ctx("copy_to")?;
         let (n, dev, host) = (n as usize, dev as usize, host as usize);
         model[dev..dev + n].copy_from_slice(&src[host..host + n]);
     }
     let mut whole = vec![0u8; 4000];
-    rt.copy_from(&mut whole, &t, CopyRange::bytes(4000)).ctx("read all")?;
+    rt.copy_from(&mut whole, &t, CopyRange::bytes(4000))
+        .ctx("read all")?;
     check!(whole == model, "the device bytes match the host model");
     let mut part = vec![0xEEu8; 64];
-    rt.copy_from(&mut part, &t, CopyRange::new(32, 777, 16)).ctx("read part")?;
-    check!(part[16..48] == model[777..809], "an offset read lands at its host offset");
-    check!(part[..16].iter().chain(&part[48..]).all(|&b| b == 0xEE), "and nowhere else");
-    let e = rt.copy_to(&t, &src, CopyRange::new(10, 0, 2995)).unwrap_err();
-    check!(matches!(&e, Error::InvalidArgument(m) if m.contains("host range")), "host range: {e}");
+    rt.copy_from(&mut part, &t, CopyRange::new(32, 777, 16))
+        .ctx("read part")?;
+    check!(
+        part[16..48] == model[777..809],
+        "an offset read lands at its host offset"
+    );
+    check!(
+        part[..16].iter().chain(&part[48..]).all(|&b| b == 0xEE),
+        "and nowhere else"
+    );
+    let e = rt
+        .copy_to(&t, &src, CopyRange::new(10, 0, 2995))
+        .unwrap_err();
+    check!(
+        matches!(&e, Error::InvalidArgument(m) if m.contains("host range")),
+        "host range: {e}"
+    );
     let (free, total) = rt.device_memory_info(1).ctx("info")?;
-    check!(total == ChipConfig::default().device_memory_bytes, "total is the configured capacity");
+    check!(
+        total == ChipConfig::default().device_memory_bytes,
+        "total is the configured capacity"
+    );
     check!(free < total, "some is allocated");
     rt.close().ctx("close")
 }
@@ -684,8 +759,16 @@ fn stacked_program() -> Program {
     let mut p = Program::new(
         "stacked_scale",
         Signature::new()
-            .input("w", DataType::F32, [Dim::World, Dim::Fixed(4), Dim::Fixed(8)])
-            .output("y", DataType::F32, [Dim::World, Dim::Fixed(4), Dim::Fixed(8)])
+            .input(
+                "w",
+                DataType::F32,
+                [Dim::World, Dim::Fixed(4), Dim::Fixed(8)],
+            )
+            .output(
+                "y",
+                DataType::F32,
+                [Dim::World, Dim::Fixed(4), Dim::Fixed(8)],
+            )
             .scalar("k", DataType::F32),
     );
     let mul = p.kernel("mul", |ctx| {
@@ -708,10 +791,16 @@ fn stacked_program() -> Program {
         Ok(())
     });
     p.orchestrate(move |o, args| {
-        let (w, y, k) = (args.tensor("w")?, args.tensor("y")?, args.scalar::<f32>("k")?);
+        let (w, y, k) = (
+            args.tensor("w")?,
+            args.tensor("y")?,
+            args.scalar::<f32>("k")?,
+        );
         for i in 0..w.shards() {
             let mut a = TaskArgs::new();
-            a.push_tensor(w.shard(i)?)?.push_tensor(y.row(i)?)?.push_scalar(k)?;
+            a.push_tensor(w.shard(i)?)?
+                .push_tensor(y.row(i)?)?
+                .push_scalar(k)?;
             o.submit_next_level(chip, &a, w.shard_worker(i)?)?;
         }
         Ok(())
@@ -732,18 +821,30 @@ pub fn stacked_tensors_shard_over_the_chips<M: Mode>() -> Outcome {
         check!(w.worker_ids() == want_ids, "placement {:?}", w.worker_ids());
         rt.call((&w, &y, 2.0f32)).ctx("call")?;
         let golden: Vec<f32> = host.iter().map(|v| v * 2.0).collect();
-        check!(y.to_vec::<f32>().ctx("y")? == golden, "y = 2 w with placement {want_ids:?}");
+        check!(
+            y.to_vec::<f32>().ctx("y")? == golden,
+            "y = 2 w with placement {want_ids:?}"
+        );
         let mut back = vec![0f32; 64];
-        rt.copy_stacked_from(&mut back, &[2, 4, 8], &w).ctx("read back")?;
+        rt.copy_stacked_from(&mut back, &[2, 4, 8], &w)
+            .ctx("read back")?;
         check!(back == host, "every shard reads back into its place");
         // Shard i is chip ids[i]'s: read it straight from there.
         let mut shard1 = vec![0f32; 32];
-        rt.copy_from(&mut shard1, &w.shards()[1], CopyRange::bytes(128)).ctx("shard 1")?;
+        rt.copy_from(&mut shard1, &w.shards()[1], CopyRange::bytes(128))
+            .ctx("shard 1")?;
         check!(shard1 == host[32..], "shard 1 holds rows [1, ..]");
-        check!(w.shards()[1].worker() as usize == want_ids[1], "on chip {}", want_ids[1]);
+        check!(
+            w.shards()[1].worker() as usize == want_ids[1],
+            "on chip {}",
+            want_ids[1]
+        );
         rt.free_stacked_tensor(&w).ctx("free")?;
         let e = rt.free_stacked_tensor(&w).unwrap_err();
-        check!(matches!(e, Error::Memory(_)), "a second free is refused: {e}");
+        check!(
+            matches!(e, Error::Memory(_)),
+            "a second free is refused: {e}"
+        );
     }
     rt.close().ctx("close")
 }
@@ -754,7 +855,8 @@ pub fn stacked_tensor_placement_is_checked_before_any_upload<M: Mode>() -> Outco
     let before = rt.committed_device_memory(0).ctx("committed 0")?
         + rt.committed_device_memory(1).ctx("committed 1")?;
     let host = vec![1f32; 64];
-    let cases: [(&[u64], Option<&[usize]>, &str); 5] = [
+    type Case<'a> = (&'a [u64], Option<&'a [usize]>, &'a str);
+    let cases: [Case; 5] = [
         (&[2, 4, 8], Some(&[0, 0]), "appears twice"),
         (&[2, 4, 8], Some(&[0, 2]), "out of range"),
         (&[2, 4, 8], Some(&[0]), "1 worker ids for 2 shards"),
@@ -770,7 +872,10 @@ pub fn stacked_tensor_placement_is_checked_before_any_upload<M: Mode>() -> Outco
     }
     let after = rt.committed_device_memory(0).ctx("committed 0")?
         + rt.committed_device_memory(1).ctx("committed 1")?;
-    check!(after == before, "nothing was uploaded ({before} -> {after} bytes)");
+    check!(
+        after == before,
+        "nothing was uploaded ({before} -> {after} bytes)"
+    );
     rt.close().ctx("close")
 }
 
@@ -785,8 +890,13 @@ pub fn one_shot_runs_refuse_resident_tensors<M: Mode>() -> Outcome {
     );
     let host = SharedTensor::from_data(&[8], &[1f32; 8]).ctx("host")?;
     drop(rt);
-    compiled.run_once((&host, 3.0f32)).ctx("one-shot with a host tensor")?;
-    check!(host.to_vec::<f32>().ctx("host")? == vec![3.0; 8], "host = 1 * 3");
+    compiled
+        .run_once((&host, 3.0f32))
+        .ctx("one-shot with a host tensor")?;
+    check!(
+        host.to_vec::<f32>().ctx("host")? == vec![3.0; 8],
+        "host = 1 * 3"
+    );
     Ok(())
 }
 
@@ -801,22 +911,37 @@ pub fn arguments_are_checked_against_the_signature_before_dispatch<M: Mode>() ->
     let late = SharedTensor::zeroed(&[2, 8], DataType::F32).ctx("late")?;
     let cases: Vec<(Vec<Arg<'_>>, &str, &str)> = vec![
         (vec![(&x).into()], "", "expects 2 arguments"),
-        (vec![(&x_i32).into(), (&y).into()], "x", "expects dtype F32, got I32"),
-        (vec![(&x_short).into(), (&y).into()], "x", "dimension 1 = 8, got 7"),
+        (
+            vec![(&x_i32).into(), (&y).into()],
+            "x",
+            "expects dtype F32, got I32",
+        ),
+        (
+            vec![(&x_short).into(), (&y).into()],
+            "x",
+            "dimension 1 = 8, got 7",
+        ),
         (vec![(&x_rank).into(), (&y).into()], "x", "expects rank 2"),
         (vec![(&x).into(), 1.0f32.into()], "y", "a scalar was given"),
-        (vec![(&late).into(), (&y).into()], "x", "created after prepare()"),
+        (
+            vec![(&late).into(), (&y).into()],
+            "x",
+            "created after prepare()",
+        ),
     ];
     for (args, param, want) in cases {
         let e = rt.call(args).unwrap_err();
         let ok = match &e {
-            Error::Argument { param: p, message, .. } => p == param && message.contains(want),
+            Error::Argument {
+                param: p, message, ..
+            } => p == param && message.contains(want),
             Error::Program(m) => param.is_empty() && m.contains(want),
             _ => false,
         };
         check!(ok, "expected {want:?} about {param:?}, got {e}");
     }
-    rt.call((&x, &y)).ctx("a good dispatch after the refused ones")?;
+    rt.call((&x, &y))
+        .ctx("a good dispatch after the refused ones")?;
     rt.close().ctx("close")
 }
 
@@ -826,14 +951,20 @@ pub fn registrations_dispatch_and_can_be_released<M: Mode>() -> Outcome {
     let rt = compiled.prepare(Prepare::new()).ctx("prepare")?;
     let r1 = rt.register(&compiled).ctx("register")?;
     let r2 = rt.register(&compiled).ctx("register again")?;
-    check!(r1 == r2, "registering the same program twice gives the same handle");
+    check!(
+        r1 == r2,
+        "registering the same program twice gives the same handle"
+    );
     r1.call((&t, 2.0f32)).ctx("call through the registration")?;
     r2.call((&t, 2.0f32)).ctx("and its twin")?;
     check!(t.to_vec::<f32>().ctx("t")? == vec![4.0; 4], "t = 1 * 2 * 2");
     r1.unregister();
     check!(r2.is_closed(), "the twin is released too");
     let e = r2.call((&t, 2.0f32)).unwrap_err();
-    check!(matches!(&e, Error::Program(m) if m.contains("released")), "{e}");
+    check!(
+        matches!(&e, Error::Program(m) if m.contains("released")),
+        "{e}"
+    );
     let r3 = rt.register(&compiled).ctx("register after unregister")?;
     check!(r3 != r1 && !r3.is_closed(), "a new registration");
     rt.close().ctx("close")?;
@@ -874,24 +1005,38 @@ pub fn a_level_2_program_runs_on_one_chip<M: Mode>() -> Outcome {
         Ok(())
     });
     let e = p.compile(&l3::<M>(1)).unwrap_err();
-    check!(matches!(&e, Error::Program(m) if m.contains("level-2 program")), "{e}");
-    let compiled = p.compile(&Target::chip(ChipConfig::default())).ctx("compile")?;
+    check!(
+        matches!(&e, Error::Program(m) if m.contains("level-2 program")),
+        "{e}"
+    );
+    let compiled = p
+        .compile(&Target::chip(ChipConfig::default()))
+        .ctx("compile")?;
     let x = SharedTensor::from_data(&[16], &[1f32; 16]).ctx("x")?;
     let y = SharedTensor::from_data(&[16], &[10f32; 16]).ctx("y")?;
     compiled.run_once((&x, &y, 2.0f32)).ctx("one shot")?;
     check!(y.to_vec::<f32>().ctx("y")? == vec![12.0; 16], "y = 2 x + y");
     let rt = compiled.prepare(Prepare::new()).ctx("prepare")?;
-    let dy = rt.alloc_tensor_from(&[16], &[1f32; 16], 0).ctx("resident y")?;
+    let dy = rt
+        .alloc_tensor_from(&[16], &[1f32; 16], 0)
+        .ctx("resident y")?;
     let h = rt.submit(&compiled, (&x, &dy, 3.0f32)).ctx("submit")?;
     check!(h.is_done(), "a chip dispatch is done when submit returns");
     h.result(None).ctx("result")?;
     let mut back = [0f32; 16];
-    rt.copy_from(&mut back, &dy, CopyRange::bytes(64)).ctx("read")?;
+    rt.copy_from(&mut back, &dy, CopyRange::bytes(64))
+        .ctx("read")?;
     check!(back == [4.0; 16], "resident y = 3 x + 1");
     let (_, total) = rt.device_memory_info(0).ctx("info")?;
-    check!(total == ChipConfig::default().device_memory_bytes, "the card's capacity");
+    check!(
+        total == ChipConfig::default().device_memory_bytes,
+        "the card's capacity"
+    );
     let e = rt.alloc_tensor(&[4], DataType::F32, 1).unwrap_err();
-    check!(matches!(&e, Error::InvalidArgument(m) if m.contains("worker 0")), "{e}");
+    check!(
+        matches!(&e, Error::InvalidArgument(m) if m.contains("worker 0")),
+        "{e}"
+    );
     rt.close().ctx("close")
 }
 
@@ -916,7 +1061,10 @@ pub fn prewarm_builds_the_ring_heaps_while_preparing<M: Mode>() -> Outcome {
     let cold = compiled.prepare(Prepare::new()).ctx("prepare cold")?;
     let cold_committed = cold.committed_device_memory(0).ctx("cold")?;
     cold.close().ctx("close cold")?;
-    check!(cold_committed < heaps, "nothing is built before a dispatch ({cold_committed} bytes)");
+    check!(
+        cold_committed < heaps,
+        "nothing is built before a dispatch ({cold_committed} bytes)"
+    );
     let warm = compiled
         .prepare(Prepare::new().prewarm(&sizing))
         .ctx("prepare warm")?;
@@ -926,7 +1074,8 @@ pub fn prewarm_builds_the_ring_heaps_while_preparing<M: Mode>() -> Outcome {
         "the four 3 MiB ring heaps are committed while preparing ({warm_committed} bytes)"
     );
     let t = warm.alloc_tensor_from(&[4], &[1f32; 4], 0).ctx("t")?;
-    warm.run_with(&compiled, (&t, 2.0f32), &sizing).ctx("dispatch with the sizing")?;
+    warm.run_with(&compiled, (&t, 2.0f32), &sizing)
+        .ctx("dispatch with the sizing")?;
     let after = warm.committed_device_memory(0).ctx("after")?;
     check!(
         after == warm_committed + 1024,
@@ -937,7 +1086,9 @@ pub fn prewarm_builds_the_ring_heaps_while_preparing<M: Mode>() -> Outcome {
 
 /// A kernel that fails, and the chip orchestration that runs it.
 fn failing_chip(p: &mut Program) -> strata::chip::OrchHandle {
-    let k = p.kernel("fail", |_ctx| Err(KernelError::new("deliberate kernel failure")));
+    let k = p.kernel("fail", |_ctx| {
+        Err(KernelError::new("deliberate kernel failure"))
+    });
     p.chip_orchestration("fail", move |o, _a| {
         o.submit_aiv(k, &CoreArgs::new())?;
         Ok(())
@@ -953,7 +1104,9 @@ pub fn a_chip_failure_is_one_error_at_every_level<M: Mode>() -> Outcome {
     };
     // Level 2.
     let mut p2 = Program::new("fail_l2", Signature::new());
-    let k = p2.kernel("fail", |_ctx| Err(KernelError::new("deliberate kernel failure")));
+    let k = p2.kernel("fail", |_ctx| {
+        Err(KernelError::new("deliberate kernel failure"))
+    });
     p2.orchestrate_chip(move |o, _a| {
         o.submit_aiv(k, &CoreArgs::new())?;
         Ok(())
@@ -964,7 +1117,10 @@ pub fn a_chip_failure_is_one_error_at_every_level<M: Mode>() -> Outcome {
         .run_once(())
         .unwrap_err();
     check!(is_chip_failure(&e), "level 2: {e:?}");
-    check!(matches!(e, Error::Chip { worker: 0, .. }), "level 2 names chip 0");
+    check!(
+        matches!(e, Error::Chip { worker: 0, .. }),
+        "level 2 names chip 0"
+    );
 
     // Level 3: the failing chip is worker 1.
     let mut p3 = Program::new("fail_l3", Signature::new());
@@ -979,7 +1135,10 @@ pub fn a_chip_failure_is_one_error_at_every_level<M: Mode>() -> Outcome {
         .run_once(())
         .unwrap_err();
     check!(is_chip_failure(&e), "level 3: {e:?}");
-    check!(matches!(e, Error::Chip { worker: 1, .. }), "level 3 names chip 1: {e:?}");
+    check!(
+        matches!(e, Error::Chip { worker: 1, .. }),
+        "level 3 names chip 1: {e:?}"
+    );
 
     // Level 4: level-3 child 1 runs an orchestration that sends the failing kernel to its
     // chip.
@@ -1000,7 +1159,10 @@ pub fn a_chip_failure_is_one_error_at_every_level<M: Mode>() -> Outcome {
         .run_once(())
         .unwrap_err();
     check!(is_chip_failure(&e), "level 4: {e:?}");
-    check!(matches!(e, Error::Chip { worker: 1, .. }), "level 4 names level-3 child 1: {e:?}");
+    check!(
+        matches!(e, Error::Chip { worker: 1, .. }),
+        "level 4 names level-3 child 1: {e:?}"
+    );
     Ok(())
 }
 
@@ -1051,7 +1213,7 @@ pub fn inherited_host_memory_is_copied_in_place<M: Mode>() -> Outcome {
     for (i, b) in weights.bytes().iter_mut().enumerate() {
         *b = (i % 253) as u8;
     }
-    // SAFETY (both): the mappings outlive the prepared workers (dropped at the end).
+    // SAFETY: the mappings outlive the prepared workers (dropped at the end).
     let both = unsafe {
         Prepare::new()
             .inherit_raw(weights.ptr, 4096, true)
@@ -1063,6 +1225,7 @@ pub fn inherited_host_memory_is_copied_in_place<M: Mode>() -> Outcome {
         "one range read-only and writable: {e}"
     );
     // Two views of the weights (overlapping) collapse into one; the results are writable.
+    // SAFETY: as above.
     let options = unsafe {
         Prepare::new()
             .inherit_raw(weights.ptr, 1 << 15, true)
@@ -1073,8 +1236,13 @@ pub fn inherited_host_memory_is_copied_in_place<M: Mode>() -> Outcome {
     let t = rt
         .alloc_tensor_from(&[1 << 16], &weights.bytes()[..], 0)
         .ctx("alloc with the inherited weights as init")?;
-    let e = rt.copy_to(&t, &[1u8, 2, 3], CopyRange::bytes(3)).unwrap_err();
-    check!(e.to_string().contains("staging"), "plain memory needs staging, which is off: {e}");
+    let e = rt
+        .copy_to(&t, &[1u8, 2, 3], CopyRange::bytes(3))
+        .unwrap_err();
+    check!(
+        e.to_string().contains("staging"),
+        "plain memory needs staging, which is off: {e}"
+    );
     rt.copy_to(&t, &weights.bytes()[..], CopyRange::bytes(1 << 16))
         .ctx("upload from the inherited weights")?;
     rt.copy_from(&mut results.bytes()[..], &t, CopyRange::bytes(1 << 16))
@@ -1084,7 +1252,10 @@ pub fn inherited_host_memory_is_copied_in_place<M: Mode>() -> Outcome {
     let e = rt
         .copy_from(&mut weights.bytes()[..16], &t, CopyRange::bytes(16))
         .unwrap_err();
-    check!(e.to_string().contains("read-only"), "a download into read-only memory: {e}");
+    check!(
+        e.to_string().contains("read-only"),
+        "a download into read-only memory: {e}"
+    );
     rt.close().ctx("close")?;
     drop((weights, results));
 
@@ -1099,10 +1270,17 @@ pub fn inherited_host_memory_is_copied_in_place<M: Mode>() -> Outcome {
     let rt = compiled
         .prepare(Prepare::new().inherit_read_only(map.clone()))
         .ctx("prepare with a file mapping")?;
-    let t = rt.alloc_tensor_from(&[8192], &map[..], 0).ctx("upload in place")?;
+    let t = rt
+        .alloc_tensor_from(&[8192], &map[..], 0)
+        .ctx("upload in place")?;
     let mut back = vec![0u8; 8192];
-    let e = rt.copy_from(&mut back, &t, CopyRange::bytes(8192)).unwrap_err();
-    check!(e.to_string().contains("staging"), "plain memory still needs staging: {e}");
+    let e = rt
+        .copy_from(&mut back, &t, CopyRange::bytes(8192))
+        .unwrap_err();
+    check!(
+        e.to_string().contains("staging"),
+        "plain memory still needs staging: {e}"
+    );
     rt.close().ctx("close")?;
     Ok(())
 }

@@ -12,12 +12,10 @@ use crate::error::DistError;
 use crate::sched::{ControlFailure, ControlJob, Link};
 use std::collections::{HashMap, VecDeque};
 use std::sync::{mpsc, Arc, Mutex};
-use strata_graph::RING_COUNT;
 use strata_chip::DeviceTensor;
+use strata_graph::RING_COUNT;
 use strata_host::{SharedMemory, SharedTensor};
-use strata_types::{
-    BufferIdentity, BufferLocation, DataType, IdentityMinter, TensorView,
-};
+use strata_types::{BufferIdentity, BufferLocation, DataType, IdentityMinter, TensorView};
 
 /// How a copy between host memory and a chip tensor went.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -258,7 +256,12 @@ impl Ctx {
 
     /// The shared-memory region a host byte range can be copied in place from (or into,
     /// if `write`): an adopted mapping every child inherited that holds all of it.
-    fn in_place(&self, addr: usize, len: usize, write: bool) -> Result<Option<(u64, u64)>, DistError> {
+    fn in_place(
+        &self,
+        addr: usize,
+        len: usize,
+        write: bool,
+    ) -> Result<Option<(u64, u64)>, DistError> {
         let Some((region, offset)) = self.shared.region_containing(addr, len) else {
             return Ok(None);
         };
@@ -319,9 +322,8 @@ impl Ctx {
             // reads the other half.
             unsafe { std::ptr::copy_nonoverlapping(chunk.as_ptr(), dst, chunk.len()) };
             let dev_at = dev_offset + i as u64 * half;
-            inflight.push_back(
-                self.control_post(lane, copy(staging, at, dev_at, chunk.len() as u64)),
-            );
+            inflight
+                .push_back(self.control_post(lane, copy(staging, at, dev_at, chunk.len() as u64)));
         }
         // Every request is waited for, even after an error: the next copy reuses the halves.
         for p in inflight {
@@ -364,8 +366,8 @@ impl Ctx {
         let mut inflight: VecDeque<(usize, PendingControl)> = VecDeque::with_capacity(2);
         let mut result = Ok(());
         let drain_one = |inflight: &mut VecDeque<(usize, PendingControl)>,
-                             dst: &mut [u8],
-                             result: &mut Result<(), DistError>| {
+                         dst: &mut [u8],
+                         result: &mut Result<(), DistError>| {
             let Some((j, p)) = inflight.pop_front() else {
                 return;
             };

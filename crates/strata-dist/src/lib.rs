@@ -45,14 +45,14 @@ pub use config::{
     DistConfig, Level, WindowLifetime, DEFAULT_CONTROL_TIMEOUT, DEFAULT_STAGING_BYTES,
     DEFAULT_TASK_TIMEOUT,
 };
-pub use ctx::CopyPath;
 pub use control::{ControlCommand, ControlDecodeError, CopyDirection, COPY_PAYLOAD_BYTES};
+pub use ctx::CopyPath;
 pub use endpoint::{ChildKind, Endpoint, EndpointError, TaskOutcome};
 pub use error::{DistError, OrchError};
 pub use orch::Orch;
 pub use registry::{HostOrchFn, HostOrchHandle, NextLevelCallable, SubHandle};
-pub use strata_comm::{AllreduceAlgo, CommStats, Domain, ReduceOp, WindowBuffer};
 pub use strata_chip::DeviceTensor;
+pub use strata_comm::{AllreduceAlgo, CommStats, Domain, ReduceOp, WindowBuffer};
 pub use tensor::RunTensor;
 pub use worker::{DistWorker, RunHandle};
 

@@ -24,11 +24,11 @@
 use crate::control::ControlCommand;
 use crate::endpoint::{ChildKind, Endpoint, EndpointError, LocalEndpoint};
 use crate::task::{DistTask, Route, Target};
+use crate::worker::CHIP_FAILED_BELOW;
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
-use crate::worker::CHIP_FAILED_BELOW;
 use strata_graph::{
     Claimed, Failure, FailureKind, Origin, ReadyTask, RunId, Scheduler, TaskRef, WorkerClass,
 };

@@ -13,12 +13,12 @@ use crate::orch::Orch;
 use crate::registry::{HostOrchHandle, Programs, SubHandle};
 use crate::sched::{Driver, Link, PassFault, SchedExit, SchedLoop, BROKEN_CHECK};
 use crate::task::DistTask;
-use strata_chip::DeviceTensor;
 use nested::NestedChild;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+use strata_chip::DeviceTensor;
 use strata_graph::{
     graph, Failure, FailureKind, GraphConfig, Orchestrator, RingConfig, RunId, RunPhase, RunWaiter,
     RING_COUNT,
@@ -179,7 +179,11 @@ impl DistWorker {
     }
 
     /// [`DistWorker::register_orchestration`] for an already shared function.
-    pub fn register_orchestration_fn(&mut self, name: &str, f: crate::HostOrchFn) -> HostOrchHandle {
+    pub fn register_orchestration_fn(
+        &mut self,
+        name: &str,
+        f: crate::HostOrchFn,
+    ) -> HostOrchHandle {
         self.programs.register_host(name, f)
     }
 

@@ -5,8 +5,8 @@
 
 use super::{DistWorker, CHIP_FAILED_BELOW};
 use crate::error::DistError;
-use strata_graph::WorkerClass;
 use crate::registry::HostOrchHandle;
+use strata_graph::WorkerClass;
 use strata_host::{ChildEnv, ChildProgram};
 use strata_mailbox::{codes, ControlReply, ControlRequest, Failure, Handler, TaskRequest};
 

@@ -878,7 +878,10 @@ pub fn host_bytes_copy_to_and_from_chip_tensors_at_offsets<M: Mode>() -> Outcome
     let size = 40_004usize;
     let mut model: Vec<u8> = (0..size).map(|i| (i * 7 + 3) as u8).collect();
     let path = w.copy_bytes_to(&dev, 0, &model).ctx("copy whole")?;
-    check!(path == CopyPath::Staged, "a plain Vec is staged, got {path:?}");
+    check!(
+        path == CopyPath::Staged,
+        "a plain Vec is staged, got {path:?}"
+    );
     let mut back = vec![0u8; size];
     w.copy_bytes_from(&mut back, &dev, 0).ctx("read whole")?;
     check!(back == model, "the whole tensor reads back as written");
@@ -887,9 +890,16 @@ pub fn host_bytes_copy_to_and_from_chip_tensors_at_offsets<M: Mode>() -> Outcome
     let patch: Vec<u8> = (0..9_000).map(|i| (i % 13 + 200) as u8).collect();
     w.copy_bytes_to(&dev, 1_000, &patch).ctx("offset write")?;
     model[1_000..10_000].copy_from_slice(&patch);
-    w.copy_bytes_to(&dev, size as u64 - 3, &[1, 2, 3]).ctx("tail write")?;
+    w.copy_bytes_to(&dev, size as u64 - 3, &[1, 2, 3])
+        .ctx("tail write")?;
     model[size - 3..].copy_from_slice(&[1, 2, 3]);
-    for (offset, len) in [(0usize, size), (777, 12_345), (4_095, 4_098), (size - 1, 1), (5, 0)] {
+    for (offset, len) in [
+        (0usize, size),
+        (777, 12_345),
+        (4_095, 4_098),
+        (size - 1, 1),
+        (5, 0),
+    ] {
         let mut part = vec![0xAAu8; len];
         w.copy_bytes_from(&mut part, &dev, offset as u64)
             .ctx("offset read")?;
@@ -900,32 +910,54 @@ pub fn host_bytes_copy_to_and_from_chip_tensors_at_offsets<M: Mode>() -> Outcome
     }
 
     // Out of range, without overflow.
-    for (offset, len) in [(size as u64, 1usize), (size as u64 - 3, 4), (u64::MAX, 1), (1, size)] {
+    for (offset, len) in [
+        (size as u64, 1usize),
+        (size as u64 - 3, 4),
+        (u64::MAX, 1),
+        (1, size),
+    ] {
         let e = w.copy_bytes_to(&dev, offset, &vec![0; len]);
         check!(
             matches!(&e, Err(DistError::InvalidArgs(m)) if m.contains("leaves the 40004-byte tensor")),
             "copy of {len} bytes at {offset}: {e:?}"
         );
         let e = w.copy_bytes_from(&mut vec![0; len], &dev, offset);
-        check!(matches!(e, Err(DistError::InvalidArgs(_))), "read of {len} bytes at {offset}: {e:?}");
+        check!(
+            matches!(e, Err(DistError::InvalidArgs(_))),
+            "read of {len} bytes at {offset}: {e:?}"
+        );
     }
 
     // The emulated card: its configured capacity, less what is allocated.
     let (free, total) = w.device_memory_info(1).ctx("info")?;
-    check!(total == capacity, "total {total} is the configured {capacity}");
-    let big = w.alloc_child_tensor(1, &[1 << 20], DataType::U8).ctx("alloc 1 MiB")?;
+    check!(
+        total == capacity,
+        "total {total} is the configured {capacity}"
+    );
+    let big = w
+        .alloc_child_tensor(1, &[1 << 20], DataType::U8)
+        .ctx("alloc 1 MiB")?;
     let (free2, _) = w.device_memory_info(1).ctx("info after alloc")?;
-    check!(free2 == free - (1 << 20), "free {free} -> {free2} after a 1 MiB allocation");
+    check!(
+        free2 == free - (1 << 20),
+        "free {free} -> {free2} after a 1 MiB allocation"
+    );
     w.free(big).ctx("free")?;
     check!(
-        matches!(w.device_memory_info(2), Err(DistError::UnknownWorker { id: 2, count: 2 })),
+        matches!(
+            w.device_memory_info(2),
+            Err(DistError::UnknownWorker { id: 2, count: 2 })
+        ),
         "worker 2 does not exist"
     );
 
     // A freed tensor is refused, whatever its bytes' fate.
     w.free(dev).ctx("free dev")?;
     let e = w.copy_bytes_to(&dev, 0, &[1, 2, 3]);
-    check!(matches!(e, Err(DistError::StaleTensor { .. })), "copy into a freed tensor: {e:?}");
+    check!(
+        matches!(e, Err(DistError::StaleTensor { .. })),
+        "copy into a freed tensor: {e:?}"
+    );
     w.close().ctx("close")
 }
 
@@ -956,8 +988,10 @@ pub fn an_adopted_shared_mapping_is_copied_in_place<M: Mode>() -> Outcome {
     // SAFETY: both mappings stay mapped until after the regions are released.
     let (rw_region, ro_region) = unsafe {
         (
-            mem.adopt_region(rw, LEN, "rw weights", false).ctx("adopt rw")?,
-            mem.adopt_region(ro, LEN, "ro weights", true).ctx("adopt ro")?,
+            mem.adopt_region(rw, LEN, "rw weights", false)
+                .ctx("adopt rw")?,
+            mem.adopt_region(ro, LEN, "ro weights", true)
+                .ctx("adopt ro")?,
         )
     };
     let outcome = (|| -> Outcome {
@@ -975,12 +1009,25 @@ pub fn an_adopted_shared_mapping_is_copied_in_place<M: Mode>() -> Outcome {
         for (i, b) in ro_bytes.iter_mut().enumerate() {
             *b = (i % 241) as u8;
         }
-        let dev = w.alloc_child_tensor(0, &[LEN as u64], DataType::U8).ctx("alloc")?;
+        let dev = w
+            .alloc_child_tensor(0, &[LEN as u64], DataType::U8)
+            .ctx("alloc")?;
         let path = w.copy_bytes_to(&dev, 0, &ro_bytes[100..]).ctx("upload")?;
-        check!(path == CopyPath::InPlace, "an adopted mapping is copied in place: {path:?}");
-        let path = w.copy_bytes_from(&mut rw_bytes[..LEN - 100], &dev, 0).ctx("download")?;
-        check!(path == CopyPath::InPlace, "into a writable adopted mapping in place: {path:?}");
-        check!(rw_bytes[..LEN - 100] == ro_bytes[100..], "the bytes went through the chip");
+        check!(
+            path == CopyPath::InPlace,
+            "an adopted mapping is copied in place: {path:?}"
+        );
+        let path = w
+            .copy_bytes_from(&mut rw_bytes[..LEN - 100], &dev, 0)
+            .ctx("download")?;
+        check!(
+            path == CopyPath::InPlace,
+            "into a writable adopted mapping in place: {path:?}"
+        );
+        check!(
+            rw_bytes[..LEN - 100] == ro_bytes[100..],
+            "the bytes went through the chip"
+        );
         let e = w.copy_bytes_from(&mut ro_bytes[..10], &dev, 0);
         check!(
             matches!(&e, Err(DistError::InvalidArgs(m)) if m.contains("read-only")),
