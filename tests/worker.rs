@@ -188,8 +188,10 @@ fn mismatched_levels_and_callables_are_typed_errors() {
         matches!(Worker::with_config(bad), Err(Error::Config(m)) if m.contains("level-3")),
         "chips on a level-4 worker"
     );
-    let mut bad = ChipConfig::default();
-    bad.aiv_cores = 100;
+    let bad = ChipConfig {
+        aiv_cores: 100,
+        ..ChipConfig::default()
+    };
     assert!(
         matches!(Worker::chip(bad), Err(Error::Config(_))),
         "a chip with 100 AIV cores"

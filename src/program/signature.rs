@@ -610,20 +610,20 @@ impl BoundSignature {
                     ))
                 }
                 BoundDim::Fixed(_) => {}
-                BoundDim::Named(dim) => {
-                    match named.get(dim.as_ref()) {
-                        Some((bound, by)) if *bound != got => return Err(self.arg_error(
+                BoundDim::Named(dim) => match named.get(dim.as_ref()) {
+                    Some((bound, by)) if *bound != got => {
+                        return Err(self.arg_error(
                             name,
                             format!(
                                 "dimension {axis} ({dim}) is {got}, but {by} bound {dim} = {bound}"
                             ),
-                        )),
-                        Some(_) => {}
-                        None => {
-                            named.insert(dim.to_string(), (got, name.to_string()));
-                        }
+                        ))
                     }
-                }
+                    Some(_) => {}
+                    None => {
+                        named.insert(dim.to_string(), (got, name.to_string()));
+                    }
+                },
             }
         }
         Ok(())
