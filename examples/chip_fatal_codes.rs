@@ -13,8 +13,8 @@ use std::error::Error;
 use std::process::ExitCode;
 use std::time::Duration;
 use strata::chip::{
-    codes, ChipConfig, ChipError, ChipTaskId, ChipWorker, CoreArgs, KernelError, OrchHandle,
-    RunArgs, TensorCreateInfo,
+    codes, ChipConfig, ChipError, ChipTaskId, ChipWorker, CoreArgs, OrchHandle, RunArgs,
+    TensorCreateInfo,
 };
 use strata::types::{CallConfig, DataType, RingOverride};
 
@@ -61,9 +61,9 @@ fn run() -> Result<String, Box<dyn Error>> {
         while !ctx.cancelled() {
             std::thread::sleep(Duration::from_micros(200));
         }
-        Err(KernelError::new("cancelled"))
+        Err("cancelled".into())
     })?;
-    let fail = chip.register_kernel_fn("fails", |_| Err(KernelError::new("deliberate failure")))?;
+    let fail = chip.register_kernel_fn("fails", |_| Err("deliberate failure".into()))?;
     let small = TensorCreateInfo::new(DataType::F32, &[16]);
 
     // Every case runs with x (1.0 × 128) and y (0.0 × 128), both INOUT.
@@ -175,7 +175,9 @@ fn run() -> Result<String, Box<dyn Error>> {
         codes::EXPLICIT_ORCH_FATAL,
         CallConfig::default(),
         chip.register_orchestration_fn("explicit_fatal", |o, _| {
-            Err(o.report_fatal(codes::EXPLICIT_ORCH_FATAL, "deliberate fatal"))
+            Err(o
+                .report_fatal(codes::EXPLICIT_ORCH_FATAL, "deliberate fatal")
+                .into())
         }),
     )?;
     case(
@@ -200,7 +202,7 @@ fn run() -> Result<String, Box<dyn Error>> {
                 CoreArgs::new().input(&x).input(&x).output(&args.tensor(1)?),
             ) {
                 Ok(_) | Err(ChipError::RunFailed { .. }) => Ok(()),
-                Err(e) => Err(e),
+                Err(e) => Err(e.into()),
             }
         }),
     )?;

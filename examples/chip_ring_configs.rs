@@ -9,7 +9,7 @@
 
 use std::error::Error;
 use std::process::ExitCode;
-use strata::chip::{ChipConfig, ChipWorker, CoreArgs, KernelError, RunArgs};
+use strata::chip::{ChipConfig, ChipWorker, CoreArgs, RunArgs};
 use strata::types::{CallConfig, RingOverride};
 
 const N: u64 = 128 * 128;
@@ -55,7 +55,7 @@ fn run() -> Result<String, Box<dyn Error>> {
         let mut out = ctx.output::<f32>(2)?;
         let (a, b) = (a.as_slice(), b.as_slice());
         let (Some(a), Some(b), Some(out)) = (a, b, out.as_mut_slice()) else {
-            return Err(KernelError::new("vector_add needs contiguous tensors"));
+            return Err("vector_add needs contiguous tensors".into());
         };
         for ((o, x), y) in out.iter_mut().zip(a).zip(b) {
             *o = x + y;

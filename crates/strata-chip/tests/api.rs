@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use strata_chip::*;
 use strata_types::{
-    ArgTag, CallConfig, CallableDescriptor, CallableKind, DataType, ParamDirection,
+    ArgTag, CallConfig, CallableDescriptor, CallableKind, CallbackResult, DataType, ParamDirection,
 };
 
 fn cfg() -> ChipConfig {
@@ -16,7 +16,7 @@ fn cfg() -> ChipConfig {
     }
 }
 
-fn copy_kernel(ctx: &mut KernelCtx) -> Result<(), KernelError> {
+fn copy_kernel(ctx: &mut KernelCtx) -> CallbackResult {
     let a = ctx.input::<f32>(0)?;
     let mut o = ctx.output::<f32>(1)?;
     o.as_mut_slice()
@@ -469,18 +469,28 @@ fn kernel_access_rules_are_enforced() {
     })
     .unwrap();
     let wrong_type = chip
-        .register_kernel_fn("wrong_type", |ctx| ctx.input::<i32>(0).map(|_| ()))
+        .register_kernel_fn("wrong_type", |ctx| {
+            ctx.input::<i32>(0)?;
+            Ok(())
+        })
         .unwrap();
     let read_output = chip
-        .register_kernel_fn("read_output", |ctx| ctx.input::<f32>(1).map(|_| ()))
+        .register_kernel_fn("read_output", |ctx| {
+            ctx.input::<f32>(1)?;
+            Ok(())
+        })
         .unwrap();
     let write_input = chip
-        .register_kernel_fn("write_input", |ctx| ctx.output::<f32>(0).map(|_| ()))
+        .register_kernel_fn("write_input", |ctx| {
+            ctx.output::<f32>(0)?;
+            Ok(())
+        })
         .unwrap();
     let twice = chip
         .register_kernel_fn("twice", |ctx| {
             let _a = ctx.output::<f32>(1)?;
-            ctx.output::<f32>(1).map(|_| ())
+            ctx.output::<f32>(1)?;
+            Ok(())
         })
         .unwrap();
     let blocks_exclusive = chip
@@ -492,17 +502,17 @@ fn kernel_access_rules_are_enforced() {
         })
         .unwrap();
     let nodep = chip
-        .register_kernel_fn("nodep", |ctx| ctx.shared::<f32>(0).map(|_| ()))
+        .register_kernel_fn("nodep", |ctx| {
+            ctx.shared::<f32>(0)?;
+            Ok(())
+        })
         .unwrap();
-    let which = |o: &mut ChipOrch,
-                 k: KernelHandle,
-                 args: &ChipArgs,
-                 blocks: u32|
-     -> Result<(), ChipError> {
-        let (a, b) = (args.tensor(0)?, args.tensor(1)?);
-        o.submit_aiv(k, CoreArgs::new().input(&a).output(&b).block_num(blocks))?;
-        Ok(())
-    };
+    let which =
+        |o: &mut ChipOrch, k: KernelHandle, args: &ChipArgs, blocks: u32| -> CallbackResult {
+            let (a, b) = (args.tensor(0)?, args.tensor(1)?);
+            o.submit_aiv(k, CoreArgs::new().input(&a).output(&b).block_num(blocks))?;
+            Ok(())
+        };
     let mut orchs = vec![];
     for (k, blocks) in [
         (wrong_type, 1),
@@ -785,7 +795,7 @@ fn a_cooperative_kernel_is_cancelled_and_its_core_returns_to_service() {
             while !ctx.cancelled() {
                 std::thread::sleep(Duration::from_millis(1));
             }
-            Err(KernelError::new("stopped"))
+            Err("stopped".into())
         })
         .unwrap();
     let noop = chip.register_kernel_fn("noop", |_| Ok(())).unwrap();
@@ -899,7 +909,7 @@ fn orchestration_errors_and_panics_are_reported() {
     let mut chip = ChipWorker::new(cfg()).unwrap();
     let err = chip
         .register_orchestration_fn("err", |_, _| {
-            Err(ChipError::InvalidRunArgs("custom".into()))
+            Err(ChipError::InvalidRunArgs("custom".into()).into())
         })
         .unwrap();
     let panics = chip

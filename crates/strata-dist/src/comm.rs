@@ -18,15 +18,15 @@ use crate::config::WindowLifetime;
 use crate::error::DistError;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
-use strata_chip::{ChipError, CoreArgs, KernelCtx, KernelError, OrchHandle};
+use strata_chip::{CoreArgs, KernelCtx, KernelError, OrchHandle};
 use strata_comm::{
     AllreduceAlgo, BufferPlacement, Comm, CommAllocator, CommArena, CommError, CommStats,
     DistributedTensor, Domain, ReduceOp, WindowBuffer,
 };
 use strata_graph::RunId;
 use strata_types::{
-    ArgTag, BufferDesc, BufferIdentity, BufferLocation, CallableDescriptor, CallableKind, DataType,
-    Element, IdentityMinter, TaskArgs, TensorArg, TensorView,
+    ArgTag, BufferDesc, BufferIdentity, BufferLocation, CallableDescriptor, CallableKind,
+    CallbackResult, DataType, Element, IdentityMinter, TaskArgs, TensorArg, TensorView,
 };
 
 impl From<CommError> for DistError {
@@ -394,7 +394,7 @@ fn forward(
     registry: &mut strata_chip::Registry,
     name: &str,
     tensor_tag: Option<ArgTag>,
-    kernel: impl Fn(&mut KernelCtx<'_>) -> Result<(), KernelError> + Send + Sync + 'static,
+    kernel: impl Fn(&mut KernelCtx<'_>) -> CallbackResult + Send + Sync + 'static,
 ) -> Result<OrchHandle, DistError> {
     let k = registry.register_kernel(
         CallableDescriptor::new(CallableKind::Kernel, format!("strata.comm.{name}")),
@@ -414,7 +414,7 @@ fn forward(
                 core.scalar_bits(a.scalar::<u64>(i)?);
             }
             o.submit_aiv(k, &core)?;
-            Ok::<(), ChipError>(())
+            Ok(())
         },
     )?)
 }
@@ -429,7 +429,7 @@ fn stage_typed<T: Element>(
     ctx: &mut KernelCtx<'_>,
     w: &strata_comm::Window<'_>,
     into_window: bool,
-) -> Result<(), KernelError> {
+) -> CallbackResult {
     if into_window {
         let data = ctx.input::<T>(0)?.to_vec();
         w.write(w.rank(), 0, &data)?;
@@ -446,7 +446,7 @@ fn stage_typed<T: Element>(
     Ok(())
 }
 
-fn stage_kernel(ctx: &mut KernelCtx<'_>, into_window: bool) -> Result<(), KernelError> {
+fn stage_kernel(ctx: &mut KernelCtx<'_>, into_window: bool) -> CallbackResult {
     let t = tensor_at(ctx, 0)?;
     let comm = Comm::from_kernel(ctx)?;
     let w = comm.window(&t)?;
@@ -454,7 +454,7 @@ fn stage_kernel(ctx: &mut KernelCtx<'_>, into_window: bool) -> Result<(), Kernel
         ($($t:ty => $d:ident),*) => {
             match t.dtype() {
                 $(DataType::$d => stage_typed::<$t>(ctx, &w, into_window),)*
-                other => Err(KernelError::new(format!("staging {other} windows is not supported"))),
+                other => Err(format!("staging {other} windows is not supported").into()),
             }
         };
     }

@@ -3,10 +3,6 @@
 use strata_graph::{Failure, GraphError};
 use thiserror::Error;
 
-/// The error an orchestration function returns: anything that converts into a boxed error
-/// (a [`DistError`] from a failed submit, or the user's own).
-pub type OrchError = Box<dyn std::error::Error + Send + Sync + 'static>;
-
 /// What went wrong in a worker. Every variant says what and, where there is one, how to fix.
 #[derive(Debug, Error)]
 #[non_exhaustive]
@@ -68,10 +64,10 @@ pub enum DistError {
     /// child's message.
     #[error("{0}")]
     TaskFailed(Failure),
-    /// The orchestration function returned an error; the run's unstarted tasks were
-    /// cancelled.
+    /// The orchestration function returned an error (its own, boxed: downcast it to
+    /// recover its type); the run's unstarted tasks were cancelled.
     #[error("orchestration failed: {0}")]
-    Orchestration(OrchError),
+    Orchestration(strata_types::BoxError),
     /// `RunHandle::wait` timed out; the run goes on (wait again later).
     #[error("RunHandle::wait() timed out after {0:?}; the run is still in flight")]
     WaitTimeout(std::time::Duration),

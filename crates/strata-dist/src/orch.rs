@@ -3,7 +3,7 @@
 
 use crate::ctx::Ctx;
 use crate::endpoint::ChildKind;
-use crate::error::{DistError, OrchError};
+use crate::error::DistError;
 use crate::registry::{NextLevelCallable, Programs, SubHandle};
 use crate::task::{DistTask, Member, Route, Target};
 use crate::tensor::{ChildTensor, RunTensor};
@@ -14,8 +14,8 @@ use strata_host::SharedTensor;
 use strata_mailbox::EncodedConfig;
 use strata_types::wire::encode_args;
 use strata_types::{
-    BufferDesc, BufferIdentity, BufferLocation, CallConfig, DataType, TaskArgs, TensorArg,
-    TensorView,
+    BufferDesc, BufferIdentity, BufferLocation, CallConfig, CallbackResult, DataType, TaskArgs,
+    TensorArg, TensorView,
 };
 
 mod windows;
@@ -557,14 +557,15 @@ impl<'w> Orch<'w> {
         Ok(())
     }
 
-    /// Runs `f` inside a nested scope.
+    /// Runs `f` inside a nested scope. Like the orchestration itself, `f` returns a
+    /// [`CallbackResult`], so `?` works on any error.
     ///
     /// # Errors
-    /// `f`'s error, or a scope error.
+    /// `f`'s error, or a scope error (a boxed [`DistError`]).
     pub fn scope<R>(
         &mut self,
-        f: impl FnOnce(&mut Orch<'w>) -> Result<R, OrchError>,
-    ) -> Result<R, OrchError> {
+        f: impl FnOnce(&mut Orch<'w>) -> CallbackResult<R>,
+    ) -> CallbackResult<R> {
         self.scope_begin()?;
         let r = f(self);
         self.scope_end()?;

@@ -10,8 +10,8 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use strata_mailbox::{Failure, Handler, TaskRequest};
 use strata_types::{
-    ArgTag, BufferLocation, CallConfig, CallableDescriptor, CallableId, CallableKind, Element,
-    Scalar, TaskArgs, TensorView,
+    error_chain, ArgTag, BufferLocation, CallConfig, CallableDescriptor, CallableId, CallableKind,
+    CallbackResult, Element, Scalar, TaskArgs, TensorView,
 };
 
 /// A host sub-worker callable: a closure that gets the task's arguments.
@@ -20,12 +20,15 @@ use strata_types::{
 /// `Arc<AtomicU64>`, constants — is in the child's copy of memory (inherited by `fork`,
 /// shared by a thread); nothing is serialized. In process mode, state the closure
 /// changes stays in that child (each sub-worker process has its own copy).
-pub type SubFn = Arc<dyn Fn(&mut SubCall<'_>) -> Result<(), String> + Send + Sync>;
+///
+/// Its error (any error, boxed) fails the task; it crosses the process boundary as its
+/// message and the messages of its `source()` chain ([`strata_types::error_chain`]).
+pub type SubFn = Arc<dyn Fn(&mut SubCall<'_>) -> CallbackResult + Send + Sync>;
 
 /// Error codes of sub-worker task failures (positive, as `strata_mailbox::codes`
 /// recommends).
 pub mod sub_codes {
-    /// The closure returned `Err(message)`.
+    /// The closure returned an error.
     pub const FAILED: i32 = 1;
     /// The closure panicked.
     pub const PANICKED: i32 = 2;
@@ -121,7 +124,7 @@ impl SubRegistry {
     /// [`SubRegistry::register`] for a plain closure.
     pub fn register_fn<F>(&mut self, name: &str, f: F) -> CallableId
     where
-        F: Fn(&mut SubCall<'_>) -> Result<(), String> + Send + Sync + 'static,
+        F: Fn(&mut SubCall<'_>) -> CallbackResult + Send + Sync + 'static,
     {
         self.register(name, Arc::new(f))
     }
@@ -147,7 +150,7 @@ impl SubRegistry {
     /// [`HostError::DuplicateCallable`].
     pub fn try_register_fn<F>(&mut self, name: &str, f: F) -> Result<CallableId, HostError>
     where
-        F: Fn(&mut SubCall<'_>) -> Result<(), String> + Send + Sync + 'static,
+        F: Fn(&mut SubCall<'_>) -> CallbackResult + Send + Sync + 'static,
     {
         self.try_register(name, Arc::new(f))
     }
@@ -214,7 +217,8 @@ impl Mapped {
 ///     let b = call.tensor::<f32>(1)?;
 ///     let mut out = call.tensor_mut::<f32>(2)?;
 ///     let values: Vec<f32> = a.iter().zip(b.iter()).map(|(x, y)| alpha * x + y).collect();
-///     out.copy_from_slice(&values)
+///     out.copy_from_slice(&values)?;
+///     Ok(())
 /// });
 /// ```
 pub struct SubCall<'a> {
@@ -402,9 +406,10 @@ impl SubCall<'_> {
 /// For each task it resolves the digest (unknown → failure `"sub_worker N: callable
 /// sha256:… not registered"`), maps every tensor argument through the worker's
 /// [`SharedMemory`] (a host-local or device buffer is a failure that says to use a
-/// `SharedTensor`), and runs the closure under `catch_unwind`: `Err(msg)` becomes the
-/// failure `"sub_worker N: msg"` ([`sub_codes::FAILED`]), a panic `"sub_worker N:
-/// panicked: msg"` ([`sub_codes::PANICKED`]); the child keeps serving either way.
+/// `SharedTensor`), and runs the closure under `catch_unwind`: an error becomes the
+/// failure `"sub_worker N: name: message"` ([`sub_codes::FAILED`], the message with its
+/// source chain, [`strata_types::error_chain`]), a panic `"sub_worker N: name: panicked:
+/// msg"` ([`sub_codes::PANICKED`]); the child keeps serving either way.
 #[derive(Debug, Clone)]
 pub struct SubProgram {
     registry: SubRegistry,
@@ -540,7 +545,9 @@ impl Handler for SubHandler {
         };
         match catch_unwind(AssertUnwindSafe(|| f(&mut call))) {
             Ok(Ok(())) => Ok(()),
-            Ok(Err(message)) => Err(self.fail(sub_codes::FAILED, format!("{name}: {message}"))),
+            Ok(Err(e)) => {
+                Err(self.fail(sub_codes::FAILED, format!("{name}: {}", error_chain(&*e))))
+            }
             Err(payload) => Err(self.fail(
                 sub_codes::PANICKED,
                 format!("{name}: panicked: {}", panic_message(&*payload)),

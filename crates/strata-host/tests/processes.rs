@@ -562,7 +562,8 @@ fn a_child_sees_only_its_own_mailbox() -> Outcome {
             Err(format!(
                 "pid {} holds mailbox fds {fds:?} and {mapped} mailbox mappings",
                 std::process::id()
-            ))
+            )
+            .into())
         }
     });
     let mut programs = subs(&reg, 3);
@@ -611,7 +612,7 @@ fn a_child_cannot_resize_its_mailbox_under_its_parent() -> Outcome {
                 });
             }
         }
-        Err(format!("{} fds: {}", fds.len(), answers.join("; ")))
+        Err(format!("{} fds: {}", fds.len(), answers.join("; ")).into())
     });
     let noop = reg.register_fn("noop", |_| Ok(()));
     // The parent runs in a forked process, so that a SIGBUS kills it and not the runner.

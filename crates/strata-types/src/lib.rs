@@ -4,7 +4,8 @@
 //! [`TensorView`]s of up to five axes, argument tags ([`ArgTag`]) from which dependencies
 //! are inferred, task arguments ([`TaskArgs`]), per-call configuration ([`CallConfig`]),
 //! buffer identities ([`BufferIdentity`]) and callable identities ([`CallableId`], a
-//! SHA-256 digest of a stable descriptor), plus their wire encodings ([`wire`]).
+//! SHA-256 digest of a stable descriptor), plus their wire encodings ([`wire`]), and the
+//! error convention of every user callback ([`CallbackResult`]).
 //!
 //! Bad input — too many dimensions, zero strides, a view that does not fit its buffer,
 //! too many arguments — is a typed [`TypesError`], never a panic.
@@ -28,6 +29,7 @@
 //! ```
 
 mod args;
+mod callback;
 mod config;
 mod dtype;
 mod error;
@@ -37,6 +39,7 @@ mod view;
 pub mod wire;
 
 pub use args::{ArgLimits, BufferDesc, BufferLocation, Scalar, TaskArgs, TensorArg};
+pub use callback::{error_chain, BoxError, CallbackResult};
 pub use config::{CallConfig, RingOverride, OUTPUT_PREFIX_MAX, RING_COUNT};
 pub use dtype::{DataType, Element};
 pub use error::TypesError;

@@ -1,6 +1,8 @@
 //! What a kernel sees: [`KernelCtx`] (typed views of its tensors, scalars, SPMD
-//! coordinates, cancellation, comm hook), and the type of a kernel ([`KernelFn`]). The
-//! error a kernel returns, [`KernelError`], lives with the crate's other errors.
+//! coordinates, cancellation, comm hook), and the type of a kernel ([`KernelFn`]). A kernel
+//! returns a [`CallbackResult`] (any error, boxed); [`KernelError`], the error of the
+//! context's accessors and a convenient one for kernels' own messages, lives with the
+//! crate's other errors.
 
 use crate::config::CoreType;
 use crate::device::arena::{Arena, ClaimError, SharedTensor, TensorMut, TensorRef};
@@ -9,10 +11,11 @@ use crate::task::{KTensor, TaskDesc};
 use std::any::Any;
 use std::sync::Arc;
 use strata_sync::sync::{AtomicU64, Ordering};
-use strata_types::{ArgTag, Element, Scalar, TensorView};
+use strata_types::{ArgTag, CallbackResult, Element, Scalar, TensorView};
 
-/// A kernel: runs on an emulated AICore.
-pub type KernelFn = Arc<dyn Fn(&mut KernelCtx<'_>) -> Result<(), KernelError> + Send + Sync>;
+/// A kernel: runs on an emulated AICore. Its error (any error, boxed) fails the task with
+/// the error's message ([`strata_types::error_chain`]).
+pub type KernelFn = Arc<dyn Fn(&mut KernelCtx<'_>) -> CallbackResult + Send + Sync>;
 
 /// The context of one kernel invocation: one SPMD block of one subtask (AIC, AIV0 or
 /// AIV1) of one task, on one core.
