@@ -69,10 +69,7 @@ fn run() -> Result<String, Box<dyn Error>> {
     })?;
     chip.init()?;
 
-    let config = CallConfig {
-        aicpu_thread_num: 2,
-        ..CallConfig::default()
-    };
+    let config = CallConfig::default().with_aicpu_threads(2);
     for case in 1..=4u32 {
         let mut x = vec![UNTOUCHED; LEN as usize];
         let mut y = x.clone();

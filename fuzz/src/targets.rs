@@ -50,7 +50,7 @@ pub fn call_config(data: &[u8]) {
     bytes[..n].copy_from_slice(&data[..n]);
     if let Ok(config) = decode_config(&bytes) {
         let mut again = [0u8; CALL_CONFIG_WIRE_BYTES];
-        encode_config(&config, &mut again);
+        encode_config(&config, &mut again).expect("a decoded config re-encodes");
         assert_eq!(
             decode_config(&again).expect("a decoded config re-encodes to a valid one"),
             config,
@@ -262,7 +262,7 @@ struct EchoHandler;
 
 impl Handler for EchoHandler {
     fn task(&mut self, req: &TaskRequest<'_>) -> Result<(), Failure> {
-        let _ = (req.args.tensors().len(), req.config.timeout_ms);
+        let _ = (req.args.tensors().len(), req.config.timeout);
         Ok(())
     }
 

@@ -661,8 +661,11 @@ fn invalid_call_config_is_rejected_with_the_reference_message() {
     chip.init().unwrap();
     // (what is changed in a run's CallConfig, words of the error)
     let bad_calls: [(Change<CallConfig>, &str); 2] = [
-        (|c| c.rings[2].task_window = 100, "ring 2 task_window = 100"),
-        (|c| c.rings[0].heap_bytes = 10, ">= 1024"),
+        (
+            |c| c.rings[2].task_window = Some(100),
+            "ring 2 task_window = 100",
+        ),
+        (|c| c.rings[0].heap_bytes = Some(10), ">= 1024"),
     ];
     for (change, want) in bad_calls {
         let mut c = CallConfig::default();
@@ -702,7 +705,7 @@ fn swimlane_records_every_invocation_and_exports_chrome_json() {
     chip.init().unwrap();
     let dir = std::env::temp_dir().join(format!("strata-chip-swim-{}", std::process::id()));
     let c = CallConfig {
-        swimlane: 1,
+        swimlane: true,
         output_prefix: Some(dir.to_string_lossy().into_owned()),
         ..CallConfig::default()
     };
@@ -761,10 +764,7 @@ fn a_kernel_that_ignores_cancellation_does_not_hang_run_or_close() {
         })
         .unwrap();
     chip.init().unwrap();
-    let c = CallConfig {
-        timeout_ms: 100,
-        ..CallConfig::default()
-    };
+    let c = CallConfig::default().with_timeout(Duration::from_millis(100));
     let e = chip.run(&hang, &mut RunArgs::new(), &c).unwrap_err();
     assert!(
         matches!(e, ChipError::KernelTimeout { ref kernel, .. } if kernel == "stuck"),
@@ -813,10 +813,7 @@ fn a_cooperative_kernel_is_cancelled_and_its_core_returns_to_service() {
         })
         .unwrap();
     chip.init().unwrap();
-    let c = CallConfig {
-        timeout_ms: 100,
-        ..CallConfig::default()
-    };
+    let c = CallConfig::default().with_timeout(Duration::from_millis(100));
     let e = chip.run(&o1, &mut RunArgs::new(), &c).unwrap_err();
     assert_eq!(e.code(), Some(codes::SCHEDULER_TIMEOUT), "{e}");
     // The core comes back once its kernel noticed the cancellation.
@@ -846,10 +843,7 @@ fn a_stuck_orchestration_makes_the_chip_unusable_without_hanging() {
         })
         .unwrap();
     chip.init().unwrap();
-    let c = CallConfig {
-        timeout_ms: 50,
-        ..CallConfig::default()
-    };
+    let c = CallConfig::default().with_timeout(Duration::from_millis(50));
     let e = chip.run(&orch, &mut RunArgs::new(), &c).unwrap_err();
     assert_eq!(e.code(), Some(codes::SCHEDULER_TIMEOUT), "{e}");
     assert!(matches!(
@@ -966,7 +960,7 @@ fn empty_and_busy_runs_interleave_with_their_own_reports() {
         .unwrap();
     chip.init().unwrap();
     let swim = CallConfig {
-        swimlane: 1,
+        swimlane: true,
         ..CallConfig::default()
     };
     for round in 0..50u32 {

@@ -258,10 +258,7 @@ fn l3_loop(l3: &mut L3, bytes: u64, iters: u64, warmup: u64, algo: AllreduceAlgo
         a.push_scalar_bits(v).expect("scalar");
     }
     l3.res.write(&[0u64; 8]).expect("reset");
-    let cfg = CallConfig {
-        timeout_ms: KERNEL_TIMEOUT.as_millis() as u64,
-        ..CallConfig::default()
-    };
+    let cfg = CallConfig::default().with_timeout(KERNEL_TIMEOUT);
     l3.w.run_with(&l3.orch, &a, &cfg)
         .unwrap_or_else(|e| panic!("allreduce run ({bytes} B, {algo:?}): {e}"));
     let v = l3.res.to_vec::<u64>().expect("res");

@@ -394,10 +394,7 @@ fn exercise(rig: &mut Rig, kind: Kind, fault: Fault) -> Result<Measured, String>
     // A level-3 child passes its run's configuration on to its own tasks, so the nested
     // runs keep the default and meet the level-4 worker's backstop instead.
     let config = if fault.needs_deadline() && kind != Kind::Nested {
-        CallConfig {
-            timeout_ms: TASK_DEADLINE.as_millis() as u64,
-            ..CallConfig::default()
-        }
+        CallConfig::default().with_timeout(TASK_DEADLINE)
     } else {
         CallConfig::default()
     };

@@ -160,10 +160,7 @@ fn a_stalled_chip_orchestration_ends_its_process_and_fails_the_run_naming_it() -
         Ok(())
     });
     w.init().ctx("init")?;
-    let cfg = CallConfig {
-        timeout_ms: 50,
-        ..CallConfig::default()
-    };
+    let cfg = CallConfig::default().with_timeout(Duration::from_millis(50));
     let t0 = Instant::now();
     let err = w
         .run_with(&orch, &args(&[], &[0]), &cfg)

@@ -60,10 +60,7 @@ pub fn e6_dummy_task(config: ChipConfig) -> Result<WorkloadReport, WorkloadError
         }
         Ok(())
     })?;
-    let cfg = CallConfig {
-        aicpu_thread_num: 2,
-        ..CallConfig::default()
-    };
+    let cfg = CallConfig::default().with_aicpu_threads(2);
     chip.init()?;
     let mut rep = WorkloadReport::default();
     for case in 1..=4u32 {

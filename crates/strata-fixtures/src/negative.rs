@@ -62,23 +62,13 @@ pub struct NegativeOutcome {
     pub error: String,
 }
 
-/// Every ring sized alike; 0 keeps a field's default.
-fn rings(task_window: u64, heap_bytes: u64, dep_pool: u64) -> CallConfig {
-    CallConfig {
-        rings: [RingOverride {
-            task_window,
-            heap_bytes,
-            dep_pool,
-        }; 4],
-        ..CallConfig::default()
-    }
+/// Every ring with the same override.
+fn rings(ring: RingOverride) -> CallConfig {
+    CallConfig::default().with_rings(ring)
 }
 
 fn timeout(ms: u64) -> CallConfig {
-    CallConfig {
-        timeout_ms: ms,
-        ..CallConfig::default()
-    }
+    CallConfig::default().with_timeout(Duration::from_millis(ms))
 }
 
 fn out16() -> TensorCreateInfo {
@@ -185,7 +175,7 @@ pub const NEGATIVE_CASES: &[NegativeCase] = &[
     NegativeCase {
         name: "scope_deadlock",
         orchestration: scope_deadlock,
-        call: || rings(4, 0, 0),
+        call: || rings(RingOverride::default().with_task_window(4)),
         args: CaseArgs::None,
         code: codes::SCOPE_DEADLOCK,
         mentions: &[],
@@ -193,7 +183,7 @@ pub const NEGATIVE_CASES: &[NegativeCase] = &[
     NegativeCase {
         name: "heap_ring_deadlock",
         orchestration: heap_ring_deadlock,
-        call: || rings(0, 1024, 0),
+        call: || rings(RingOverride::default().with_heap_bytes(1024)),
         args: CaseArgs::None,
         code: codes::HEAP_RING_DEADLOCK,
         mentions: &["ring 0", "heap_bytes"],
@@ -201,7 +191,7 @@ pub const NEGATIVE_CASES: &[NegativeCase] = &[
     NegativeCase {
         name: "flow_control_deadlock",
         orchestration: flow_control_deadlock,
-        call: || rings(4, 0, 0),
+        call: || rings(RingOverride::default().with_task_window(4)),
         args: CaseArgs::None,
         code: codes::FLOW_CONTROL_DEADLOCK,
         mentions: &["task_window = 4"],
@@ -209,7 +199,7 @@ pub const NEGATIVE_CASES: &[NegativeCase] = &[
     NegativeCase {
         name: "dep_pool_overflow",
         orchestration: dep_pool_overflow,
-        call: || rings(0, 0, 4),
+        call: || rings(RingOverride::default().with_dep_pool(4)),
         args: CaseArgs::X,
         code: codes::DEP_POOL_OVERFLOW,
         mentions: &["dep_pool = 4"],

@@ -26,10 +26,10 @@ static CONFIG_IDS: AtomicU64 = AtomicU64::new(1);
 /// ```
 /// use strata_mailbox::EncodedConfig;
 /// use strata_types::CallConfig;
-/// let c = CallConfig { block_dim: 4, ..Default::default() };
+/// let c = CallConfig::default().with_block_dim(4);
 /// let e = EncodedConfig::new(&c)?;
 /// assert_eq!(e.decode()?, c);
-/// assert!(EncodedConfig::new(&CallConfig { swimlane: 9, ..Default::default() }).is_err());
+/// assert!(EncodedConfig::new(&CallConfig::default().with_aicpu_threads(9)).is_err());
 /// # Ok::<(), strata_mailbox::MailboxError>(())
 /// ```
 #[derive(Debug, Clone)]
@@ -44,9 +44,8 @@ impl EncodedConfig {
     /// # Errors
     /// [`MailboxError::InvalidConfig`] if `config.validate()` fails.
     pub fn new(config: &CallConfig) -> Result<EncodedConfig, MailboxError> {
-        config.validate().map_err(MailboxError::InvalidConfig)?;
         let mut bytes = [0u8; CONFIG_BYTES];
-        encode_config(config, &mut bytes);
+        encode_config(config, &mut bytes).map_err(MailboxError::InvalidConfig)?;
         Ok(EncodedConfig {
             id: CONFIG_IDS.fetch_add(1, Ordering::Relaxed),
             bytes: Arc::new(bytes),
@@ -69,8 +68,8 @@ impl EncodedConfig {
 
 impl Default for EncodedConfig {
     fn default() -> Self {
-        let mut bytes = [0u8; CONFIG_BYTES];
-        encode_config(&CallConfig::default(), &mut bytes);
+        // The default configuration encodes to all zeros.
+        let bytes = [0u8; CONFIG_BYTES];
         EncodedConfig {
             id: CONFIG_IDS.fetch_add(1, Ordering::Relaxed),
             bytes: Arc::new(bytes),

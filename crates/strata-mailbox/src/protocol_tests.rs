@@ -15,7 +15,7 @@ const PANIC: CallableId = CallableId([3; 32]);
 
 #[derive(Default)]
 struct Seen {
-    block_dims: Vec<u32>,
+    block_dims: Vec<Option<u32>>,
     sums: Vec<u64>,
     phases: Vec<TaskPhase>,
     identities: Vec<FrameIdentity>,
@@ -577,16 +577,8 @@ fn shutdown_fails_frames_the_child_still_owns() {
 #[test]
 fn configs_are_written_and_decoded_only_when_they_change() {
     let mut rig = Rig::new();
-    let a = EncodedConfig::new(&CallConfig {
-        block_dim: 3,
-        ..Default::default()
-    })
-    .unwrap();
-    let b = EncodedConfig::new(&CallConfig {
-        block_dim: 8,
-        ..Default::default()
-    })
-    .unwrap();
+    let a = EncodedConfig::new(&CallConfig::default().with_block_dim(3)).unwrap();
+    let b = EncodedConfig::new(&CallConfig::default().with_block_dim(8)).unwrap();
     let blob = scalars(&[]);
     let epoch = |p: &Parent| {
         p.mailbox()
@@ -603,7 +595,10 @@ fn configs_are_written_and_decoded_only_when_they_change() {
         epochs.push(epoch(&rig.parent));
     }
     assert_eq!(epochs, vec![1, 1, 1, 2, 3]);
-    assert_eq!(rig.seen.lock().unwrap().block_dims, vec![3, 3, 3, 8, 3]);
+    assert_eq!(
+        rig.seen.lock().unwrap().block_dims,
+        [3, 3, 3, 8, 3].map(Some)
+    );
     assert_eq!(rig.finish().unwrap(), ServeExit::Shutdown);
 }
 

@@ -40,7 +40,7 @@ pub mod wire;
 
 pub use args::{ArgLimits, BufferDesc, BufferLocation, Scalar, TaskArgs, TensorArg};
 pub use callback::{error_chain, BoxError, CallbackResult};
-pub use config::{CallConfig, RingOverride, OUTPUT_PREFIX_MAX, RING_COUNT};
+pub use config::{CallConfig, RingOverride, MAX_CALL_TIMEOUT, OUTPUT_PREFIX_MAX, RING_COUNT};
 pub use dtype::{DataType, Element};
 pub use error::TypesError;
 pub use half::{bf16, f16};

@@ -9,6 +9,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 use strata_dist::{ControlCommand, CopyDirection, COPY_PAYLOAD_BYTES};
 use strata_fuzz::fixture::{frame_ptr, ChipFixture};
 use strata_fuzz::image;
@@ -149,31 +150,23 @@ fn arg_lists(fx: &ChipFixture) -> Vec<(&'static str, TaskArgs)> {
 }
 
 fn configs() -> Vec<(&'static str, CallConfig)> {
-    let mut rings = CallConfig::default();
-    rings.rings[1] = RingOverride {
-        task_window: 64,
-        heap_bytes: 1 << 20,
-        dep_pool: 256,
-    };
+    let rings = CallConfig::default().with_ring(
+        1,
+        RingOverride::default()
+            .with_task_window(64)
+            .with_heap_bytes(1 << 20)
+            .with_dep_pool(256),
+    );
     vec![
         ("default", CallConfig::default()),
         (
             "prefix",
-            CallConfig {
-                output_prefix: Some("/tmp/strata-out/run".into()),
-                swimlane: 1,
-                timeout_ms: 5000,
-                ..CallConfig::default()
-            },
+            CallConfig::default()
+                .with_output_prefix("/tmp/strata-out/run")
+                .with_swimlane(true)
+                .with_timeout(Duration::from_millis(5000)),
         ),
-        (
-            "threads",
-            CallConfig {
-                aicpu_thread_num: 4,
-                block_dim: 2,
-                ..rings
-            },
-        ),
+        ("threads", rings.with_aicpu_threads(4).with_block_dim(2)),
     ]
 }
 
@@ -467,7 +460,7 @@ fn main() {
     }
     for (name, config) in configs() {
         let mut bytes = [0u8; CALL_CONFIG_WIRE_BYTES];
-        encode_config(&config, &mut bytes);
+        encode_config(&config, &mut bytes).expect("a seed config is valid");
         seeds.put("call_config", name, &bytes);
     }
     for (i, command) in commands(&fx).into_iter().enumerate() {
