@@ -20,12 +20,12 @@ const WRITTEN: f32 = 42.0;
 fn run() -> Result<String, Box<dyn Error>> {
     let mut chip = ChipWorker::new(ChipConfig::default())?;
     let write = chip.register_kernel_fn("write_const", |ctx| {
-        ctx.output::<f32>(0)?.set_flat(0, WRITTEN);
+        ctx.output::<f32>(0)?.set_flat(0, WRITTEN)?;
         Ok(())
     })?;
     let copy = chip.register_kernel_fn("copy_first", |ctx| {
-        let v = ctx.input::<f32>(0)?.get_flat(0).ok_or("empty input")?;
-        ctx.output::<f32>(1)?.set_flat(0, v);
+        let v = ctx.input::<f32>(0)?.get_flat(0)?;
+        ctx.output::<f32>(1)?.set_flat(0, v)?;
         Ok(())
     })?;
     let orch = chip.register_orchestration_fn("dummy_task", move |o, args| {

@@ -20,7 +20,7 @@ use strata::chip::{ChipConfig, CoreArgs, KernelError};
 use strata::dist::DistConfig;
 use strata::host::SharedTensor;
 use strata::types::{ArgTag, DataType, TaskArgs};
-use strata::{Error, RunHandle, Worker, WorkerConfig};
+use strata::{Error, PendingRun, Worker, WorkerConfig};
 
 /// `W` is `ROWS × COLS`; each chip holds `ROWS / 2` rows.
 const ROWS: u64 = 256;
@@ -117,9 +117,9 @@ fn run() -> Result<String, Error> {
 
     // Dispatch many: at most SLOTS runs in flight.
     let start = std::time::Instant::now();
-    let mut in_flight: VecDeque<(usize, RunHandle)> = VecDeque::new();
+    let mut in_flight: VecDeque<(usize, PendingRun)> = VecDeque::new();
     let mut checked = 0;
-    let check = |k: usize, h: RunHandle| -> Result<(), Error> {
+    let check = |k: usize, h: PendingRun| -> Result<(), Error> {
         h.result()?;
         let got = ys[k % SLOTS].to_vec::<f32>()?;
         let want = golden(&input(k));

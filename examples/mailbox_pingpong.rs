@@ -29,17 +29,20 @@ impl Summer {
 }
 
 impl Handler for Summer {
-    fn task(&mut self, req: &TaskRequest<'_>) -> Result<(), Failure> {
+    fn task(&mut self, req: &TaskRequest<'_>) -> Result<(), FailureReport> {
         let sum: u64 = req.args.scalars().iter().sum();
         self.accumulator().fetch_add(sum, Ordering::Relaxed);
         self.tasks += 1;
         Ok(())
     }
 
-    fn control(&mut self, req: &ControlRequest<'_>) -> Result<ControlReply, Failure> {
+    fn control(&mut self, req: &ControlRequest<'_>) -> Result<ControlReply, FailureReport> {
         match req.command {
             TALLY => Ok(ControlReply::new(self.tasks)),
-            c => Err(Failure::new(codes::UNSUPPORTED, format!("no command {c}"))),
+            c => Err(FailureReport::new(
+                codes::UNSUPPORTED,
+                format!("no command {c}"),
+            )),
         }
     }
 }

@@ -312,7 +312,7 @@ impl Worker {
         &mut self,
         callable: impl Into<Callable>,
         args: &TaskArgs,
-    ) -> Result<RunHandle, Error> {
+    ) -> Result<PendingRun, Error> {
         self.submit_with(callable, args, &CallConfig::default())
     }
 
@@ -325,14 +325,14 @@ impl Worker {
         callable: impl Into<Callable>,
         args: &TaskArgs,
         config: &CallConfig,
-    ) -> Result<RunHandle, Error> {
+    ) -> Result<PendingRun, Error> {
         match (&mut self.inner, callable.into()) {
             (Inner::Chip { chip, shared, .. }, Callable::Chip(h)) => {
                 let result = run_on_chip(chip, shared, &h, args, config);
-                Ok(RunHandle(HandleInner::Done(result)))
+                Ok(PendingRun(HandleInner::Done(result)))
             }
             (Inner::Dist(d), Callable::Host(h)) => {
-                Ok(RunHandle(HandleInner::Dist(d.submit_with(&h, args, config)?)))
+                Ok(PendingRun(HandleInner::Dist(d.submit_with(&h, args, config)?)))
             }
             (Inner::Chip { .. }, Callable::Host(_)) => Err(Error::InvalidArgs(
                 "a level-2 worker (a chip) runs chip orchestrations, not host orchestrations".into(),
@@ -482,15 +482,15 @@ enum HandleInner {
 }
 
 /// A run of any level (see [`Worker::submit`]).
-pub struct RunHandle(HandleInner);
+pub struct PendingRun(HandleInner);
 
-impl std::fmt::Debug for RunHandle {
+impl std::fmt::Debug for PendingRun {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("RunHandle")
+        f.write_str("PendingRun")
     }
 }
 
-impl RunHandle {
+impl PendingRun {
     /// Whether the run finished.
     pub fn is_done(&self) -> bool {
         match &self.0 {

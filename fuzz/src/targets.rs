@@ -14,9 +14,10 @@ use strata_dist::{ControlCommand, COPY_PAYLOAD_BYTES};
 use strata_host::SubRegistry;
 use strata_mailbox::layout::CONTROL_PAYLOAD_CAPACITY;
 use strata_mailbox::{
-    encode_args_blob, AssumeAlive, Child, ControlReply, ControlRequest, EncodedConfig, Failure,
-    FrameId, FrameIdentity, Handler, MailboxError, MailboxState, Parent, PublishHook, PublishKind,
-    ServeOptions, TaskPhase, TaskPublication, TaskRequest, TaskSlot, WaitOptions,
+    encode_args_blob, AssumeAlive, Child, ControlReply, ControlRequest, EncodedConfig,
+    FailureReport, FrameId, FrameIdentity, Handler, MailboxError, MailboxState, Parent,
+    PublishHook, PublishKind, ServeOptions, TaskPhase, TaskPublication, TaskRequest, TaskSlot,
+    WaitOptions,
 };
 use strata_types::wire::{decode_args, decode_config, encode_config, CALL_CONFIG_WIRE_BYTES};
 use strata_types::{ArgLimits, CallConfig, CallableId, TaskArgs};
@@ -261,12 +262,12 @@ pub fn mailbox_parent(data: &[u8]) {
 struct EchoHandler;
 
 impl Handler for EchoHandler {
-    fn task(&mut self, req: &TaskRequest<'_>) -> Result<(), Failure> {
+    fn task(&mut self, req: &TaskRequest<'_>) -> Result<(), FailureReport> {
         let _ = (req.args.tensors().len(), req.config.timeout);
         Ok(())
     }
 
-    fn control(&mut self, req: &ControlRequest<'_>) -> Result<ControlReply, Failure> {
+    fn control(&mut self, req: &ControlRequest<'_>) -> Result<ControlReply, FailureReport> {
         Ok(ControlReply {
             result: req.arg0,
             payload: req.payload.to_vec(),

@@ -439,9 +439,7 @@ fn stage_typed<T: Element>(
         let zero: T = unsafe { std::mem::zeroed() };
         let mut tmp = vec![zero; out.numel()];
         w.read(w.rank(), 0, &mut tmp)?;
-        for (i, v) in tmp.into_iter().enumerate() {
-            out.set_flat(i as u64, v);
-        }
+        out.copy_from_slice(&tmp)?;
     }
     Ok(())
 }

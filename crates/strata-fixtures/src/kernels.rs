@@ -42,7 +42,7 @@ fn binary(ctx: &mut KernelCtx<'_>, base: usize, op: impl Fn(f32, f32) -> f32) ->
         return Err("length mismatch".into());
     }
     for i in 0..av.len() {
-        out.set_flat(i as u64, op(av[i], bv[i]));
+        out.set_flat(i as u64, op(av[i], bv[i]))?;
     }
     Ok(())
 }

@@ -67,7 +67,6 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-mod access;
 mod children;
 mod doorbell;
 mod error;
@@ -75,7 +74,6 @@ mod shm;
 mod sub;
 mod tensor;
 
-pub use access::{TensorIter, TensorMut, TensorRef};
 pub use children::{
     exit_codes, other_threads, ChildEnv, ChildProgram, ChildReport, Children, ExecMode, Lane,
     ShutdownReport, SpawnOptions, ABORT_GRACE, DROP_GRACE, INIT_FAILED_CODE,

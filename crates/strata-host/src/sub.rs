@@ -1,6 +1,5 @@
 //! Host sub-workers: registered closures, found in children by digest.
 
-use crate::access::{dtype_compatible, TensorMut, TensorRef};
 use crate::children::{panic_message, ChildEnv, ChildProgram};
 use crate::error::HostError;
 use crate::shm::SharedMemory;
@@ -8,10 +7,11 @@ use std::cell::Cell;
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
-use strata_mailbox::{Failure, Handler, TaskRequest};
+use strata_mailbox::{FailureReport, Handler, TaskRequest};
 use strata_types::{
     error_chain, ArgTag, BufferLocation, CallConfig, CallableDescriptor, CallableId, CallableKind,
-    CallbackResult, Element, Scalar, TaskArgs, TensorView,
+    CallbackResult, DataType, Element, Scalar, TaskArgs, TensorMut, TensorRef, TensorView,
+    ViewLender, ViewLoan,
 };
 
 /// A host sub-worker callable: a closure that gets the task's arguments.
@@ -181,6 +181,30 @@ impl SubRegistry {
     }
 }
 
+/// Whether elements of `tensor` may be accessed as `T` (same type; `u8` also reads
+/// `bool` tensors, whose bytes are 0 or 1).
+pub(crate) fn dtype_compatible<T: Element>(tensor: DataType) -> bool {
+    T::DTYPE == tensor || (tensor == DataType::Bool && T::DTYPE == DataType::U8)
+}
+
+/// The borrow state of one argument within a call: 0 free, `n > 0` shared by `n` views,
+/// -1 borrowed mutably. A view releases its borrow on drop ([`ViewLender`]).
+#[derive(Debug, Default)]
+struct ArgBorrow(Cell<i32>);
+
+/// The token of a shared view; an exclusive one releases with [`EXCLUSIVE`].
+const SHARED: u64 = 0;
+const EXCLUSIVE: u64 = 1;
+
+impl ViewLender for ArgBorrow {
+    fn release(&self, token: u64) {
+        match token {
+            SHARED => self.0.set(self.0.get() - 1),
+            _ => self.0.set(0),
+        }
+    }
+}
+
 /// One tensor argument mapped into this process.
 #[derive(Debug, Clone, Copy)]
 struct Mapped {
@@ -202,10 +226,23 @@ impl Mapped {
 /// What a sub-worker closure sees: the task's arguments, with typed zero-copy access to
 /// its tensor arguments in shared memory.
 ///
-/// Tensor views borrow-check each other within the call (see the aliasing contract on
-/// [`TensorRef`]): [`SubCall::tensor_mut`] is refused while an argument whose bytes
-/// overlap is borrowed, [`SubCall::tensor`] while an overlapping argument is borrowed
-/// mutably. Views of non-overlapping arguments can be held at the same time:
+/// The views ([`strata_types::TensorRef`], [`strata_types::TensorMut`]) reach bytes in
+/// shared memory that other processes of the worker tree can also reach. Two rules keep
+/// every access race-free:
+///
+/// * **Between tasks, the engine orders conflicting accesses.** A task that writes a
+///   tensor (OUTPUT, OUTPUT_EXISTING, INOUT) does not run while an earlier task that reads
+///   or writes overlapping bytes is still running, and vice versa. Arguments tagged NO_DEP
+///   are not tracked, so the safe [`SubCall::tensor`] refuses them; only the `unsafe`
+///   [`SubCall::tensor_untracked`] reads one, and ordering it is then the caller's
+///   responsibility. The host's own copies ([`crate::SharedTensor::to_vec`], `write`)
+///   refuse with [`HostError::Busy`] while a task that names the tensor is in flight.
+/// * **Within one task, the call checks borrows.** [`SubCall::tensor_mut`] is refused
+///   while any argument whose bytes overlap it is borrowed, [`SubCall::tensor`] while an
+///   overlapping argument is borrowed mutably (the check compares byte spans, so two
+///   interleaved but disjoint strided views count as overlapping; take them one after the
+///   other); a view releases its borrow when it drops. Views of non-overlapping arguments
+///   can be held at the same time:
 ///
 /// ```
 /// use strata_host::SubRegistry;
@@ -225,7 +262,7 @@ pub struct SubCall<'a> {
     args: &'a TaskArgs,
     config: &'a CallConfig,
     tensors: &'a [Mapped],
-    borrows: &'a [Cell<i32>],
+    borrows: &'a [ArgBorrow],
     worker: usize,
     name: &'a str,
 }
@@ -346,21 +383,27 @@ impl SubCall<'_> {
 
     fn shared_view<T: Element>(&self, i: usize, m: &Mapped) -> Result<TensorRef<'_, T>, String> {
         for (j, other) in self.tensors.iter().enumerate() {
-            if self.borrows[j].get() < 0 && m.overlaps(other) {
+            if self.borrows[j].0.get() < 0 && m.overlaps(other) {
                 return Err(format!(
                     "tensor argument {i} overlaps tensor argument {j}, which is borrowed mutably; drop that TensorMut first"
                 ));
             }
         }
         let cell = &self.borrows[i];
-        cell.set(cell.get() + 1);
+        cell.0.set(cell.0.get() + 1);
         // SAFETY: the view lies inside the buffer, which lies inside its mapped region
         // (both checked when the call was built); the start is aligned for T and T has
         // the view's element size (checked by `mapped`); no overlapping argument is
         // borrowed mutably, and the shared count now registered keeps it so until the
         // view drops. Other tasks are excluded by the engine's ordering of tracked
         // arguments (`tensor`) or by the caller's promise (`tensor_untracked`).
-        Ok(unsafe { TensorRef::new(m.base as *mut u8, m.view, Some(cell)) })
+        Ok(unsafe {
+            TensorRef::new(
+                m.base as *const u8,
+                m.view,
+                Some(ViewLoan::new(cell, SHARED)),
+            )
+        })
     }
 
     /// A mutable view of tensor argument `i`, typed as `T`. Only OUTPUT, INOUT and
@@ -382,7 +425,7 @@ impl SubCall<'_> {
             ));
         }
         for (j, other) in self.tensors.iter().enumerate() {
-            if self.borrows[j].get() != 0 && m.overlaps(other) {
+            if self.borrows[j].0.get() != 0 && m.overlaps(other) {
                 return Err(if j == i {
                     format!("tensor argument {i} is borrowed already; drop that view first")
                 } else {
@@ -393,11 +436,17 @@ impl SubCall<'_> {
             }
         }
         let cell = &self.borrows[i];
-        cell.set(-1);
+        cell.0.set(-1);
         // SAFETY: as in `tensor`; in addition no overlapping argument (including this
         // one) is borrowed at all, and the exclusive mark keeps it so until the view
         // drops.
-        Ok(unsafe { TensorMut::new(m.base as *mut u8, m.view, Some(cell)) })
+        Ok(unsafe {
+            TensorMut::new(
+                m.base as *mut u8,
+                m.view,
+                Some(ViewLoan::new(cell, EXCLUSIVE)),
+            )
+        })
     }
 }
 
@@ -469,7 +518,7 @@ pub struct SubHandler {
     shared: Arc<SharedMemory>,
     worker: usize,
     mapped: Vec<Mapped>,
-    borrows: Vec<Cell<i32>>,
+    borrows: Vec<ArgBorrow>,
 }
 
 impl std::fmt::Debug for SubHandler {
@@ -482,13 +531,13 @@ impl std::fmt::Debug for SubHandler {
 }
 
 impl SubHandler {
-    fn fail(&self, code: i32, message: impl std::fmt::Display) -> Failure {
-        Failure::new(code, format!("sub_worker {}: {message}", self.worker))
+    fn fail(&self, code: i32, message: impl std::fmt::Display) -> FailureReport {
+        FailureReport::new(code, format!("sub_worker {}: {message}", self.worker))
     }
 }
 
 impl Handler for SubHandler {
-    fn task(&mut self, req: &TaskRequest<'_>) -> Result<(), Failure> {
+    fn task(&mut self, req: &TaskRequest<'_>) -> Result<(), FailureReport> {
         let Some((name, f)) = self.registry.get(&req.callable) else {
             return Err(self.fail(
                 sub_codes::NOT_REGISTERED,
@@ -500,7 +549,7 @@ impl Handler for SubHandler {
             let (region, offset) = match t.buffer.location() {
                 BufferLocation::HostShared { region, offset } => (region, offset),
                 other => {
-                    return Err(Failure::new(
+                    return Err(FailureReport::new(
                         sub_codes::BAD_ARGUMENT,
                         format!(
                             "sub_worker {}: {name}: tensor argument {i} is a {} buffer, which a sub worker cannot see; pass a SharedTensor (allocated before init) instead",
@@ -511,7 +560,7 @@ impl Handler for SubHandler {
                 }
             };
             let bad = |e: &dyn std::fmt::Display| {
-                Failure::new(
+                FailureReport::new(
                     sub_codes::BAD_ARGUMENT,
                     format!(
                         "sub_worker {}: {name}: tensor argument {i}: {e}",
@@ -534,7 +583,8 @@ impl Handler for SubHandler {
             });
         }
         self.borrows.clear();
-        self.borrows.resize_with(self.mapped.len(), || Cell::new(0));
+        self.borrows
+            .resize_with(self.mapped.len(), ArgBorrow::default);
         let mut call = SubCall {
             args: req.args,
             config: req.config,
@@ -580,6 +630,8 @@ mod tests {
         let b = reg.try_register_fn("b", |_| Ok(())).unwrap();
         assert!(reg.contains(&b) && reg.ids().count() == 2);
         assert_eq!(format!("{reg:?}"), r#"SubRegistry { names: ["a", "b"] }"#);
+        assert!(dtype_compatible::<u8>(DataType::Bool));
+        assert!(!dtype_compatible::<i8>(DataType::Bool));
         let program = SubProgram::new(reg.clone());
         assert_eq!(program.label(), "sub_worker");
         assert_eq!(program.clone().with_index(3).label(), "sub_worker 3");

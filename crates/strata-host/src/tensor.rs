@@ -1,8 +1,8 @@
 //! Host tensors in shared memory: zero-copy for every child.
 
-use crate::access::dtype_compatible;
 use crate::error::HostError;
 use crate::shm::SharedMemory;
+use crate::sub::dtype_compatible;
 use std::sync::Arc;
 use strata_types::{
     ArgTag, BufferDesc, BufferLocation, DataType, Element, IdentityMinter, TensorArg, TensorView,

@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 use strata_host::*;
-use strata_mailbox::{ChildExit, Failure, Handler, TaskRequest, TaskSlot};
+use strata_mailbox::{ChildExit, FailureReport, Handler, TaskRequest, TaskSlot};
 use strata_types::TaskArgs;
 
 fn process_opts() -> SpawnOptions {
@@ -105,17 +105,22 @@ impl ChildProgram for ThreadedProgram {
 }
 
 impl Handler for ThreadedHandler {
-    fn task(&mut self, req: &TaskRequest<'_>) -> Result<(), Failure> {
+    fn task(&mut self, req: &TaskRequest<'_>) -> Result<(), FailureReport> {
         let v: u64 = req.args.scalar(0).unwrap_or(0);
         let (rtx, rrx) = mpsc::channel();
-        let tx = self.tx.as_ref().ok_or(Failure::new(1, "no helper"))?;
+        let tx = self.tx.as_ref().ok_or(FailureReport::new(1, "no helper"))?;
         tx.send((v, rtx))
-            .map_err(|e| Failure::new(1, e.to_string()))?;
-        let got = rrx.recv().map_err(|e| Failure::new(1, e.to_string()))?;
+            .map_err(|e| FailureReport::new(1, e.to_string()))?;
+        let got = rrx
+            .recv()
+            .map_err(|e| FailureReport::new(1, e.to_string()))?;
         if got == 2 * v {
             Ok(())
         } else {
-            Err(Failure::new(2, format!("helper answered {got} for {v}")))
+            Err(FailureReport::new(
+                2,
+                format!("helper answered {got} for {v}"),
+            ))
         }
     }
 }

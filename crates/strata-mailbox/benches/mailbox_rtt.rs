@@ -48,7 +48,7 @@ mod bench {
     struct NoOp;
 
     impl Handler for NoOp {
-        fn task(&mut self, _req: &TaskRequest<'_>) -> Result<(), Failure> {
+        fn task(&mut self, _req: &TaskRequest<'_>) -> Result<(), FailureReport> {
             Ok(())
         }
     }

@@ -28,9 +28,9 @@
 //!
 //! struct Adder;
 //! impl Handler for Adder {
-//!     fn task(&mut self, req: &TaskRequest<'_>) -> Result<(), Failure> {
+//!     fn task(&mut self, req: &TaskRequest<'_>) -> Result<(), FailureReport> {
 //!         let sum: u64 = req.args.scalars().iter().sum();
-//!         if sum == 3 { Ok(()) } else { Err(Failure::new(1, format!("sum is {sum}"))) }
+//!         if sum == 3 { Ok(()) } else { Err(FailureReport::new(1, format!("sum is {sum}"))) }
 //!     }
 //! }
 //!
@@ -100,7 +100,7 @@ pub use mailbox::{
     release_foreign_mailboxes, ForeignRelease, Mailbox, Snapshot, MAILBOX_MEMFD_NAME,
 };
 #[cfg(not(loom))]
-pub use outcome::{codes, Failure};
+pub use outcome::{codes, FailureReport};
 #[cfg(not(loom))]
 pub use parent::{
     encode_args_blob, ControlReply, ControlRequest, EncodedConfig, Parent, PublishKind,

@@ -6,7 +6,7 @@ use crate::layout::{
 };
 use crate::liveness::Liveness;
 use crate::mailbox::{Mailbox, Snapshot};
-use crate::outcome::{codes, Failure};
+use crate::outcome::{codes, FailureReport};
 use crate::state::{FrameId, FrameIdentity, MailboxState, PrepareDisposition, TaskSlot};
 use crate::wait::{wait_until, WaitOptions};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -162,7 +162,7 @@ pub struct TaskCompletion {
     /// Whether the child crossed the launch point (sticky launch-accepted word).
     pub accepted: bool,
     /// `Ok` on success; the child's code and message otherwise.
-    pub outcome: Result<(), Failure>,
+    pub outcome: Result<(), FailureReport>,
 }
 
 /// What [`Parent::poll`] observed in a task frame.
@@ -224,9 +224,9 @@ impl ControlReply {
 ///
 /// struct Echo;
 /// impl Handler for Echo {
-///     fn task(&mut self, req: &TaskRequest<'_>) -> Result<(), Failure> {
+///     fn task(&mut self, req: &TaskRequest<'_>) -> Result<(), FailureReport> {
 ///         match req.args.scalar::<u32>(0) {
-///             Some(0) => Err(Failure::new(7, "zero is not allowed")),
+///             Some(0) => Err(FailureReport::new(7, "zero is not allowed")),
 ///             _ => Ok(()),
 ///         }
 ///     }
@@ -247,7 +247,7 @@ impl ControlReply {
 /// let id = FrameIdentity { run_id: 1, lease_slot: 0, lease_generation: 1, dispatch_id: 1 };
 /// let publication = TaskPublication::run(CallableId([1; 32]), id, &config, &blob);
 /// let done = parent.run_task(TaskSlot::Slot0, &publication, &WaitOptions::default(), &mut AssumeAlive)?;
-/// assert_eq!(done.outcome, Err(Failure::new(7, "zero is not allowed")));
+/// assert_eq!(done.outcome, Err(FailureReport::new(7, "zero is not allowed")));
 /// parent.request_shutdown();
 /// assert_eq!(child.join().unwrap()?, ServeExit::Shutdown);
 /// # Ok::<(), MailboxError>(())
@@ -451,7 +451,7 @@ impl Parent {
             let outcome = if code == codes::OK && state == MailboxState::TaskDone {
                 Ok(())
             } else {
-                Err(Failure::new(code, f.read_message()))
+                Err(FailureReport::new(code, f.read_message()))
             };
             TaskCompletion {
                 slot,

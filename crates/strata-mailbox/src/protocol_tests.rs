@@ -24,7 +24,7 @@ struct Seen {
 struct TestHandler(Arc<Mutex<Seen>>);
 
 impl Handler for TestHandler {
-    fn task(&mut self, req: &TaskRequest<'_>) -> Result<(), Failure> {
+    fn task(&mut self, req: &TaskRequest<'_>) -> Result<(), FailureReport> {
         {
             let mut s = self.0.lock().unwrap();
             s.block_dims.push(req.config.block_dim);
@@ -35,33 +35,36 @@ impl Handler for TestHandler {
         }
         match req.callable {
             OK => Ok(()),
-            FAIL => Err(Failure::new(
+            FAIL => Err(FailureReport::new(
                 5,
                 format!("failed with {} scalars", req.args.scalars().len()),
             )),
             PANIC => panic!("deliberate test panic"),
-            other => Err(Failure::new(9, format!("unknown callable {other}"))),
+            other => Err(FailureReport::new(9, format!("unknown callable {other}"))),
         }
     }
 
-    fn prepare(&mut self, req: &TaskRequest<'_>) -> Result<PrepareDisposition, Failure> {
+    fn prepare(&mut self, req: &TaskRequest<'_>) -> Result<PrepareDisposition, FailureReport> {
         self.0.lock().unwrap().phases.push(req.phase);
         Ok(PrepareDisposition::NativePrepared)
     }
 
-    fn control(&mut self, req: &ControlRequest<'_>) -> Result<ControlReply, Failure> {
+    fn control(&mut self, req: &ControlRequest<'_>) -> Result<ControlReply, FailureReport> {
         match req.command {
             1 => Ok(ControlReply {
                 result: req.arg0 + 1,
                 payload: req.payload.iter().rev().copied().collect(),
             }),
-            2 => Err(Failure::new(42, "é".repeat(300))),
+            2 => Err(FailureReport::new(42, "é".repeat(300))),
             3 => panic!("control panic"),
             4 => Ok(ControlReply {
                 result: 0,
                 payload: vec![0; ARGS_CAPACITY + 1],
             }),
-            c => Err(Failure::new(codes::UNSUPPORTED, format!("no command {c}"))),
+            c => Err(FailureReport::new(
+                codes::UNSUPPORTED,
+                format!("no command {c}"),
+            )),
         }
     }
 }
@@ -150,12 +153,12 @@ fn tasks_succeed_fail_and_panic_with_exact_outcomes() {
         (
             TaskSlot::Slot1,
             FAIL,
-            Err(Failure::new(5, "failed with 3 scalars")),
+            Err(FailureReport::new(5, "failed with 3 scalars")),
         ),
         (
             TaskSlot::Slot0,
             PANIC,
-            Err(Failure::new(
+            Err(FailureReport::new(
                 codes::HANDLER_PANICKED,
                 "handler panicked: deliberate test panic",
             )),
@@ -533,7 +536,10 @@ fn prepare_then_activate_runs_the_staged_frame() {
         .wait_task(TaskSlot::Slot0, &opts(), &mut AssumeAlive)
         .unwrap();
     assert_eq!(done.state, MailboxState::TaskFailed);
-    assert_eq!(done.outcome, Err(Failure::new(5, "failed with 1 scalars")));
+    assert_eq!(
+        done.outcome,
+        Err(FailureReport::new(5, "failed with 1 scalars"))
+    );
     rig.parent.reset(TaskSlot::Slot0).unwrap();
     assert_eq!(rig.finish().unwrap(), ServeExit::Shutdown);
 }
@@ -562,7 +568,7 @@ fn shutdown_fails_frames_the_child_still_owns() {
     assert_eq!(c.state, MailboxState::TaskFailed);
     assert_eq!(
         c.outcome,
-        Err(Failure::new(
+        Err(FailureReport::new(
             codes::SHUT_DOWN,
             "the child shut down before the task ran"
         ))
@@ -633,7 +639,9 @@ fn init_failures_and_late_inits_are_reported() {
     let mb = Mailbox::create().unwrap();
     let mut child = Child::with_parent(mb.try_clone().unwrap(), std::process::id());
     let mut parent = Parent::new(mb);
-    child.init_failed(&Failure::new(3, "no device 7")).unwrap();
+    child
+        .init_failed(&FailureReport::new(3, "no device 7"))
+        .unwrap();
     match parent.wait_init(&opts(), &mut AssumeAlive) {
         Err(MailboxError::InitFailed { code: 3, message }) => assert_eq!(message, "no device 7"),
         other => panic!("expected InitFailed, got {other:?}"),

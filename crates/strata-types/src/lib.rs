@@ -28,6 +28,7 @@
 //! # Ok::<(), TypesError>(())
 //! ```
 
+mod access;
 mod args;
 mod callback;
 mod config;
@@ -38,6 +39,7 @@ mod tag;
 mod view;
 pub mod wire;
 
+pub use access::{TensorIter, TensorMut, TensorRef, ViewLender, ViewLoan};
 pub use args::{ArgLimits, BufferDesc, BufferLocation, Scalar, TaskArgs, TensorArg};
 pub use callback::{error_chain, BoxError, CallbackResult};
 pub use config::{CallConfig, RingOverride, MAX_CALL_TIMEOUT, OUTPUT_PREFIX_MAX, RING_COUNT};

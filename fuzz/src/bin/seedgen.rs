@@ -15,9 +15,9 @@ use strata_fuzz::fixture::{frame_ptr, ChipFixture};
 use strata_fuzz::image;
 use strata_fuzz::targets::{parent_identity, PARENT_CALLABLE};
 use strata_mailbox::{
-    encode_args_blob, AssumeAlive, Child, ControlReply, ControlRequest, EncodedConfig, Failure,
-    Handler, Mailbox, MailboxState, Parent, PrepareDisposition, ServeExit, TaskPublication,
-    TaskRequest, TaskSlot, WaitOptions,
+    encode_args_blob, AssumeAlive, Child, ControlReply, ControlRequest, EncodedConfig,
+    FailureReport, Handler, Mailbox, MailboxState, Parent, PrepareDisposition, ServeExit,
+    TaskPublication, TaskRequest, TaskSlot, WaitOptions,
 };
 use strata_types::wire::{encode_config, CALL_CONFIG_WIRE_BYTES};
 use strata_types::{
@@ -206,18 +206,21 @@ struct Recorder {
 }
 
 impl Handler for Recorder {
-    fn task(&mut self, req: &TaskRequest<'_>) -> Result<(), Failure> {
+    fn task(&mut self, req: &TaskRequest<'_>) -> Result<(), FailureReport> {
         match req.args.scalars().first() {
-            Some(&13) => Err(Failure::new(42, "the task failed on purpose: ünïcode ✓")),
+            Some(&13) => Err(FailureReport::new(
+                42,
+                "the task failed on purpose: ünïcode ✓",
+            )),
             _ => Ok(()),
         }
     }
 
-    fn prepare(&mut self, _req: &TaskRequest<'_>) -> Result<PrepareDisposition, Failure> {
+    fn prepare(&mut self, _req: &TaskRequest<'_>) -> Result<PrepareDisposition, FailureReport> {
         Ok(PrepareDisposition::NativePrepared)
     }
 
-    fn control(&mut self, req: &ControlRequest<'_>) -> Result<ControlReply, Failure> {
+    fn control(&mut self, req: &ControlRequest<'_>) -> Result<ControlReply, FailureReport> {
         // The request as the parent wrote it: a `mailbox_child` seed.
         // SAFETY: the control frame is mapped; the parent does not write it while the
         // request is outstanding.
@@ -228,7 +231,7 @@ impl Handler for Recorder {
             .expect("recorder")
             .push((format!("control-request-{}", req.command), img));
         match req.command {
-            9 => Err(Failure::new(7, "no such command")),
+            9 => Err(FailureReport::new(7, "no such command")),
             _ => Ok(ControlReply {
                 result: req.arg0 ^ 0xfeed,
                 payload: req.payload.iter().rev().copied().collect(),
@@ -409,7 +412,7 @@ fn mailbox_seeds(seeds: &Seeds, blobs: &[(&'static str, Vec<u8>)]) {
     let mb = Mailbox::create().expect("mailbox");
     let mut child = Child::with_parent(mb.try_clone().expect("clone"), std::process::id());
     child
-        .init_failed(&Failure::new(
+        .init_failed(&FailureReport::new(
             3,
             "the chip could not start: no device memory",
         ))
