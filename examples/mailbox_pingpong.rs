@@ -84,10 +84,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let started = Instant::now();
     let mut expected = 0u64;
     for round in 1..=ROUNDS {
-        let mut args = TaskArgs::new();
-        args.push_scalar(round)?.push_scalar(round * 3)?;
+        let args = TaskArgs::new().scalar(round).scalar(round * 3);
         expected += round * 4;
-        let blob = encode_args_blob(&args);
+        let blob = encode_args_blob(&args)?;
         let slot = if round % 2 == 0 {
             TaskSlot::Slot0
         } else {

@@ -460,6 +460,7 @@ fn run_on_chip(
         TaskArgsError::HostLocal { index } => Error::InvalidArgs(format!(
             "tensor argument {index}: use a SharedTensor (Worker::shared_tensor) for host data"
         )),
+        TaskArgsError::Invalid(e) => Error::Types(e),
         other => Error::InvalidArgs(other.to_string()),
     })?;
     chip.run(h, &mut run, config)?;

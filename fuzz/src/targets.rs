@@ -35,8 +35,11 @@ pub fn args_blob(data: &[u8]) {
             for t in args.tensors() {
                 let _ = t.view.byte_span();
             }
-            let again = decode_args(&encode_args_blob(&args), limits)
-                .expect("a decoded argument list re-encodes to a valid blob");
+            let again = decode_args(
+                &encode_args_blob(&args).expect("decoded arguments re-encode"),
+                limits,
+            )
+            .expect("a decoded argument list re-encodes to a valid blob");
             assert_eq!(again, args, "argument blob does not round-trip");
         }
     }
@@ -193,9 +196,7 @@ pub fn mailbox_parent(data: &[u8]) {
         return;
     };
     let config = EncodedConfig::default();
-    let mut args = TaskArgs::new();
-    let _ = args.push_scalar(3u64);
-    let blob = encode_args_blob(&args);
+    let blob = encode_args_blob(&TaskArgs::new().scalar(3u64)).expect("one scalar encodes");
     with_mailbox(|mb| {
         let _guard = armed();
         let now = WaitOptions::new()

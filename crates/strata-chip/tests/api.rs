@@ -1101,3 +1101,42 @@ fn a_many_block_task_longer_than_the_stall_budget_is_not_a_stall() {
     assert_eq!(blocks.load(Ordering::SeqCst), 96);
     chip.close().unwrap();
 }
+
+#[test]
+fn task_args_with_a_recorded_invalid_argument_are_refused_before_anything_is_mapped() {
+    use strata_types::{
+        ArgSlot, BufferDesc, BufferLocation, IdentityMinter, TaskArgs, TensorView, TypesError,
+    };
+    let chip = ChipWorker::new(cfg()).unwrap();
+    // SAFETY: the descriptor is never mapped: the conversion refuses the arguments first.
+    let buf = unsafe {
+        BufferDesc::from_parts(
+            IdentityMinter::new().mint(),
+            64,
+            BufferLocation::HostShared {
+                region: 1,
+                offset: 0,
+            },
+        )
+    };
+    let view = TensorView::contiguous(DataType::F32, &[16]).unwrap();
+    let whole = strata_types::BufferView::new(buf, view).unwrap();
+    let args = TaskArgs::new().input(whole).output(whole.slice(0, 8, 20));
+    let mapped = std::cell::Cell::new(0);
+    // SAFETY: `map_shared` returns no pointer (it is not even called).
+    let got = unsafe {
+        RunArgs::from_task_args(&args, &chip, None, |_, _, _| {
+            mapped.set(mapped.get() + 1);
+            Err("not mapped".into())
+        })
+    };
+    match got {
+        Err(TaskArgsError::Invalid(TypesError::InvalidArgument { slot, reason })) => {
+            assert_eq!(slot, ArgSlot::Tensor(1));
+            assert!(matches!(*reason, TypesError::RangeOutOfBounds { .. }));
+        }
+        Err(e) => panic!("expected TaskArgsError::Invalid, got {e}"),
+        Ok(_) => panic!("arguments with a recorded error were accepted"),
+    }
+    assert_eq!(mapped.get(), 0);
+}

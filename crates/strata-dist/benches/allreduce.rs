@@ -220,7 +220,7 @@ fn l3_start() -> L3 {
     let ra = res.clone();
     // Scalars: bytes, iters, warmup, algorithm code.
     let orch = w.register_orchestration("bench.allreduce", move |o, a| {
-        let s = |i: usize| a.scalar::<u64>(i).ok_or("missing scalar");
+        let s = |i: usize| a.scalar_at::<u64>(i).ok_or("missing scalar");
         let (bytes, iters, warmup, algo) = (s(0)?, s(1)?, s(2)?, s(3)?);
         let sig_off = bytes.div_ceil(4096) * 4096;
         let buf = o.alloc_window_buffer(sig_off + SIGNAL_BYTES)?;

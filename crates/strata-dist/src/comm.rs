@@ -26,7 +26,8 @@ use strata_comm::{
 use strata_graph::RunId;
 use strata_types::{
     ArgTag, BufferDesc, BufferIdentity, BufferLocation, CallableDescriptor, CallableKind,
-    CallbackResult, DataType, Element, IdentityMinter, TaskArgs, TensorArg, TensorView,
+    CallbackResult, DataType, Element, IdentityMinter, IntoTensorArg, TaskArgs, TensorArg,
+    TensorView, TypesError,
 };
 
 impl From<CommError> for DistError {
@@ -373,6 +374,14 @@ impl WindowTensor {
     /// Too many scalars.
     pub fn push_to(&self, args: &mut TaskArgs) -> Result<(), DistError> {
         Ok(self.tensor.push_to(args)?)
+    }
+}
+
+/// The tensor on every rank ([`WindowTensor::arg`]), for [`strata_types::TaskArgs`]'
+/// chaining methods.
+impl IntoTensorArg for &WindowTensor {
+    fn into_tensor_arg(self, tag: ArgTag) -> Result<TensorArg, TypesError> {
+        Ok(self.arg(tag))
     }
 }
 

@@ -26,6 +26,16 @@ pub enum DistError {
     /// Invalid task arguments (what was wrong and how to fix it).
     #[error("{0}")]
     InvalidArgs(String),
+    /// An argument a [`strata_types::TaskArgs`] chaining method recorded as invalid
+    /// ([`strata_types::TypesError::InvalidArgument`], naming it), reported by the submit
+    /// before anything was published.
+    #[error("invalid task arguments{}: {error}", .member.map(|m| format!(" of group member {m}")).unwrap_or_default())]
+    BadArgument {
+        /// The group member whose arguments hold it (`None` outside a group).
+        member: Option<usize>,
+        /// Which argument, and what was wrong with it.
+        error: strata_types::TypesError,
+    },
     /// A tensor argument whose descriptor names no live buffer of this worker: a
     /// [`crate::RunTensor`] kept from another run or from a scope that ended, a window
     /// tensor whose buffer was freed, a freed chip tensor, or a forged descriptor (one

@@ -496,7 +496,8 @@ impl DistWorker {
     /// submit waits for the oldest.
     ///
     /// # Errors
-    /// The worker is not ready or unusable; an unregistered orchestration; the
+    /// [`DistError::BadArgument`] for an argument `args`' builder recorded as invalid; the
+    /// worker is not ready or unusable; an unregistered orchestration; the
     /// orchestration's own error ([`DistError::Orchestration`], after its started tasks
     /// finished and the rest were cancelled).
     pub fn submit(
@@ -534,6 +535,7 @@ impl DistWorker {
         waits: bool,
         nested: bool,
     ) -> Result<RunHandle, DistError> {
+        crate::orch::check_args(args, None)?;
         let rt = self.runtime("submit")?;
         let f = rt
             .programs

@@ -496,8 +496,8 @@ fn host_level_collectives_match_host_goldens() -> Outcome {
         let ops = ReduceOp::ALL;
         let (xa, ya, ga) = (x.clone(), ys.clone(), gathered.clone());
         let orch = w.register_orchestration("collectives", move |o, a| {
-            let algo =
-                AllreduceAlgo::from_code(a.scalar::<u64>(0).ok_or("algo")?).ok_or("algo code")?;
+            let algo = AllreduceAlgo::from_code(a.scalar_at::<u64>(0).ok_or("algo")?)
+                .ok_or("algo code")?;
             let row = |t: &SharedTensor, r: u64| -> Result<TensorArg, DistError> {
                 Ok(t.arg_view(t.view().slice(0, r, r + 1)?, ArgTag::Input)?)
             };

@@ -329,7 +329,7 @@ impl Rig {
                 // must not outlive it. The other faults happen in the level-3 process's
                 // orchestration itself.
                 let faulty = w.register_orchestration("faulty", move |o, a| {
-                    let fault = a.scalar::<u64>(0).ok_or("no fault code")?;
+                    let fault = a.scalar_at::<u64>(0).ok_or("no fault code")?;
                     match Fault::from_code(fault) {
                         Some(Fault::Kill | Fault::Stop | Fault::Loop) => {
                             o.submit_sub(&grand, &args(&[], &[fault]))?;

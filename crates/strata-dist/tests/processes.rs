@@ -154,7 +154,7 @@ fn a_stalled_chip_orchestration_ends_its_process_and_fails_the_run_naming_it() -
         .register_chip_orchestration("fine", |_, _| Ok(()))
         .ctx("chip orch")?;
     let orch = w.register_orchestration("stall", move |o, a| {
-        let target = a.scalar::<u64>(0).ok_or("scalar")? as usize;
+        let target = a.scalar_at::<u64>(0).ok_or("scalar")? as usize;
         o.submit_next_level(fine, &TaskArgs::new(), 1 - target)?;
         o.submit_next_level(spin, &TaskArgs::new(), target)?;
         Ok(())

@@ -290,7 +290,7 @@ impl SubCall<'_> {
 
     /// Scalar `i` as `S`, if present.
     pub fn scalar<S: Scalar>(&self, i: usize) -> Option<S> {
-        self.args.scalar(i)
+        self.args.scalar_at(i)
     }
 
     /// Number of tensor arguments.

@@ -106,7 +106,7 @@ impl ChildProgram for ThreadedProgram {
 
 impl Handler for ThreadedHandler {
     fn task(&mut self, req: &TaskRequest<'_>) -> Result<(), FailureReport> {
-        let v: u64 = req.args.scalar(0).unwrap_or(0);
+        let v: u64 = req.args.scalar_at(0).unwrap_or(0);
         let (rtx, rrx) = mpsc::channel();
         let tx = self.tx.as_ref().ok_or(FailureReport::new(1, "no helper"))?;
         tx.send((v, rtx))

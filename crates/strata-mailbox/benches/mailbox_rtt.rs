@@ -98,7 +98,7 @@ mod bench {
         let config = EncodedConfig::default();
         let mut args = TaskArgs::new();
         args.push_scalar(1u64).expect("one scalar");
-        let blob = encode_args_blob(&args);
+        let blob = encode_args_blob(&args).expect("encode");
         let callable = CallableId([0x5a; 32]);
         let mut dispatch = 0u64;
         let mut round = |parent: &mut Parent| {

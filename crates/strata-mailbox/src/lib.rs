@@ -46,9 +46,8 @@
 //!
 //! let mut parent = Parent::new(mailbox);
 //! parent.wait_init(&WaitOptions::default(), &mut AssumeAlive)?;
-//! let mut args = TaskArgs::new();
-//! args.push_scalar(1u64).unwrap().push_scalar(2u64).unwrap();
-//! let blob = encode_args_blob(&args);
+//! let args = TaskArgs::new().scalar(1u64).scalar(2u64);
+//! let blob = encode_args_blob(&args).expect("two scalars encode");
 //! let config = EncodedConfig::default();
 //! let identity = FrameIdentity { run_id: 1, lease_slot: 0, lease_generation: 1, dispatch_id: 1 };
 //! let task = TaskPublication::run(CallableId([7; 32]), identity, &config, &blob);

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use strata_types::wire::{args_wire_len, encode_args};
 use strata_types::wire::{decode_config, encode_config};
-use strata_types::{CallConfig, CallableId, TaskArgs};
+use strata_types::{CallConfig, CallableId, TaskArgs, TypesError};
 
 static CONFIG_IDS: AtomicU64 = AtomicU64::new(1);
 
@@ -82,16 +82,18 @@ impl Default for EncodedConfig {
 /// ```
 /// use strata_mailbox::encode_args_blob;
 /// use strata_types::TaskArgs;
-/// let mut a = TaskArgs::new();
-/// a.push_scalar(3u64).unwrap();
-/// assert_eq!(encode_args_blob(&a).len(), 16);
+/// let a = TaskArgs::new().scalar(3u64);
+/// assert_eq!(encode_args_blob(&a)?.len(), 16);
+/// # Ok::<(), strata_types::TypesError>(())
 /// ```
-pub fn encode_args_blob(args: &TaskArgs) -> Vec<u8> {
+///
+/// # Errors
+/// The invalid argument a chaining method recorded ([`TaskArgs::check`]).
+pub fn encode_args_blob(args: &TaskArgs) -> Result<Vec<u8>, TypesError> {
     let mut blob = vec![0u8; args_wire_len(args)];
-    // The buffer has exactly the needed length, so encoding cannot fail.
-    let n = encode_args(args, &mut blob).unwrap_or(0);
+    let n = encode_args(args, &mut blob)?;
     blob.truncate(n);
-    blob
+    Ok(blob)
 }
 
 /// Which state a publication stores.
@@ -225,7 +227,7 @@ impl ControlReply {
 /// struct Echo;
 /// impl Handler for Echo {
 ///     fn task(&mut self, req: &TaskRequest<'_>) -> Result<(), FailureReport> {
-///         match req.args.scalar::<u32>(0) {
+///         match req.args.scalar_at::<u32>(0) {
 ///             Some(0) => Err(FailureReport::new(7, "zero is not allowed")),
 ///             _ => Ok(()),
 ///         }
@@ -241,9 +243,7 @@ impl ControlReply {
 ///
 /// let mut parent = Parent::new(mb);
 /// let config = EncodedConfig::default();
-/// let mut args = TaskArgs::new();
-/// args.push_scalar(0u32).unwrap();
-/// let blob = encode_args_blob(&args);
+/// let blob = encode_args_blob(&TaskArgs::new().scalar(0u32)).expect("one scalar encodes");
 /// let id = FrameIdentity { run_id: 1, lease_slot: 0, lease_generation: 1, dispatch_id: 1 };
 /// let publication = TaskPublication::run(CallableId([1; 32]), id, &config, &blob);
 /// let done = parent.run_task(TaskSlot::Slot0, &publication, &WaitOptions::default(), &mut AssumeAlive)?;

@@ -29,7 +29,10 @@ impl Handler for TestHandler {
             let mut s = self.0.lock().unwrap();
             s.block_dims.push(req.config.block_dim);
             s.sums.push(req.args.scalars().iter().sum());
-            assert_eq!(req.args_blob, encode_args_blob(req.args).as_slice());
+            assert_eq!(
+                req.args_blob,
+                encode_args_blob(req.args).unwrap().as_slice()
+            );
             s.phases.push(req.phase);
             s.identities.push(req.identity);
         }
@@ -140,7 +143,7 @@ fn scalars(vals: &[u64]) -> Vec<u8> {
     for &v in vals {
         a.push_scalar(v).unwrap();
     }
-    encode_args_blob(&a)
+    encode_args_blob(&a).unwrap()
 }
 
 #[test]

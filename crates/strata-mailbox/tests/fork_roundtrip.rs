@@ -266,7 +266,7 @@ mod scenarios {
         for &s in scalars {
             args.push_scalar(s).expect("few scalars");
         }
-        encode_args_blob(&args)
+        encode_args_blob(&args).expect("few scalars")
     }
 
     fn result_at(results: &SharedRegion, slot_index: u64) -> u64 {

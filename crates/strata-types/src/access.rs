@@ -4,28 +4,15 @@
 //! gets for its arguments in shared memory (`strata_host::SubCall::tensor` /
 //! `tensor_mut`): the same types, built by the runtime layer that owns the memory.
 //!
-//! # Aliasing contract
-//!
-//! A view is built (with the `unsafe` [`TensorRef::new`] / [`TensorMut::new`]) only by a
-//! runtime layer that guarantees nobody writes the viewed bytes while a `TensorRef` lives,
-//! and nobody else reads or writes them while a `TensorMut` lives: between tasks the
-//! engine orders every pair of conflicting accesses (read-after-write, write-after-read,
-//! write-after-write; `NO_DEP` arguments are reached only through `unsafe` accessors), and
-//! within one task the layer checks borrows at run time. A view may hold a [`ViewLoan`]: the
-//! layer that lent it the bytes is told when it drops ([`ViewLender::release`]), so the
-//! layer can refuse an overlapping view while this one lives. So `as_slice` /
-//! `as_mut_slice` never create aliasing references.
-//!
-//! Every index is checked: an index outside the view is a [`TypesError`], never an access
-//! out of bounds.
+//! The aliasing contract that makes them sound is documented on [`TensorRef`].
 
 use crate::dtype::Element;
 use crate::error::TypesError;
 use crate::view::{ElementOffsets, TensorView};
 use std::marker::PhantomData;
 
-/// The layer that lent a view its bytes and counts the views it lent (see the module's
-/// aliasing contract): told once, when a view that holds a [`ViewLoan`] drops.
+/// The layer that lent a view its bytes and counts the views it lent (see the aliasing
+/// contract on [`TensorRef`]): told once, when a view that holds a [`ViewLoan`] drops.
 pub trait ViewLender {
     /// The view that was lent under `token` ended.
     fn release(&self, token: u64);
@@ -289,8 +276,24 @@ macro_rules! read_methods {
 }
 
 /// A read-only typed view of a tensor: element access by index (`get`, `get_flat`),
-/// row-major iteration, contiguous runs, and a slice when the view is contiguous. See the
-/// [module documentation](self) for the aliasing contract that makes it sound.
+/// row-major iteration, contiguous runs, and a slice when the view is contiguous. It is
+/// what a kernel gets for an `INPUT` argument in device memory and what a host sub-worker
+/// gets for an argument in shared memory.
+///
+/// # Aliasing contract
+///
+/// A view is built (with the `unsafe` [`TensorRef::new`] / [`TensorMut::new`]) only by a
+/// runtime layer that guarantees nobody writes the viewed bytes while a `TensorRef` lives,
+/// and nobody else reads or writes them while a `TensorMut` lives: between tasks the
+/// engine orders every pair of conflicting accesses (read-after-write, write-after-read,
+/// write-after-write; `NO_DEP` arguments are reached only through `unsafe` accessors), and
+/// within one task the layer checks borrows at run time. A view may hold a [`ViewLoan`]: the
+/// layer that lent it the bytes is told when it drops ([`ViewLender::release`]), so the
+/// layer can refuse an overlapping view while this one lives. So `as_slice` /
+/// `as_mut_slice` never create aliasing references.
+///
+/// Every index is checked: an index outside the view is a [`TypesError`], never an access
+/// out of bounds.
 pub struct TensorRef<'a, T: Element> {
     raw: Raw,
     _loan: Option<ViewLoan<'a>>,
@@ -332,7 +335,7 @@ impl<'a, T: Element> TensorRef<'a, T> {
 
 /// A mutable typed view of a tensor: everything [`TensorRef`] offers plus `set`,
 /// `set_flat`, `fill`, `copy_from_slice`, `update`, mutable runs, and a mutable slice when
-/// the view is contiguous. See the [module documentation](self) for the aliasing contract.
+/// the view is contiguous. See [`TensorRef`] for the aliasing contract.
 pub struct TensorMut<'a, T: Element> {
     raw: Raw,
     _loan: Option<ViewLoan<'a>>,

@@ -162,6 +162,15 @@ pub enum TypesError {
         /// Index the tensor would have had.
         index: usize,
     },
+    /// An argument added with one of [`crate::TaskArgs`]' chaining methods that could not
+    /// be one: which argument, and what was wrong with it.
+    #[error("{slot}: {reason}")]
+    InvalidArgument {
+        /// The argument (its index among the tensors or the scalars).
+        slot: crate::ArgSlot,
+        /// What was wrong.
+        reason: Box<TypesError>,
+    },
     /// An invalid value in a [`crate::CallConfig`].
     #[error("invalid CallConfig: {0}")]
     InvalidConfig(String),

@@ -144,20 +144,25 @@ pub fn args_wire_len(args: &TaskArgs) -> usize {
 /// ```
 /// use strata_types::*;
 /// use strata_types::wire::{encode_args, decode_args};
-/// let mut args = TaskArgs::new();
 /// // SAFETY: a doc example: the descriptor is never given to a task.
 /// let buf = unsafe { BufferDesc::from_parts(IdentityMinter::new().mint(), 64,
 ///     BufferLocation::HostShared { region: 3, offset: 128 }) };
-/// args.push_tensor(TensorArg::new(buf, TensorView::contiguous(DataType::F32, &[4, 4]).unwrap(), ArgTag::InOut).unwrap()).unwrap();
-/// args.push_scalar(2.0f32).unwrap();
+/// let x = BufferView::new(buf, TensorView::contiguous(DataType::F32, &[4, 4])?)?;
+/// let args = TaskArgs::new().inout(&x).scalar(2.0f32);
 /// let mut blob = vec![0u8; 4096];
-/// let n = encode_args(&args, &mut blob).unwrap();
-/// assert_eq!(decode_args(&blob[..n], ArgLimits::HOST).unwrap(), args);
+/// let n = encode_args(&args, &mut blob)?;
+/// assert_eq!(decode_args(&blob[..n], ArgLimits::HOST)?, args);
+/// // A recorded invalid argument is reported before anything is written.
+/// let bad = TaskArgs::new().inout(x.slice(0, 2, 6));
+/// assert!(encode_args(&bad, &mut blob).unwrap_err().to_string().contains("tensor argument 0"));
+/// # Ok::<(), TypesError>(())
 /// ```
 ///
 /// # Errors
-/// [`TypesError::WireTooSmall`] if `out` cannot hold the encoding.
+/// [`TypesError::InvalidArgument`] if a chaining method recorded an invalid argument
+/// ([`TaskArgs::check`]); [`TypesError::WireTooSmall`] if `out` cannot hold the encoding.
 pub fn encode_args(args: &TaskArgs, out: &mut [u8]) -> Result<usize, TypesError> {
+    args.check()?;
     let needed = args_wire_len(args);
     if out.len() < needed {
         return Err(TypesError::WireTooSmall {

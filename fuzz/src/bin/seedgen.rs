@@ -328,7 +328,7 @@ fn mailbox_seeds(seeds: &Seeds, blobs: &[(&'static str, Vec<u8>)]) {
     let config = EncodedConfig::default();
     let mut thirteen = TaskArgs::new();
     thirteen.push_scalar(13u64).expect("scalar");
-    let blob = encode_args_blob(&thirteen);
+    let blob = encode_args_blob(&thirteen).expect("thirteen encodes");
     let identity = parent_identity(TaskSlot::Slot0);
     let task = TaskPublication::run(PARENT_CALLABLE, identity, &config, &blob);
     parent.publish(TaskSlot::Slot0, &task).expect("publish");
@@ -454,7 +454,7 @@ fn main() {
     let lists = arg_lists(&fx);
     let blobs: Vec<(&'static str, Vec<u8>)> = lists
         .iter()
-        .map(|(n, a)| (*n, encode_args_blob(a)))
+        .map(|(n, a)| (*n, encode_args_blob(a).expect("a seed encodes")))
         .collect();
     for (name, blob) in &blobs {
         seeds.put("args_blob", name, blob);

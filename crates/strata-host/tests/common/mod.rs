@@ -96,7 +96,7 @@ impl Tasks {
         callable: CallableId,
         args: &TaskArgs,
     ) -> Result<TaskCompletion, HostError> {
-        let blob = encode_args_blob(args);
+        let blob = encode_args_blob(args)?;
         let id = self.identity(slot);
         let task = TaskPublication::run(callable, id, &self.config, &blob);
         lane.run_task(slot, &task, Some(BOUND))
@@ -110,7 +110,7 @@ impl Tasks {
         callable: CallableId,
         args: &TaskArgs,
     ) -> Result<(), String> {
-        let blob = encode_args_blob(args);
+        let blob = encode_args_blob(args).ctx("encode")?;
         let id = self.identity(slot);
         let task = TaskPublication::run(callable, id, &self.config, &blob);
         lane.parent().publish(slot, &task).ctx("publish")
