@@ -19,8 +19,8 @@ use std::process::ExitCode;
 use strata::chip::{ChipConfig, CoreArgs, KernelError};
 use strata::dist::DistConfig;
 use strata::host::SharedTensor;
-use strata::types::{ArgTag, DataType, TaskArgs};
-use strata::{Error, RunHandle, Worker, WorkerConfig};
+use strata::types::{DataType, TaskArgs};
+use strata::{Error, PendingRun, Worker, WorkerConfig};
 
 /// `W` is `ROWS × COLS`; each chip holds `ROWS / 2` rows.
 const ROWS: u64 = 256;
@@ -88,14 +88,14 @@ fn run() -> Result<String, Error> {
     // and chip 1), scalar 0 the staging slot.
     let (xo, yo) = (xs.clone(), ys.clone());
     let request = w.register_orchestration("request", move |o, a| {
-        let slot = a.scalar::<u64>(0).ok_or("the slot scalar")? as usize;
+        let slot = a.scalar_at::<u64>(0).ok_or("the slot scalar")? as usize;
         let (x, y) = (&xo[slot], &yo[slot]);
         for chip in 0..2u64 {
-            let half = y.view().slice(0, chip * ROWS / 2, (chip + 1) * ROWS / 2)?;
-            let mut t = TaskArgs::new();
-            t.push_tensor(a.tensors()[chip as usize])?
-                .push_tensor(x.arg(ArgTag::Input))?
-                .push_tensor(y.arg_view(half, ArgTag::OutputExisting)?)?;
+            let half = y.slice(0, chip * ROWS / 2, (chip + 1) * ROWS / 2);
+            let t = TaskArgs::new()
+                .input(a.tensors()[chip as usize])
+                .input(x)
+                .output_existing(half);
             o.submit_next_level(shard, &t, chip as usize)?;
         }
         Ok(())
@@ -117,9 +117,9 @@ fn run() -> Result<String, Error> {
 
     // Dispatch many: at most SLOTS runs in flight.
     let start = std::time::Instant::now();
-    let mut in_flight: VecDeque<(usize, RunHandle)> = VecDeque::new();
+    let mut in_flight: VecDeque<(usize, PendingRun)> = VecDeque::new();
     let mut checked = 0;
-    let check = |k: usize, h: RunHandle| -> Result<(), Error> {
+    let check = |k: usize, h: PendingRun| -> Result<(), Error> {
         h.result()?;
         let got = ys[k % SLOTS].to_vec::<f32>()?;
         let want = golden(&input(k));
@@ -140,10 +140,10 @@ fn run() -> Result<String, Error> {
             }
         }
         xs[k % SLOTS].write(&input(k))?;
-        let mut a = TaskArgs::new();
-        a.push_tensor(shards[0].arg(ArgTag::Input))?
-            .push_tensor(shards[1].arg(ArgTag::Input))?
-            .push_scalar_bits((k % SLOTS) as u64)?;
+        let a = TaskArgs::new()
+            .input(&shards[0])
+            .input(&shards[1])
+            .scalar((k % SLOTS) as u64);
         in_flight.push_back((k, w.submit(request, &a)?));
     }
     while let Some((k, h)) = in_flight.pop_front() {

@@ -17,4 +17,4 @@ pub use strata_graph as graph;
 pub use strata_host as host;
 pub use strata_mailbox as mailbox;
 pub use strata_types as types;
-pub use worker::{Callable, Error, RunHandle, Worker, WorkerConfig};
+pub use worker::{Callable, Error, PendingRun, Worker, WorkerConfig};

@@ -5,10 +5,10 @@
 use std::sync::Arc;
 use strata_chip::{ChipConfig, ChipWorker, KernelHandle, OrchHandle, RunArgs, TaskArgsError};
 use strata_dist::{
-    ChildTensor, DistConfig, DistError, DistWorker, HostOrchHandle, Orch, OrchError, SubHandle,
+    ChildTensor, DistConfig, DistError, DistWorker, HostOrchHandle, Orch, SubHandle,
 };
 use strata_host::{SharedMemory, SharedTensor};
-use strata_types::{CallConfig, DataType, Element, IdentityMinter, TaskArgs};
+use strata_types::{CallConfig, CallbackResult, DataType, Element, IdentityMinter, TaskArgs};
 use thiserror::Error;
 
 /// Errors of the facade.
@@ -193,10 +193,7 @@ impl Worker {
     /// children.)
     pub fn register_kernel<F>(&mut self, name: &str, f: F) -> Result<KernelHandle, Error>
     where
-        F: Fn(&mut strata_chip::KernelCtx<'_>) -> Result<(), strata_chip::KernelError>
-            + Send
-            + Sync
-            + 'static,
+        F: Fn(&mut strata_chip::KernelCtx<'_>) -> CallbackResult + Send + Sync + 'static,
     {
         match &mut self.inner {
             Inner::Chip { chip, .. } => Ok(chip.register_kernel_fn(name, f)?),
@@ -210,10 +207,7 @@ impl Worker {
     /// A registration error.
     pub fn register_chip_orchestration<F>(&mut self, name: &str, f: F) -> Result<OrchHandle, Error>
     where
-        F: Fn(
-                &mut strata_chip::ChipOrch,
-                &strata_chip::ChipArgs,
-            ) -> Result<(), strata_chip::ChipError>
+        F: Fn(&mut strata_chip::ChipOrch, &strata_chip::ChipArgs) -> CallbackResult
             + Send
             + Sync
             + 'static,
@@ -230,7 +224,7 @@ impl Worker {
     /// On a level-2 worker.
     pub fn register_orchestration<F>(&mut self, name: &str, f: F) -> Result<HostOrchHandle, Error>
     where
-        F: Fn(&mut Orch<'_>, &TaskArgs) -> Result<(), OrchError> + Send + Sync + 'static,
+        F: Fn(&mut Orch<'_>, &TaskArgs) -> CallbackResult + Send + Sync + 'static,
     {
         Ok(self
             .dist("register_orchestration")?
@@ -243,7 +237,7 @@ impl Worker {
     /// On a level-2 worker.
     pub fn register_sub<F>(&mut self, name: &str, f: F) -> Result<SubHandle, Error>
     where
-        F: Fn(&mut strata_host::SubCall<'_>) -> Result<(), String> + Send + Sync + 'static,
+        F: Fn(&mut strata_host::SubCall<'_>) -> CallbackResult + Send + Sync + 'static,
     {
         Ok(self.dist("register_sub")?.register_sub(name, f))
     }
@@ -318,7 +312,7 @@ impl Worker {
         &mut self,
         callable: impl Into<Callable>,
         args: &TaskArgs,
-    ) -> Result<RunHandle, Error> {
+    ) -> Result<PendingRun, Error> {
         self.submit_with(callable, args, &CallConfig::default())
     }
 
@@ -331,14 +325,14 @@ impl Worker {
         callable: impl Into<Callable>,
         args: &TaskArgs,
         config: &CallConfig,
-    ) -> Result<RunHandle, Error> {
+    ) -> Result<PendingRun, Error> {
         match (&mut self.inner, callable.into()) {
             (Inner::Chip { chip, shared, .. }, Callable::Chip(h)) => {
                 let result = run_on_chip(chip, shared, &h, args, config);
-                Ok(RunHandle(HandleInner::Done(result)))
+                Ok(PendingRun(HandleInner::Done(result)))
             }
             (Inner::Dist(d), Callable::Host(h)) => {
-                Ok(RunHandle(HandleInner::Dist(d.submit_with(&h, args, config)?)))
+                Ok(PendingRun(HandleInner::Dist(d.submit_with(&h, args, config)?)))
             }
             (Inner::Chip { .. }, Callable::Host(_)) => Err(Error::InvalidArgs(
                 "a level-2 worker (a chip) runs chip orchestrations, not host orchestrations".into(),
@@ -466,6 +460,7 @@ fn run_on_chip(
         TaskArgsError::HostLocal { index } => Error::InvalidArgs(format!(
             "tensor argument {index}: use a SharedTensor (Worker::shared_tensor) for host data"
         )),
+        TaskArgsError::Invalid(e) => Error::Types(e),
         other => Error::InvalidArgs(other.to_string()),
     })?;
     chip.run(h, &mut run, config)?;
@@ -488,15 +483,15 @@ enum HandleInner {
 }
 
 /// A run of any level (see [`Worker::submit`]).
-pub struct RunHandle(HandleInner);
+pub struct PendingRun(HandleInner);
 
-impl std::fmt::Debug for RunHandle {
+impl std::fmt::Debug for PendingRun {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("RunHandle")
+        f.write_str("PendingRun")
     }
 }
 
-impl RunHandle {
+impl PendingRun {
     /// Whether the run finished.
     pub fn is_done(&self) -> bool {
         match &self.0 {

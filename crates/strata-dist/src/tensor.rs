@@ -5,7 +5,9 @@
 
 use crate::error::DistError;
 use strata_graph::RunId;
-use strata_types::{ArgTag, BufferDesc, TensorArg, TensorView};
+use strata_types::{
+    ArgTag, BufferDesc, BufferView, IntoTensorArg, TensorArg, TensorView, TypesError,
+};
 
 /// A tensor in the device memory of one chip child, allocated with
 /// [`Orch::alloc_child_tensor`](crate::Orch::alloc_child_tensor) or
@@ -45,6 +47,29 @@ impl ChildTensor {
     /// If the view does not fit the tensor's buffer.
     pub fn arg_view(&self, view: TensorView, tag: ArgTag) -> Result<TensorArg, DistError> {
         Ok(TensorArg::new(self.buffer, view, tag)?)
+    }
+
+    /// Elements `start..end` of axis `axis`, to pass to a task with a tag (a
+    /// [`strata_types::TaskArgs`] chaining method records its error).
+    ///
+    /// # Errors
+    /// As [`TensorView::slice`].
+    pub fn slice(&self, axis: usize, start: u64, end: u64) -> Result<BufferView, TypesError> {
+        BufferView::new(self.buffer, self.view)?.slice(axis, start, end)
+    }
+}
+
+/// The whole tensor, for [`strata_types::TaskArgs`]' chaining methods.
+impl IntoTensorArg for &ChildTensor {
+    fn into_tensor_arg(self, tag: ArgTag) -> Result<TensorArg, TypesError> {
+        Ok(self.arg(tag))
+    }
+}
+
+/// The whole intermediate, for [`strata_types::TaskArgs`]' chaining methods.
+impl IntoTensorArg for &RunTensor {
+    fn into_tensor_arg(self, tag: ArgTag) -> Result<TensorArg, TypesError> {
+        Ok(self.arg(tag))
     }
 }
 

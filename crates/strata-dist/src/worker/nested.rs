@@ -6,7 +6,7 @@
 use super::DistWorker;
 use crate::registry::HostOrchHandle;
 use strata_host::{ChildEnv, ChildProgram};
-use strata_mailbox::{codes, ControlReply, ControlRequest, Failure, Handler, TaskRequest};
+use strata_mailbox::{codes, ControlReply, ControlRequest, FailureReport, Handler, TaskRequest};
 
 /// A level-3 worker child of a level-4 worker: the whole level-3 worker (with its own
 /// children, forked inside this child) serving host orchestrations.
@@ -43,15 +43,15 @@ struct NestedHandler {
 }
 
 impl Handler for NestedHandler {
-    fn task(&mut self, req: &TaskRequest<'_>) -> Result<(), Failure> {
+    fn task(&mut self, req: &TaskRequest<'_>) -> Result<(), FailureReport> {
         let handle = HostOrchHandle { id: req.callable };
         self.worker
             .run_nested(&handle, req.args, req.config)
-            .map_err(|e| Failure::new(codes::FAILED, e.to_string()))
+            .map_err(|e| FailureReport::new(codes::FAILED, e.to_string()))
     }
 
-    fn control(&mut self, req: &ControlRequest<'_>) -> Result<ControlReply, Failure> {
-        Err(Failure::new(
+    fn control(&mut self, req: &ControlRequest<'_>) -> Result<ControlReply, FailureReport> {
+        Err(FailureReport::new(
             codes::UNSUPPORTED,
             format!(
                 "a level-3 worker child does not take control command {}; device memory belongs to its chips",
