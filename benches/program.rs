@@ -34,9 +34,7 @@ fn noop_program() -> Program {
         Ok(())
     });
     p.orchestrate(move |o, args| {
-        let mut a = TaskArgs::new();
-        a.push_tensor(args.tensor("t")?.arg()?)?;
-        o.submit_next_level(c, &a, 0)?;
+        o.submit_next_level(c, &TaskArgs::new().inout(args.tensor("t")?), 0)?;
         Ok(())
     });
     p
@@ -110,9 +108,9 @@ fn main() -> Result<(), Error> {
     // 2. First dispatch, cold vs prewarmed.
     let mut sizing = CallConfig::default();
     for r in sizing.rings.iter_mut() {
-        r.heap_bytes = 64 << 20;
-        r.task_window = 1 << 16;
-        r.dep_pool = 1 << 18;
+        r.heap_bytes = Some(64 << 20);
+        r.task_window = Some(1 << 16);
+        r.dep_pool = Some(1 << 18);
     }
     let t = SharedTensor::zeroed(&[64], DataType::U8)?;
     let first = |options: Prepare| -> f64 {
@@ -167,9 +165,7 @@ fn main() -> Result<(), Error> {
             .expect("chip orchestration");
         let tt = t.clone();
         let orch = w.register_orchestration("run", move |o, _| {
-            let mut a = TaskArgs::new();
-            a.push_tensor(tt.arg(ArgTag::InOut))?;
-            o.submit_next_level(c, &a, 0)?;
+            o.submit_next_level(c, &TaskArgs::new().inout(&tt), 0)?;
             Ok(())
         });
         w.init().expect("init");

@@ -15,7 +15,7 @@
 use std::process::ExitCode;
 use strata::chip::{ChipConfig, CoreArgs, KernelError};
 use strata::comm::{signal_cells, AllreduceAlgo, Comm, DistributedTensor, ReduceOp};
-use strata::types::{ArgTag, DataType, TaskArgs};
+use strata::types::{DataType, TaskArgs};
 use strata::{Error, Worker};
 
 const N: u64 = 1024;
@@ -68,12 +68,12 @@ fn run() -> Result<String, Error> {
         let signal = o.window(&buf, 4 * N, &[cells], DataType::I32)?;
         let mut per_rank = Vec::new();
         for r in 0..2 {
-            let mut a = TaskArgs::new();
-            a.push_tensor(xa.arg_view(xa.view().slice(0, r, r + 1)?, ArgTag::Input)?)?
-                .push_tensor(ya.arg_view(ya.view().slice(0, r, r + 1)?, ArgTag::OutputExisting)?)?
+            let mut a = TaskArgs::new()
+                .input(xa.slice(0, r, r + 1))
+                .output_existing(ya.slice(0, r, r + 1))
                 // The windows as dependencies (the kernel reaches them in place) ...
-                .push_tensor(data.arg(ArgTag::InOut))?
-                .push_tensor(signal.arg(ArgTag::InOut))?;
+                .inout(&data)
+                .inout(&signal);
             // ... and as the scalars the kernel opens them by.
             data.push_to(&mut a)?;
             signal.push_to(&mut a)?;

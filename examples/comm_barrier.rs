@@ -70,14 +70,11 @@ fn run() -> Result<String, Error> {
         for k in 0..2 {
             let mut per_rank = Vec::new();
             for r in 0..P {
-                let at = |t: &strata::host::SharedTensor| {
-                    t.view().slice(0, k, k + 1)?.slice(1, r, r + 1)
-                };
-                let mut a = TaskArgs::new();
-                a.push_tensor(xa.arg_view(at(&xa)?, ArgTag::Input)?)?
-                    .push_tensor(ya.arg_view(at(&ya)?, ArgTag::OutputExisting)?)?
-                    .push_tensor(data.arg(ArgTag::InOut))?
-                    .push_tensor(signal.arg(ArgTag::InOut))?;
+                let mut a = TaskArgs::new()
+                    .input(xa.window(&[k, r, 0], &[1, 1, M]))
+                    .output_existing(ya.window(&[k, r, 0], &[1, 1, M]))
+                    .inout(&data)
+                    .inout(&signal);
                 data.push_to(&mut a)?;
                 signal.push_to(&mut a)?;
                 per_rank.push(a);

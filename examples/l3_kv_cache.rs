@@ -35,9 +35,9 @@ fn prefill() -> Program {
         Ok(())
     });
     p.orchestrate(move |o, args| {
-        let mut a = TaskArgs::new();
-        a.push_tensor(args.tensor("kv")?.arg()?)?
-            .push_scalar(args.scalar::<f32>("prompt")?)?;
+        let a = TaskArgs::new()
+            .output_existing(args.tensor("kv")?)
+            .scalar(args.scalar::<f32>("prompt")?);
         o.submit_next_level(on_chip, &a, 0)?;
         Ok(())
     });
@@ -57,7 +57,7 @@ fn decode() -> Program {
         let kv = ctx.input::<f32>(0)?.to_vec();
         let mut out = ctx.output::<f32>(1)?;
         for (i, v) in kv.iter().enumerate() {
-            out.set_flat(i as u64, v + t);
+            out.set_flat(i as u64, v + t)?;
         }
         Ok(())
     });
@@ -72,10 +72,10 @@ fn decode() -> Program {
         Ok(())
     });
     p.orchestrate(move |o, args| {
-        let mut a = TaskArgs::new();
-        a.push_tensor(args.tensor("kv")?.arg()?)?
-            .push_tensor(args.tensor("logits")?.arg()?)?
-            .push_scalar(args.scalar::<f32>("token")?)?;
+        let a = TaskArgs::new()
+            .input(args.tensor("kv")?)
+            .output_existing(args.tensor("logits")?)
+            .scalar(args.scalar::<f32>("token")?);
         o.submit_next_level(on_chip, &a, 0)?;
         Ok(())
     });

@@ -45,7 +45,7 @@ fn matvec_program() -> Program {
         let x = ctx.input::<f32>(1)?.to_vec();
         let mut y = ctx.output::<f32>(2)?;
         for (r, row) in w.chunks(x.len()).enumerate() {
-            y.set_flat(r as u64, row.iter().zip(&x).map(|(a, b)| a * b).sum());
+            y.set_flat(r as u64, row.iter().zip(&x).map(|(a, b)| a * b).sum())?;
         }
         Ok(())
     });
@@ -60,10 +60,10 @@ fn matvec_program() -> Program {
         Ok(())
     });
     p.orchestrate(move |o, args| {
-        let mut a = TaskArgs::new();
-        for name in ["w", "x", "y"] {
-            a.push_tensor(args.tensor(name)?.arg()?)?;
-        }
+        let a = TaskArgs::new()
+            .input(args.tensor("w")?)
+            .input(args.tensor("x")?)
+            .output_existing(args.tensor("y")?);
         o.submit_next_level(on_chip, &a, 0)?;
         Ok(())
     });

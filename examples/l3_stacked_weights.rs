@@ -51,7 +51,7 @@ fn sharded_matvec() -> Program {
         let x = ctx.input::<f32>(1)?.to_vec();
         let mut y = ctx.output::<f32>(2)?;
         for (r, row) in w.chunks(x.len()).enumerate() {
-            y.set_flat(r as u64, row.iter().zip(&x).map(|(a, b)| a * b).sum());
+            y.set_flat(r as u64, row.iter().zip(&x).map(|(a, b)| a * b).sum())?;
         }
         Ok(())
     });
@@ -68,10 +68,10 @@ fn sharded_matvec() -> Program {
     p.orchestrate(move |o, args| {
         let (w, x, y) = (args.tensor("w")?, args.tensor("x")?, args.tensor("y")?);
         for r in 0..w.shards() {
-            let mut a = TaskArgs::new();
-            a.push_tensor(w.shard(r)?)?
-                .push_tensor(x.arg()?)?
-                .push_tensor(y.row(r)?)?;
+            let a = TaskArgs::new()
+                .input(w.shard(r))
+                .input(x)
+                .output_existing(y.row(r));
             o.submit_next_level(shard, &a, w.shard_worker(r)?)?;
         }
         Ok(())

@@ -8,7 +8,7 @@
 
 use std::process::ExitCode;
 use strata::chip::{ChipConfig, CoreArgs, KernelError};
-use strata::types::{ArgTag, DataType, TaskArgs};
+use strata::types::{DataType, TaskArgs};
 use strata::{Error, Worker};
 
 const N: u64 = 1 << 16;
@@ -66,16 +66,10 @@ fn run() -> Result<String, Error> {
             .into_iter()
             .enumerate()
         {
-            let mut a = TaskArgs::new();
-            a.push_tensor(x.arg(ArgTag::Input))?
-                .push_tensor(y.arg(ArgTag::Input))?
-                .push_tensor(r.arg(ArgTag::Output))?;
+            let a = TaskArgs::new().input(x).input(y).output(r);
             o.submit_next_level(vadd, &a, chip)?;
         }
-        let mut a = TaskArgs::new();
-        a.push_tensor(r0.arg(ArgTag::Input))?
-            .push_tensor(r1.arg(ArgTag::Input))?
-            .push_tensor(oa.arg(ArgTag::OutputExisting))?;
+        let a = TaskArgs::new().input(&r0).input(&r1).output_existing(&oa);
         o.submit_sub(&sum, &a)?;
         Ok(())
     })?;

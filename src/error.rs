@@ -220,3 +220,11 @@ impl From<strata_types::TypesError> for Error {
         Error::InvalidArgument(e.to_string())
     }
 }
+
+/// A facade error met while building a task argument (e.g. `ProgramTensor::row` on a
+/// stacked tensor), recorded by `TaskArgs`' chaining methods.
+impl From<Error> for strata_types::TypesError {
+    fn from(e: Error) -> strata_types::TypesError {
+        strata_types::TypesError::NotAnArgument(e.to_string())
+    }
+}

@@ -16,6 +16,7 @@ use std::time::Duration;
 use strata_chip::{ChipWorker, CopyOffsets, DeviceTensor, OrchHandle, Registry, RunArgs};
 use strata_dist::{DistWorker, HostOrchHandle, WindowLifetime};
 use strata_host::SharedMemory;
+use strata_types::CallbackResult;
 use strata_types::{BufferIdentity, BufferLocation, CallConfig, DataType, Element, TensorView};
 
 /// How a worker is prepared: more programs, window lifetime, callbacks, startup bound,
@@ -95,7 +96,7 @@ impl Prepare {
     /// [`Program::callback`](crate::Program::callback)) to `f`, run by a sub-worker.
     pub fn callback<F>(mut self, name: &str, f: F) -> Prepare
     where
-        F: Fn(&mut strata_host::SubCall<'_>) -> Result<(), String> + Send + Sync + 'static,
+        F: Fn(&mut strata_host::SubCall<'_>) -> CallbackResult + Send + Sync + 'static,
     {
         self.callbacks.push((name.to_owned(), Arc::new(f)));
         self
@@ -395,7 +396,7 @@ impl PreparedWorker {
                             start: Start::Chip(*h),
                         });
                     }
-                    let mut chip = ChipWorker::with_registry(config.clone(), registry)?;
+                    let mut chip = ChipWorker::with_registry((**config).clone(), registry)?;
                     let visible = mem.regions() as u64;
                     chip.init()?;
                     Ok((Backend::Chip(Box::new(chip)), visible))

@@ -9,8 +9,9 @@ use crate::handle::{DispatchHandle, DispatchState};
 use std::sync::Arc;
 use strata_chip::TaskArgsError;
 use strata_chip::{ChipConfig, ChipWorker, DeviceTensor, KernelHandle, OrchHandle, RunArgs};
-use strata_dist::{DistConfig, DistWorker, HostOrchHandle, Orch, OrchError, SubHandle};
+use strata_dist::{DistConfig, DistWorker, HostOrchHandle, Orch, SubHandle};
 use strata_host::{SharedMemory, SharedTensor};
+use strata_types::CallbackResult;
 use strata_types::{CallConfig, DataType, Element, IdentityMinter, TaskArgs};
 
 /// What a run executes: a chip orchestration (on a level-2 worker) or a host orchestration
@@ -161,10 +162,7 @@ impl Worker {
     /// A registration error.
     pub fn register_kernel<F>(&mut self, name: &str, f: F) -> Result<KernelHandle, Error>
     where
-        F: Fn(&mut strata_chip::KernelCtx<'_>) -> Result<(), strata_chip::KernelError>
-            + Send
-            + Sync
-            + 'static,
+        F: Fn(&mut strata_chip::KernelCtx<'_>) -> CallbackResult + Send + Sync + 'static,
     {
         match &mut self.inner {
             Inner::Chip { chip, .. } => Ok(chip.register_kernel_fn(name, f)?),
@@ -178,10 +176,7 @@ impl Worker {
     /// A registration error.
     pub fn register_chip_orchestration<F>(&mut self, name: &str, f: F) -> Result<OrchHandle, Error>
     where
-        F: Fn(
-                &mut strata_chip::ChipOrch,
-                &strata_chip::ChipArgs,
-            ) -> Result<(), strata_chip::ChipError>
+        F: Fn(&mut strata_chip::ChipOrch, &strata_chip::ChipArgs) -> CallbackResult
             + Send
             + Sync
             + 'static,
@@ -198,7 +193,7 @@ impl Worker {
     /// On a level-2 worker.
     pub fn register_orchestration<F>(&mut self, name: &str, f: F) -> Result<HostOrchHandle, Error>
     where
-        F: Fn(&mut Orch<'_>, &TaskArgs) -> Result<(), OrchError> + Send + Sync + 'static,
+        F: Fn(&mut Orch<'_>, &TaskArgs) -> CallbackResult + Send + Sync + 'static,
     {
         Ok(self
             .dist("register_orchestration")?
@@ -211,7 +206,7 @@ impl Worker {
     /// On a level-2 worker.
     pub fn register_sub<F>(&mut self, name: &str, f: F) -> Result<SubHandle, Error>
     where
-        F: Fn(&mut strata_host::SubCall<'_>) -> Result<(), String> + Send + Sync + 'static,
+        F: Fn(&mut strata_host::SubCall<'_>) -> CallbackResult + Send + Sync + 'static,
     {
         Ok(self.dist("register_sub")?.register_sub(name, f))
     }

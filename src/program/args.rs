@@ -341,6 +341,14 @@ impl ProgramTensor {
     }
 }
 
+/// The whole tensor, for `TaskArgs`' chaining methods (a stacked tensor records an error:
+/// take a shard).
+impl strata_types::IntoTensorArg for &ProgramTensor {
+    fn into_tensor_arg(self, tag: ArgTag) -> Result<TensorArg, strata_types::TypesError> {
+        Ok(self.arg_as(tag)?)
+    }
+}
+
 /// The arguments of a dispatch as its host orchestration sees them: by parameter name.
 #[derive(Debug, Clone)]
 pub struct ProgramArgs {

@@ -17,7 +17,7 @@
 //!     let x = ctx.input::<f32>(0)?.to_vec();
 //!     let mut y = ctx.output::<f32>(1)?;
 //!     for (i, v) in x.iter().enumerate() {
-//!         y.set_flat(i as u64, v + 1.0);
+//!         y.set_flat(i as u64, v + 1.0)?;
 //!     }
 //!     Ok(())
 //! });
@@ -28,8 +28,7 @@
 //! p.orchestrate(move |o, args| {
 //!     let (x, y) = (args.tensor("x")?, args.tensor("y")?);
 //!     for r in 0..o.world_size() {
-//!         let mut a = TaskArgs::new();
-//!         a.push_tensor(x.row(r)?)?.push_tensor(y.row(r)?)?;
+//!         let a = TaskArgs::new().input(x.row(r)).output_existing(y.row(r));
 //!         o.submit_next_level(per_chip, &a, r)?;
 //!     }
 //!     Ok(())
@@ -52,14 +51,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use strata_chip::{ChipConfig, KernelHandle, OrchHandle, Registry};
 use strata_dist::{DistConfig, HostOrchHandle, Level, SubHandle};
+use strata_types::CallbackResult;
 use strata_types::{CallableDescriptor, CallableKind};
 
 /// A host orchestration of a program: builds one dispatch from its arguments.
-pub type ProgramFn = Arc<
-    dyn Fn(&mut strata_dist::Orch<'_>, &args::ProgramArgs) -> Result<(), strata_dist::OrchError>
-        + Send
-        + Sync,
->;
+pub type ProgramFn =
+    Arc<dyn Fn(&mut strata_dist::Orch<'_>, &args::ProgramArgs) -> CallbackResult + Send + Sync>;
 
 /// What a program is compiled for.
 ///
@@ -78,7 +75,7 @@ pub struct Target {
 
 #[derive(Debug, Clone)]
 pub(crate) enum TargetKind {
-    Chip(ChipConfig),
+    Chip(Box<ChipConfig>),
     Dist {
         config: DistConfig,
         children: Vec<Target>,
@@ -89,7 +86,7 @@ impl Target {
     /// One chip (a level-2 worker).
     pub fn chip(config: ChipConfig) -> Target {
         Target {
-            kind: TargetKind::Chip(config),
+            kind: TargetKind::Chip(Box::new(config)),
         }
     }
 
@@ -270,10 +267,7 @@ impl Program {
     /// by [`Program::compile`].
     pub fn kernel<F>(&mut self, name: &str, f: F) -> KernelHandle
     where
-        F: Fn(&mut strata_chip::KernelCtx<'_>) -> Result<(), strata_chip::KernelError>
-            + Send
-            + Sync
-            + 'static,
+        F: Fn(&mut strata_chip::KernelCtx<'_>) -> CallbackResult + Send + Sync + 'static,
     {
         let desc = CallableDescriptor::new(CallableKind::Kernel, self.scoped(name));
         match self.chip.register_kernel(desc.clone(), f) {
@@ -289,10 +283,7 @@ impl Program {
     /// the handle a host orchestration submits it to a chip by.
     pub fn chip_orchestration<F>(&mut self, name: &str, f: F) -> OrchHandle
     where
-        F: Fn(
-                &mut strata_chip::ChipOrch,
-                &strata_chip::ChipArgs,
-            ) -> Result<(), strata_chip::ChipError>
+        F: Fn(&mut strata_chip::ChipOrch, &strata_chip::ChipArgs) -> CallbackResult
             + Send
             + Sync
             + 'static,
@@ -310,7 +301,7 @@ impl Program {
     /// the handle the orchestration submits it by.
     pub fn sub<F>(&mut self, name: &str, f: F) -> SubHandle
     where
-        F: Fn(&mut strata_host::SubCall<'_>) -> Result<(), String> + Send + Sync + 'static,
+        F: Fn(&mut strata_host::SubCall<'_>) -> CallbackResult + Send + Sync + 'static,
     {
         let scoped = self.scoped(name);
         self.subs.push((scoped.clone(), Some(Arc::new(f))));
@@ -330,10 +321,7 @@ impl Program {
     /// program's orchestration submits it with `submit_next_level`).
     pub fn worker_orchestration<F>(&mut self, name: &str, f: F) -> HostOrchHandle
     where
-        F: Fn(
-                &mut strata_dist::Orch<'_>,
-                &strata_types::TaskArgs,
-            ) -> Result<(), strata_dist::OrchError>
+        F: Fn(&mut strata_dist::Orch<'_>, &strata_types::TaskArgs) -> CallbackResult
             + Send
             + Sync
             + 'static,
@@ -348,7 +336,7 @@ impl Program {
     /// workers), with the dispatch's arguments by parameter name.
     pub fn orchestrate<F>(&mut self, f: F)
     where
-        F: Fn(&mut strata_dist::Orch<'_>, &args::ProgramArgs) -> Result<(), strata_dist::OrchError>
+        F: Fn(&mut strata_dist::Orch<'_>, &args::ProgramArgs) -> CallbackResult
             + Send
             + Sync
             + 'static,
@@ -361,10 +349,7 @@ impl Program {
     /// parameter order (a fixed scalar in its place).
     pub fn orchestrate_chip<F>(&mut self, f: F)
     where
-        F: Fn(
-                &mut strata_chip::ChipOrch,
-                &strata_chip::ChipArgs,
-            ) -> Result<(), strata_chip::ChipError>
+        F: Fn(&mut strata_chip::ChipOrch, &strata_chip::ChipArgs) -> CallbackResult
             + Send
             + Sync
             + 'static,

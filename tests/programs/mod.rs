@@ -73,7 +73,7 @@ fn add_one_program(n: u64) -> Program {
         let x = ctx.input::<f32>(0)?.to_vec();
         let mut y = ctx.output::<f32>(1)?;
         for (i, v) in x.iter().enumerate() {
-            y.set_flat(i as u64, v + 1.0);
+            y.set_flat(i as u64, v + 1.0)?;
         }
         Ok(())
     });
@@ -87,8 +87,7 @@ fn add_one_program(n: u64) -> Program {
     p.orchestrate(move |o, args| {
         let (x, y) = (args.tensor("x")?, args.tensor("y")?);
         for r in 0..o.world_size() {
-            let mut a = TaskArgs::new();
-            a.push_tensor(x.row(r)?)?.push_tensor(y.row(r)?)?;
+            let a = TaskArgs::new().input(x.row(r)).output_existing(y.row(r));
             o.submit_next_level(per_chip, &a, r)?;
         }
         Ok(())
@@ -147,9 +146,9 @@ pub fn s12_multi_program_kv_cache_on_one_resident_tensor<M: Mode>() -> Outcome {
         Ok(())
     });
     prefill.orchestrate(move |o, args| {
-        let mut a = TaskArgs::new();
-        a.push_tensor(args.tensor("kv")?.arg()?)?
-            .push_scalar(args.scalar::<f32>("prompt")?)?;
+        let a = TaskArgs::new()
+            .output_existing(args.tensor("kv")?)
+            .scalar(args.scalar::<f32>("prompt")?);
         o.submit_next_level(fill_chip, &a, 0)?;
         Ok(())
     });
@@ -165,7 +164,7 @@ pub fn s12_multi_program_kv_cache_on_one_resident_tensor<M: Mode>() -> Outcome {
         let kv = ctx.input::<f32>(0)?.to_vec();
         let mut out = ctx.output::<f32>(1)?;
         for (i, v) in kv.iter().enumerate() {
-            out.set_flat(i as u64, v + t);
+            out.set_flat(i as u64, v + t)?;
         }
         Ok(())
     });
@@ -180,10 +179,10 @@ pub fn s12_multi_program_kv_cache_on_one_resident_tensor<M: Mode>() -> Outcome {
         Ok(())
     });
     decode.orchestrate(move |o, args| {
-        let mut a = TaskArgs::new();
-        a.push_tensor(args.tensor("kv")?.arg()?)?
-            .push_tensor(args.tensor("logits")?.arg()?)?
-            .push_scalar(args.scalar::<f32>("token")?)?;
+        let a = TaskArgs::new()
+            .input(args.tensor("kv")?)
+            .output_existing(args.tensor("logits")?)
+            .scalar(args.scalar::<f32>("token")?);
         o.submit_next_level(step_chip, &a, 0)?;
         Ok(())
     });
@@ -259,7 +258,7 @@ fn open_gate(t: &SharedTensor) {
 
 /// A sub callable that waits (at most 30 s) until its argument 0 (a gate) is open, then
 /// adds 1 to its argument 1.
-fn wait_then_count(call: &mut strata::host::SubCall<'_>) -> Result<(), String> {
+fn wait_then_count(call: &mut strata::host::SubCall<'_>) -> strata::types::CallbackResult {
     // SAFETY: the gate is a NO_DEP word the test opens while this task runs: it is only
     // read, volatile and whole.
     let g = unsafe { call.tensor_untracked::<u32>(0)? };
@@ -285,9 +284,9 @@ fn gated_program() -> Program {
     );
     let cb = p.sub("wait_then_count", wait_then_count);
     p.orchestrate(move |o, args| {
-        let mut a = TaskArgs::new();
-        a.push_tensor(args.tensor("gate")?.arg_as(ArgTag::NoDep)?)?
-            .push_tensor(args.tensor("count")?.arg()?)?;
+        let a = TaskArgs::new()
+            .no_dep(args.tensor("gate")?)
+            .inout(args.tensor("count")?);
         o.submit_sub(&cb, &a)?;
         Ok(())
     });
@@ -313,7 +312,7 @@ pub fn s14_callbacks_are_bound_at_prepare<M: Mode>() -> Outcome {
         let b = ctx.input::<f32>(1)?.to_vec();
         let mut f = ctx.output::<f32>(2)?;
         for (i, (x, y)) in a.iter().zip(&b).enumerate() {
-            f.set_flat(i as u64, x + y);
+            f.set_flat(i as u64, x + y)?;
         }
         Ok(())
     });
@@ -329,14 +328,14 @@ pub fn s14_callbacks_are_bound_at_prepare<M: Mode>() -> Outcome {
     });
     let inspect = p.callback("inspect_result");
     p.orchestrate(move |o, args| {
-        let mut a = TaskArgs::new();
-        for n in ["a", "b", "f"] {
-            a.push_tensor(args.tensor(n)?.arg()?)?;
-        }
+        let a = TaskArgs::new()
+            .input(args.tensor("a")?)
+            .input(args.tensor("b")?)
+            .output_existing(args.tensor("f")?);
         o.submit_next_level(chip, &a, 0)?;
-        let mut c = TaskArgs::new();
-        c.push_tensor(args.tensor("f")?.arg_as(ArgTag::Input)?)?
-            .push_tensor(args.tensor("seen")?.arg()?)?;
+        let c = TaskArgs::new()
+            .input(args.tensor("f")?)
+            .output_existing(args.tensor("seen")?);
         o.submit_sub(&inspect, &c)?;
         Ok(())
     });
@@ -476,8 +475,7 @@ pub fn s15_a_failed_oldest_dispatch_does_not_fail_the_third_submit<M: Mode>() ->
         Ok(())
     });
     p.orchestrate(move |o, args| {
-        let mut a = TaskArgs::new();
-        a.push_scalar(args.scalar::<u32>("fail")?)?;
+        let a = TaskArgs::new().scalar(args.scalar::<u32>("fail")?);
         o.submit_sub(&cb, &a)?;
         Ok(())
     });
@@ -594,9 +592,7 @@ fn scale_program() -> Program {
     p.orchestrate(move |o, args| {
         let t = args.tensor("t")?;
         let w = t.worker().unwrap_or(0);
-        let mut a = TaskArgs::new();
-        a.push_tensor(t.arg()?)?
-            .push_scalar(args.scalar::<f32>("k")?)?;
+        let a = TaskArgs::new().inout(t).scalar(args.scalar::<f32>("k")?);
         o.submit_next_level(chip, &a, w)?;
         Ok(())
     });
@@ -693,7 +689,7 @@ pub fn s16_resident_ownership_and_memory_negatives<M: Mode>() -> Outcome {
     );
     // A bad call configuration.
     let mut cfg = CallConfig::default();
-    cfg.rings[0].heap_bytes = 1000;
+    cfg.rings[0].heap_bytes = Some(1000);
     let e = rt.run_with(&compiled, (&new, 1.0f32), &cfg).unwrap_err();
     check!(
         e.to_string().contains("heap_bytes = 1000"),
@@ -776,7 +772,7 @@ fn stacked_program() -> Program {
         let w = ctx.input::<f32>(0)?.to_vec();
         let mut y = ctx.output::<f32>(1)?;
         for (i, v) in w.iter().enumerate() {
-            y.set_flat(i as u64, v * k);
+            y.set_flat(i as u64, v * k)?;
         }
         Ok(())
     });
@@ -797,10 +793,10 @@ fn stacked_program() -> Program {
             args.scalar::<f32>("k")?,
         );
         for i in 0..w.shards() {
-            let mut a = TaskArgs::new();
-            a.push_tensor(w.shard(i)?)?
-                .push_tensor(y.row(i)?)?
-                .push_scalar(k)?;
+            let a = TaskArgs::new()
+                .input(w.shard(i))
+                .output_existing(y.row(i))
+                .scalar(k);
             o.submit_next_level(chip, &a, w.shard_worker(i)?)?;
         }
         Ok(())
@@ -989,7 +985,7 @@ pub fn a_level_2_program_runs_on_one_chip<M: Mode>() -> Outcome {
         let mut y = ctx.output::<f32>(1)?;
         for (i, v) in x.iter().enumerate() {
             let cur = y.get_flat(i as u64).unwrap_or(0.0);
-            y.set_flat(i as u64, a * v + cur);
+            y.set_flat(i as u64, a * v + cur)?;
         }
         Ok(())
     });
@@ -1055,7 +1051,7 @@ pub fn prewarm_builds_the_ring_heaps_while_preparing<M: Mode>() -> Outcome {
     let compiled = scale_program().compile(&l3::<M>(1)).ctx("compile")?;
     let mut sizing = CallConfig::default();
     for r in sizing.rings.iter_mut() {
-        r.heap_bytes = 3 << 20;
+        r.heap_bytes = Some(3 << 20);
     }
     let heaps = 4 * (3u64 << 20);
     let cold = compiled.prepare(Prepare::new()).ctx("prepare cold")?;
@@ -1087,7 +1083,7 @@ pub fn prewarm_builds_the_ring_heaps_while_preparing<M: Mode>() -> Outcome {
 /// A kernel that fails, and the chip orchestration that runs it.
 fn failing_chip(p: &mut Program) -> strata::chip::OrchHandle {
     let k = p.kernel("fail", |_ctx| {
-        Err(KernelError::new("deliberate kernel failure"))
+        Err(KernelError::new("deliberate kernel failure").into())
     });
     p.chip_orchestration("fail", move |o, _a| {
         o.submit_aiv(k, &CoreArgs::new())?;
@@ -1105,7 +1101,7 @@ pub fn a_chip_failure_is_one_error_at_every_level<M: Mode>() -> Outcome {
     // Level 2.
     let mut p2 = Program::new("fail_l2", Signature::new());
     let k = p2.kernel("fail", |_ctx| {
-        Err(KernelError::new("deliberate kernel failure"))
+        Err(KernelError::new("deliberate kernel failure").into())
     });
     p2.orchestrate_chip(move |o, _a| {
         o.submit_aiv(k, &CoreArgs::new())?;

@@ -137,7 +137,7 @@ pub struct ChipConfig {
     /// Size of the device memory arena (virtual; pages are committed when touched).
     pub device_memory_bytes: u64,
     /// How long a dispatched kernel may run without finishing before it is declared stuck
-    /// (SCHEDULER_TIMEOUT, 100). A run's [`CallConfig::timeout_ms`] overrides it. The same
+    /// (SCHEDULER_TIMEOUT, 100). A run's [`CallConfig::timeout`] overrides it. The same
     /// budget bounds an orchestration that makes no progress.
     pub kernel_timeout: Duration,
     /// How long `get_tensor_data`/`set_tensor_data` wait for producers (TENSOR_WAIT_TIMEOUT, 8).
@@ -310,7 +310,7 @@ impl ChipConfig {
         self.aic_cores + self.aiv_cores
     }
 
-    /// The ring sizing of one run: this configuration with `call`'s non-zero overrides.
+    /// The ring sizing of one run: this configuration with `call`'s overrides.
     ///
     /// # Errors
     /// [`ChipError::InvalidConfig`] with [`CallConfig::validate`]'s message.
@@ -322,15 +322,9 @@ impl ChipConfig {
             .map_err(|e| ChipError::InvalidConfig(e.to_string()))?;
         let mut rings = self.rings;
         for (r, o) in rings.iter_mut().zip(call.rings.iter()) {
-            if o.task_window != 0 {
-                r.task_window = o.task_window;
-            }
-            if o.heap_bytes != 0 {
-                r.heap_bytes = o.heap_bytes;
-            }
-            if o.dep_pool != 0 {
-                r.dep_pool = o.dep_pool;
-            }
+            r.task_window = o.task_window.unwrap_or(r.task_window);
+            r.heap_bytes = o.heap_bytes.unwrap_or(r.heap_bytes);
+            r.dep_pool = o.dep_pool.unwrap_or(r.dep_pool);
         }
         for (i, r) in rings.iter().enumerate() {
             r.validate(i)?;

@@ -258,7 +258,7 @@ pub enum ChipError {
         message: String,
     },
     /// A kernel did not finish within the run's timeout (SCHEDULER_TIMEOUT, 100).
-    #[error("kernel {kernel:?} (task {task}, block {block}) made no progress on core {core} for {} ms: SCHEDULER_TIMEOUT (100, running-stalled); the core is taken out of service and its kernel was asked to stop (KernelCtx::cancelled). Raise CallConfig::timeout_ms or ChipConfig::kernel_timeout if the kernel is just slow", .after.as_millis())]
+    #[error("kernel {kernel:?} (task {task}, block {block}) made no progress on core {core} for {} ms: SCHEDULER_TIMEOUT (100, running-stalled); the core is taken out of service and its kernel was asked to stop (KernelCtx::cancelled). Raise CallConfig::timeout or ChipConfig::kernel_timeout if the kernel is just slow", .after.as_millis())]
     KernelTimeout {
         /// The kernel's registered name.
         kernel: String,

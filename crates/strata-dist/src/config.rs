@@ -62,8 +62,8 @@ pub struct DistConfig {
     /// becomes unusable. Too large for an `Instant`: no deadline.
     pub control_timeout: Duration,
     /// The deadline of a task on a sub-worker or a next-level level-3 worker, from its
-    /// dispatch, when its [`strata_types::CallConfig::timeout_ms`] is 0; a non-zero
-    /// `timeout_ms` replaces it for those tasks. On a chip, `timeout_ms` bounds each
+    /// dispatch, when its [`strata_types::CallConfig::timeout`] is `None`; a call's
+    /// `timeout` replaces it for those tasks. On a chip, `timeout` bounds each
     /// kernel (the chip enforces it) and this is the backstop for the whole chip task. A
     /// task past its deadline fails with a timeout naming the child
     /// ([`strata_graph::FailureKind::Timeout`]), its dependents are poisoned, and the

@@ -5,14 +5,16 @@
 //! callables by digest in the tables they inherited; function pointers and closures never
 //! cross a process boundary and nothing is serialized.
 
-use crate::error::{DistError, OrchError};
+use crate::error::DistError;
 use crate::orch::Orch;
 use std::collections::HashMap;
 use std::sync::Arc;
-use strata_types::{CallableDescriptor, CallableId, CallableKind, TaskArgs};
+use strata_types::{CallableDescriptor, CallableId, CallableKind, CallbackResult, TaskArgs};
 
-/// A host orchestration: builds a run on the worker that runs it.
-pub type HostOrchFn = Arc<dyn Fn(&mut Orch<'_>, &TaskArgs) -> Result<(), OrchError> + Send + Sync>;
+/// A host orchestration: builds a run on the worker that runs it. Its error (any error,
+/// boxed) cancels the run's unstarted tasks and is returned as
+/// [`DistError::Orchestration`](crate::DistError::Orchestration).
+pub type HostOrchFn = Arc<dyn Fn(&mut Orch<'_>, &TaskArgs) -> CallbackResult + Send + Sync>;
 
 /// A registered host orchestration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

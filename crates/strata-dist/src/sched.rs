@@ -864,18 +864,15 @@ impl<E: Endpoint> SchedLoop<E> {
         ControlFailure::Unresponsive { message, after }
     }
 
-    /// The budget of a task on `lane`: its call configuration's `timeout_ms` on a sub or
-    /// level-3 worker (the worker's `task_timeout` when 0); on a chip, `timeout_ms` bounds
-    /// each kernel (the chip enforces it) and `task_timeout` is the backstop.
+    /// The budget of a task on `lane`: its call configuration's `timeout` on a sub or
+    /// level-3 worker (the worker's `task_timeout` when `None`); on a chip, `timeout`
+    /// bounds each kernel (the chip enforces it) and `task_timeout` is the backstop.
     #[inline]
     fn task_budget(&self, lane: usize, config: &EncodedConfig) -> Duration {
         if self.endpoints[lane].kind() == ChildKind::Chip {
             return self.task_timeout;
         }
-        match strata_types::wire::config_timeout_ms(config.as_bytes()) {
-            0 => self.task_timeout,
-            ms => Duration::from_millis(ms),
-        }
+        strata_types::wire::config_timeout(config.as_bytes()).unwrap_or(self.task_timeout)
     }
 
     fn run_controls(&mut self) -> bool {

@@ -3,7 +3,14 @@
 //! and a view) tagged with its run.
 
 use strata_graph::RunId;
-use strata_types::{ArgTag, BufferDesc, TensorArg, TensorView};
+use strata_types::{ArgTag, BufferDesc, IntoTensorArg, TensorArg, TensorView, TypesError};
+
+/// The whole intermediate, for [`strata_types::TaskArgs`]' chaining methods.
+impl IntoTensorArg for &RunTensor {
+    fn into_tensor_arg(self, tag: ArgTag) -> Result<TensorArg, TypesError> {
+        Ok(self.arg(tag))
+    }
+}
 
 /// A runtime-owned intermediate in shared memory, allocated with
 /// [`Orch::alloc`](crate::Orch::alloc) from the current scope's heap ring. It lives until

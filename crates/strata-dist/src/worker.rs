@@ -8,7 +8,7 @@ use crate::chip_child::ChipChild;
 use crate::config::{DistConfig, Level};
 use crate::ctx::Ctx;
 use crate::endpoint::{ChildKind, Endpoint, LocalEndpoint};
-use crate::error::{DistError, OrchError};
+use crate::error::DistError;
 use crate::orch::Orch;
 use crate::registry::{HostOrchHandle, Programs, SubHandle};
 use crate::sched::{Driver, Link, PassFault, SchedExit, SchedLoop, BROKEN_CHECK};
@@ -28,7 +28,8 @@ use strata_host::{
 };
 use strata_mailbox::EncodedConfig;
 use strata_types::{
-    CallConfig, CallableDescriptor, CallableKind, DataType, Element, IdentityMinter, TaskArgs,
+    CallConfig, CallableDescriptor, CallableKind, CallbackResult, DataType, Element,
+    IdentityMinter, TaskArgs,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -173,7 +174,7 @@ impl DistWorker {
     /// Registers a host orchestration.
     pub fn register_orchestration<F>(&mut self, name: &str, f: F) -> HostOrchHandle
     where
-        F: Fn(&mut Orch<'_>, &TaskArgs) -> Result<(), OrchError> + Send + Sync + 'static,
+        F: Fn(&mut Orch<'_>, &TaskArgs) -> CallbackResult + Send + Sync + 'static,
     {
         self.programs.register_host(name, Arc::new(f))
     }
@@ -211,7 +212,7 @@ impl DistWorker {
     /// sub-worker child. Children are forked after registration and find it by digest.
     pub fn register_sub<F>(&mut self, name: &str, f: F) -> SubHandle
     where
-        F: Fn(&mut strata_host::SubCall<'_>) -> Result<(), String> + Send + Sync + 'static,
+        F: Fn(&mut strata_host::SubCall<'_>) -> CallbackResult + Send + Sync + 'static,
     {
         SubHandle {
             id: self.programs.subs.register(name, Arc::new(f)),
@@ -228,10 +229,7 @@ impl DistWorker {
         f: F,
     ) -> Result<strata_chip::KernelHandle, DistError>
     where
-        F: Fn(&mut strata_chip::KernelCtx<'_>) -> Result<(), strata_chip::KernelError>
-            + Send
-            + Sync
-            + 'static,
+        F: Fn(&mut strata_chip::KernelCtx<'_>) -> CallbackResult + Send + Sync + 'static,
     {
         Ok(self
             .programs
@@ -249,10 +247,7 @@ impl DistWorker {
         f: F,
     ) -> Result<strata_chip::OrchHandle, DistError>
     where
-        F: Fn(
-                &mut strata_chip::ChipOrch,
-                &strata_chip::ChipArgs,
-            ) -> Result<(), strata_chip::ChipError>
+        F: Fn(&mut strata_chip::ChipOrch, &strata_chip::ChipArgs) -> CallbackResult
             + Send
             + Sync
             + 'static,
@@ -550,7 +545,8 @@ impl DistWorker {
     /// submit waits for the oldest.
     ///
     /// # Errors
-    /// The worker is not ready or unusable; an unregistered orchestration; the
+    /// [`DistError::BadArgument`] for an argument `args`' builder recorded as invalid; the
+    /// worker is not ready or unusable; an unregistered orchestration; the
     /// orchestration's own error ([`DistError::Orchestration`], after its started tasks
     /// finished and the rest were cancelled).
     pub fn submit(
@@ -588,6 +584,7 @@ impl DistWorker {
         waits: bool,
         nested: bool,
     ) -> Result<RunHandle, DistError> {
+        crate::orch::check_args(args, None)?;
         let rt = self.runtime("submit")?;
         let f = rt
             .programs
@@ -648,7 +645,10 @@ impl DistWorker {
                 })
             }
             Err(e) => {
-                let failure = Failure::new(FailureKind::Cancelled, format!("orchestration: {e}"));
+                let failure = Failure::new(
+                    FailureKind::Cancelled,
+                    format!("orchestration: {}", strata_types::error_chain(&*e)),
+                );
                 rt.graph.fail_run(failure)?;
                 ctx.link.nudge();
                 // The run fence: tasks already running finish before the error returns.

@@ -1,11 +1,12 @@
 //! Host tensors in shared memory: zero-copy for every child.
 
-use crate::access::dtype_compatible;
 use crate::error::HostError;
 use crate::shm::SharedMemory;
+use crate::sub::dtype_compatible;
 use std::sync::Arc;
 use strata_types::{
-    ArgTag, BufferDesc, BufferLocation, DataType, Element, IdentityMinter, TensorArg, TensorView,
+    ArgTag, BufferDesc, BufferLocation, BufferView, DataType, Element, IdentityMinter,
+    IntoTensorArg, TensorArg, TensorView, TypesError,
 };
 
 /// A host tensor in its own shared-memory region: every child of the worker tree (forked
@@ -245,6 +246,51 @@ impl SharedTensor {
         Ok(TensorArg::new(self.buffer, view, tag)?)
     }
 
+    /// The whole tensor as an untagged view, to slice further.
+    pub fn as_view(&self) -> BufferView {
+        // The whole-tensor view fits the tensor's buffer by construction.
+        BufferView::new(self.buffer, self.view)
+            .unwrap_or_else(|_| unreachable!("a tensor's own view fits its buffer"))
+    }
+
+    /// Part of the tensor under another view (built from [`SharedTensor::view`] with
+    /// `transpose`, `reshape`, …), to pass to a task with a tag.
+    ///
+    /// # Errors
+    /// [`TypesError::ViewOutOfBounds`] if `view` leaves the tensor's bytes.
+    pub fn with_view(&self, view: TensorView) -> Result<BufferView, TypesError> {
+        BufferView::new(self.buffer, view)
+    }
+
+    /// Elements `start..end` of axis `axis`, to pass to a task with a tag: its error can
+    /// be left to [`strata_types::TaskArgs`]' chaining methods, which record it.
+    ///
+    /// ```
+    /// use strata_host::{SharedMemory, SharedTensor};
+    /// use strata_types::{IdentityMinter, TaskArgs};
+    /// let mem = SharedMemory::new();
+    /// let t = SharedTensor::zeros::<f32>(&mem, &IdentityMinter::new(), &[4, 8])?;
+    /// let args = TaskArgs::new().input(t.slice(0, 0, 2)).output(t.slice(0, 2, 4));
+    /// assert_eq!(args.tensors()[1].view.byte_offset(), 64);
+    /// assert!(TaskArgs::new().input(t.slice(0, 3, 5)).check().is_err());
+    /// # Ok::<(), strata_host::HostError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`TensorView::slice`].
+    pub fn slice(&self, axis: usize, start: u64, end: u64) -> Result<BufferView, TypesError> {
+        self.as_view().slice(axis, start, end)
+    }
+
+    /// The box of `shape` at `origin`, to pass to a task with a tag (see
+    /// [`SharedTensor::slice`]).
+    ///
+    /// # Errors
+    /// As [`TensorView::window`].
+    pub fn window(&self, origin: &[u64], shape: &[u64]) -> Result<BufferView, TypesError> {
+        self.as_view().window(origin, shape)
+    }
+
     fn base(&self) -> Result<*mut u8, HostError> {
         self.mem.ptr(self.region, 0, self.buffer.nbytes())
     }
@@ -345,6 +391,13 @@ impl SharedTensor {
         let base = self.base()?;
         // SAFETY: as `as_slice`; exclusivity is the caller's obligation.
         Ok(unsafe { std::slice::from_raw_parts_mut(base.cast::<T>(), self.numel()) })
+    }
+}
+
+/// The whole tensor, for [`strata_types::TaskArgs`]' chaining methods.
+impl IntoTensorArg for &SharedTensor {
+    fn into_tensor_arg(self, tag: ArgTag) -> Result<TensorArg, TypesError> {
+        Ok(self.arg(tag))
     }
 }
 

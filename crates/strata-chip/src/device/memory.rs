@@ -127,6 +127,20 @@ impl DeviceTensor {
         Ok(strata_types::TensorArg::new(self.buffer(), view, tag)?)
     }
 
+    /// Elements `start..end` of axis `axis`, to pass to a task with a tag
+    /// ([`strata_types::TaskArgs`]' chaining methods record its error).
+    ///
+    /// # Errors
+    /// As [`TensorView::slice`].
+    pub fn slice(
+        &self,
+        axis: usize,
+        start: u64,
+        end: u64,
+    ) -> Result<strata_types::BufferView, strata_types::TypesError> {
+        strata_types::BufferView::new(self.buffer(), self.view)?.slice(axis, start, end)
+    }
+
     /// The allocation's descriptor: its identity, size and place in device memory.
     fn buffer(&self) -> strata_types::BufferDesc {
         // SAFETY: the descriptor names exactly this allocation (its identity, size and
@@ -180,6 +194,16 @@ impl DeviceTensor {
     /// The dependency identity of the allocation (unique per allocation and issuer).
     pub fn identity(&self) -> BufferIdentity {
         identity_of(self.ptr.chip, self.ptr.generation)
+    }
+}
+
+/// The whole tensor, for [`strata_types::TaskArgs`]' chaining methods.
+impl strata_types::IntoTensorArg for &DeviceTensor {
+    fn into_tensor_arg(
+        self,
+        tag: strata_types::ArgTag,
+    ) -> Result<strata_types::TensorArg, strata_types::TypesError> {
+        Ok(self.arg(tag))
     }
 }
 

@@ -368,17 +368,13 @@ impl ChipWorker {
             .kernels_snapshot
             .get_or_insert_with(|| Arc::new(self.registry.kernels().clone()))
             .clone();
-        let timeout = if config.timeout_ms > 0 {
-            Duration::from_millis(config.timeout_ms)
-        } else {
-            self.config.kernel_timeout
-        };
+        let timeout = config.timeout.unwrap_or(self.config.kernel_timeout);
         Ok(RunPlan {
             rings,
             callable,
             kernels,
             timeout,
-            swimlane: config.swimlane == 1,
+            swimlane: config.swimlane,
         })
     }
 
@@ -517,7 +513,7 @@ impl ChipWorker {
             eprint!("{}", strace_text(&timer.timing().spans()));
         }
         outcome?;
-        let swimlane = (config.swimlane == 1).then(|| Swimlane {
+        let swimlane = config.swimlane.then(|| Swimlane {
             chip: self.config.chip_id,
             core_types: self.core_types(),
             records: sched.swimlane,

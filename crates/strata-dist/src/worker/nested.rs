@@ -8,7 +8,7 @@ use crate::error::DistError;
 use crate::registry::HostOrchHandle;
 use strata_graph::WorkerClass;
 use strata_host::{ChildEnv, ChildProgram};
-use strata_mailbox::{codes, ControlReply, ControlRequest, Failure, Handler, TaskRequest};
+use strata_mailbox::{codes, ControlReply, ControlRequest, FailureReport, Handler, TaskRequest};
 
 /// A level-3 worker child of a level-4 worker: the whole level-3 worker (with its own
 /// children, forked inside this child) serving host orchestrations.
@@ -45,7 +45,7 @@ struct NestedHandler {
 }
 
 impl Handler for NestedHandler {
-    fn task(&mut self, req: &TaskRequest<'_>) -> Result<(), Failure> {
+    fn task(&mut self, req: &TaskRequest<'_>) -> Result<(), FailureReport> {
         let handle = HostOrchHandle { id: req.callable };
         self.worker
             .run_nested(&handle, req.args, req.config)
@@ -59,12 +59,12 @@ impl Handler for NestedHandler {
                     }
                     _ => codes::FAILED,
                 };
-                Failure::new(code, e.to_string())
+                FailureReport::new(code, e.to_string())
             })
     }
 
-    fn control(&mut self, req: &ControlRequest<'_>) -> Result<ControlReply, Failure> {
-        Err(Failure::new(
+    fn control(&mut self, req: &ControlRequest<'_>) -> Result<ControlReply, FailureReport> {
+        Err(FailureReport::new(
             codes::UNSUPPORTED,
             format!(
                 "a level-3 worker child does not take control command {}; device memory belongs to its chips",

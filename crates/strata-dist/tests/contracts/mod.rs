@@ -314,7 +314,7 @@ pub fn init_close_cycles_reuse_the_heap_rings_and_dropped_tensors_are_refused<M:
         let noop = w.register_sub("noop", |_| Ok(()));
         let xa = x.clone();
         let orch = w.register_orchestration("use", move |o, a| {
-            let use_stale: u64 = a.scalar(0).ok_or("which")?;
+            let use_stale: u64 = a.scalar_at(0).ok_or("which")?;
             let t = if use_stale == 1 {
                 stale
             } else {
@@ -645,7 +645,7 @@ pub fn two_runs_are_in_flight_and_results_follow_submit_order<M: Mode>() -> Outc
     });
     let xa = x.clone();
     let orch = w.register_orchestration("step", move |o, a| {
-        let k: u64 = a.scalar(0).ok_or("k")?;
+        let k: u64 = a.scalar_at(0).ok_or("k")?;
         o.submit_sub(&step, &args(&[xa.arg(ArgTag::InOut)], &[k]))?;
         Ok(())
     });
@@ -720,16 +720,33 @@ pub fn bad_arguments_are_typed_errors<M: Mode>() -> Outcome {
     let mode = M::VALUE;
     let mut w = l3(mode, 1, 1);
     let early = w.shared_tensor(&[4], DataType::F32).unwrap();
+    let early_run = early.clone();
     let noop = w.register_sub("noop", |_| Ok(()));
     let chip_orch = w
         .register_chip_orchestration("empty", |_, _| Ok(()))
         .unwrap();
     let probe = w.register_orchestration("probe", move |o, a| {
-        let which: u64 = a.scalar(0).ok_or("which")?;
+        let which: u64 = a.scalar_at(0).ok_or("which")?;
         match which {
             0 => o.submit_next_level(chip_orch, &TaskArgs::new(), 5)?,
             1 => o.submit_next_level(chip_orch, &args(&[], &[]), 0)?,
             2 => o.submit_sub(&noop, &args(&[early.arg(ArgTag::Input)], &[]))?,
+            // A view outside its tensor, recorded by the builder, reported by the submit.
+            3 => o.submit_sub(
+                &noop,
+                &TaskArgs::new()
+                    .input(&early)
+                    .output_existing(early.slice(0, 2, 6)),
+            )?,
+            // Member 1 adds a tensor after a scalar; reported before the group's own
+            // checks (it has more members than the worker has sub-workers).
+            4 => o.submit_sub_group(
+                &noop,
+                &[
+                    TaskArgs::new().input(&early),
+                    TaskArgs::new().scalar(1u8).input(&early),
+                ],
+            )?,
             _ => {}
         }
         Ok(())
@@ -740,6 +757,41 @@ pub fn bad_arguments_are_typed_errors<M: Mode>() -> Outcome {
     let e = w.run(&probe, &args(&[], &[0])).unwrap_err();
     assert!(e.to_string().contains("out of range"), "{e}");
     w.run(&probe, &args(&[], &[1])).unwrap();
+    w.run(&probe, &args(&[], &[2])).unwrap();
+    let mut bad_argument = |which: u64| match w.run(&probe, &args(&[], &[which])) {
+        Err(DistError::Orchestration(e)) => match e.downcast_ref::<DistError>() {
+            Some(DistError::BadArgument { member, error }) => Ok((*member, error.to_string())),
+            _ => Err(format!("case {which}: expected BadArgument, got {e}")),
+        },
+        other => Err(format!(
+            "case {which}: expected the orchestration's error, got {other:?}"
+        )),
+    };
+    let (member, e) = bad_argument(3)?;
+    assert_eq!(member, None);
+    assert!(e.starts_with("tensor argument 1: range 2..6"), "{e}");
+    let (member, e) = bad_argument(4)?;
+    assert_eq!(member, Some(1));
+    assert!(
+        e.starts_with(
+            "tensor argument 0: tensor arguments must all be added before the first scalar"
+        ),
+        "{e}"
+    );
+    // The run's own arguments are checked before the orchestration runs (case 0 would
+    // fail with "out of range").
+    match w.run(&probe, &TaskArgs::new().scalar(0u64).input(&early_run)) {
+        Err(DistError::BadArgument {
+            member: None,
+            error,
+        }) => {
+            assert!(
+                error.to_string().starts_with("tensor argument 0: "),
+                "{error}"
+            )
+        }
+        other => return Err(format!("expected BadArgument, got {other:?}")),
+    }
     w.run(&probe, &args(&[], &[2])).unwrap();
     // A callable registered after init is unknown to the running tree.
     assert!(matches!(
@@ -1178,7 +1230,7 @@ pub fn a_group_never_overtakes_a_single_submitted_before_it_on_a_worker<M: Mode>
     let (s, t) = (sig.clone(), token.clone());
     const ROUNDS: u64 = 50;
     let orch = w.register_orchestration("single_then_group", move |o, a| {
-        let round: u64 = a.scalar(0).ok_or("the round is scalar 0")?;
+        let round: u64 = a.scalar_at(0).ok_or("the round is scalar 0")?;
         let read = [t.arg(ArgTag::Input)];
         // P (word 2: the orchestration is done) produces the token X and the group read.
         let p = Signals::task(&[t.arg(ArgTag::InOut)], (2, round), (NO_WORD, 0), None, 0);
@@ -1212,7 +1264,7 @@ pub fn a_later_single_never_overtakes_a_group_behind_another_blocked_group<M: Mo
     let (s, t) = (sig.clone(), token.clone());
     const ROUNDS: u64 = 50;
     let orch = w.register_orchestration("group_then_single", move |o, a| {
-        let round: u64 = a.scalar(0).ok_or("the round is scalar 0")?;
+        let round: u64 = a.scalar_at(0).ok_or("the round is scalar 0")?;
         let read = [t.arg(ArgTag::Input)];
         let nothing = || Signals::task(&[], (NO_WORD, 0), (NO_WORD, 0), None, 0);
         // H holds worker 0 until Y is done (word 4), so the first group stays blocked.
@@ -1252,7 +1304,7 @@ pub fn a_task_a_completion_makes_ready_never_overtakes_a_batched_earlier_one<M: 
     let (s, t) = (sig.clone(), token.clone());
     const ROUNDS: u64 = 20;
     let orch = w.register_orchestration("batched_then_ready", move |o, a| {
-        let round: u64 = a.scalar(0).ok_or("the round is scalar 0")?;
+        let round: u64 = a.scalar_at(0).ok_or("the round is scalar 0")?;
         // P (handed over at once: the scheduler is idle): done once T2 is submitted
         // (word 5), then says so (word 6).
         let p = Signals::task(&[t.arg(ArgTag::InOut)], (5, round), (6, round), None, 0);
@@ -1393,7 +1445,7 @@ pub fn overlapping_writes_within_one_task_are_refused_at_submit<M: Mode>() -> Ou
     let x = w.shared_tensor(&[128], DataType::U8).unwrap();
     let noop = w.register_sub("noop", |_| Ok(()));
     let orch = w.register_orchestration("overlap", move |o, a| {
-        let which: u64 = a.scalar(0).ok_or("which")?;
+        let which: u64 = a.scalar_at(0).ok_or("which")?;
         let v = |b: u64, e: u64| {
             x.arg_view(x.view().slice(0, b, e).unwrap(), ArgTag::OutputExisting)
                 .unwrap()
