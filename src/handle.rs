@@ -148,7 +148,7 @@ impl DispatchState {
     }
 }
 
-/// A dispatch in flight (see [`PreparedWorker::submit`]). Its outcome, once known, is
+/// A dispatch in flight (see [`PreparedWorker::submit`](crate::PreparedWorker::submit)). Its outcome, once known, is
 /// returned by every later [`DispatchHandle::result`]; it keeps the dispatch's arguments
 /// alive until then. Cheap to clone; any clone may wait, from any thread.
 #[derive(Clone)]

@@ -17,7 +17,7 @@ impl IntoTensorArg for &RunTensor {
 /// its scope ends and every task that uses it finished; every child can see it.
 ///
 /// It is tagged with its run: a task of another run (or one submitted after its scope
-/// ended) that names it is refused with [`DistError::StaleTensor`], never run over bytes
+/// ended) that names it is refused with [`DistError::StaleTensor`](crate::DistError::StaleTensor), never run over bytes
 /// the ring has handed to another intermediate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct RunTensor {

@@ -844,9 +844,10 @@ fn a_reap_that_failed_is_retried_not_forgotten() -> Outcome {
                 // The first shutdown asked the children to stop and, its grace being zero,
                 // killed them: whichever came first ended each one (a child that saw the
                 // request in time exits 0 before the SIGKILL lands on its zombie).
-                let ended = c.end.as_ref().is_some_and(|e| {
-                    e.signal() == Some(libc::SIGKILL) || e.code() == Some(0)
-                });
+                let ended = c
+                    .end
+                    .as_ref()
+                    .is_some_and(|e| e.signal() == Some(libc::SIGKILL) || e.code() == Some(0));
                 check!(
                     c.killed && ended,
                     "the retry reaps the child the failed shutdown ended and reports it: {c}"
