@@ -8,4 +8,4 @@ pub use crate::{
 pub use strata_chip::{ChipArgs, ChipConfig, ChipOrch, CoreArgs, KernelCtx, KernelError};
 pub use strata_dist::{Orch, ReduceOp};
 pub use strata_host::{SharedTensor, SubCall};
-pub use strata_types::{ArgTag, CallConfig, DataType, TaskArgs};
+pub use strata_types::{ArgTag, CallConfig, CallbackResult, DataType, TaskArgs};
