@@ -38,3 +38,18 @@ pub use strata_mailbox as mailbox;
 pub use strata_types as types;
 pub use tensors::StackedDeviceTensor;
 pub use worker::{Callable, Worker};
+
+#[cfg(test)]
+mod tests {
+    /// A prepared worker and its handles can be shared with and moved to other threads
+    /// (dispatch from one thread, wait from another).
+    #[test]
+    fn prepared_workers_and_handles_are_send_and_sync() {
+        fn both<T: Send + Sync>() {}
+        both::<crate::PreparedWorker>();
+        both::<crate::DispatchHandle>();
+        both::<crate::Registration>();
+        both::<crate::Compiled>();
+        both::<crate::Error>();
+    }
+}
