@@ -45,7 +45,9 @@ pub use config::{
     DistConfig, Level, WindowLifetime, DEFAULT_CONTROL_TIMEOUT, DEFAULT_TASK_TIMEOUT,
 };
 pub use control::{ControlCommand, ControlDecodeError, CopyDirection, COPY_PAYLOAD_BYTES};
-pub use endpoint::{ChildKind, Endpoint, EndpointError, TaskOutcome};
+pub use endpoint::{
+    ChildKind, Endpoint, EndpointError, NodeContext, RemoteChild, RemoteContext, TaskOutcome,
+};
 pub use error::{DistError, OrchError};
 pub use orch::Orch;
 pub use registry::{HostOrchFn, HostOrchHandle, NextLevelCallable, SubHandle};

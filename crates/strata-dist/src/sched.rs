@@ -22,7 +22,7 @@
 //! completion and the orchestrator rings when it hands over work.
 
 use crate::control::ControlCommand;
-use crate::endpoint::{ChildKind, Endpoint, EndpointError, LocalEndpoint};
+use crate::endpoint::{AnyEndpoint, ChildKind, Endpoint, EndpointError, LocalEndpoint};
 use crate::task::{DistTask, Route, Target};
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -352,7 +352,7 @@ pub(crate) enum Step {
 /// FIFOs. It talks to the children only through their endpoints: generic over them, so the
 /// local lanes are reached by static calls (nothing between a publication and the
 /// mailbox), and a future remote endpoint slots in as another `E` (or an enum of both).
-pub(crate) struct SchedLoop<E: Endpoint = LocalEndpoint> {
+pub(crate) struct SchedLoop<E: Endpoint = AnyEndpoint> {
     sched: Scheduler<DistTask>,
     /// One per child, in lane order: lanes `0..n_next` are the next-level children (lane
     /// index = worker id); the rest are sub-workers.
@@ -388,6 +388,9 @@ pub(crate) struct SchedLoop<E: Endpoint = LocalEndpoint> {
 /// the worker to shut down.
 pub(crate) struct SchedExit {
     pub(crate) children: Children,
+    /// The remote children (strata-net's endpoints), still running: asked to shut down
+    /// and waited for beside the local ones.
+    pub(crate) remotes: Vec<Box<dyn Endpoint>>,
     /// In-use marks of shared tensors whose tasks were abandoned at the close deadline
     /// (see [`SchedLoop::abandoned_uses`]): the worker releases them once the children are
     /// reaped, or keeps them for good if a thread child was detached still running.
@@ -396,12 +399,15 @@ pub(crate) struct SchedExit {
     pub(crate) shared: Arc<SharedMemory>,
 }
 
-impl SchedLoop<LocalEndpoint> {
-    /// Ends the loop: queued control requests are refused, and the local children, still
-    /// running, are handed back for their shutdown together.
+impl SchedLoop<AnyEndpoint> {
+    /// Ends the loop: queued control requests are refused, and the children, still
+    /// running, are handed back for their shutdown together (the local ones as strata-host
+    /// `Children`, the remote ones as their endpoints).
     fn into_exit(mut self) -> SchedExit {
+        let (local, remotes) = AnyEndpoint::split(self.take_endpoints());
         SchedExit {
-            children: LocalEndpoint::into_children(self.take_endpoints()),
+            children: LocalEndpoint::into_children(local),
+            remotes,
             abandoned_uses: std::mem::take(&mut self.abandoned_uses),
             shared: self.shared.clone(),
         }
