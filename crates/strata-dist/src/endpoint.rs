@@ -52,6 +52,10 @@ pub enum EndpointError {
     /// A control request failed: the child's answer, a deadline, or the child's death.
     #[error("{0}")]
     Control(#[source] HostError),
+    /// A failure a remote endpoint describes itself (the message says what happened
+    /// and, where there is one, how to fix it).
+    #[error("{0}")]
+    Remote(String),
 }
 
 /// What a task frame's completion says: `Ok` or the child's failure (code and message).

@@ -25,6 +25,13 @@ impl HostOrchHandle {
     pub fn id(&self) -> CallableId {
         self.id
     }
+
+    /// The handle of the host orchestration with digest `id` (e.g. one named by a task
+    /// that came from another process of the same program). Running it fails with
+    /// `UnknownCallable` if nothing is registered under `id`.
+    pub fn from_id(id: CallableId) -> Self {
+        HostOrchHandle { id }
+    }
 }
 
 /// A registered sub-worker callable.

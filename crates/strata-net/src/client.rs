@@ -1,0 +1,816 @@
+//! The root's side of a session: [`RemoteEndpoint`], the [`Endpoint`] through which the
+//! level-4 scheduler reaches a remote level-3 worker.
+//!
+//! The scheduler's calls never block on the network: `publish` queues the TASK frame and
+//! its bulk inputs for the session's writer task, `poll` looks at a flag the reader task
+//! sets, `check_alive` compares the time of the last frame with the heartbeat timeout.
+//! The reader writes a task's outputs into the root's shared memory as their chunks
+//! arrive (they precede DONE on the stream), then rings the doorbell.
+
+use crate::error::NetError;
+use crate::io::{read_frame, runtime};
+use crate::wire::{
+    self, encode_data, Cancel, ControlReply, Data, Done, ErrorBody, FrameType, Segment,
+    ShutdownAck, Task, CHUNK_BYTES,
+};
+use std::collections::HashMap;
+use std::net::TcpStream;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+use strata_dist::{ChildKind, ControlCommand, Endpoint, EndpointError, TaskOutcome};
+use strata_host::{Doorbell, SharedMemory};
+use strata_mailbox::{codes, Failure, TaskPublication, TaskSlot};
+use strata_types::wire::decode_args;
+use strata_types::{ArgLimits, ArgTag, BufferLocation};
+use tokio::io::AsyncWriteExt;
+use tokio::sync::mpsc;
+
+/// How often each side sends a heartbeat.
+pub const HEARTBEAT_INTERVAL: Duration = Duration::from_millis(200);
+
+/// Frames for the session's writer.
+pub(crate) enum Out {
+    /// A whole frame.
+    Frame(Vec<u8>),
+    /// Bulk data to stream in chunks, read from shared memory as the socket takes it.
+    Bulk {
+        owner: u64,
+        /// (segment index, region, first byte, bytes)
+        parts: Vec<(u32, u64, u64, u64)>,
+    },
+    /// Runs once everything queued before it on its lane was written (e.g. frees the
+    /// staging bytes a bulk transfer read).
+    Then(Box<dyn FnOnce() + Send>),
+}
+
+/// One task in flight on the session.
+struct InFlight {
+    seq: u64,
+    segments: Vec<Segment>,
+    /// For each segment the task writes: the byte runs (absolute region offsets, sorted)
+    /// its write-tagged views touch — only those are written back.
+    runs: Vec<Vec<(u64, u64)>>,
+    outcome: Option<TaskOutcome>,
+}
+
+/// A control request waiting for its reply (remote device memory; the node does not
+/// serve such requests yet, so none is sent).
+struct ControlWait {
+    reply: Option<Result<u64, String>>,
+    /// Bytes a copy-from brings back.
+    data: Vec<u8>,
+}
+
+#[derive(Default)]
+struct State {
+    slots: [Option<InFlight>; 2],
+    dead: Option<String>,
+    controls: HashMap<u64, ControlWait>,
+    ack: Option<ShutdownAck>,
+}
+
+/// What the endpoint, the reader, the writer and the heartbeat share.
+pub(crate) struct Session {
+    pub(crate) label: String,
+    pub(crate) session: u64,
+    doorbell: Doorbell,
+    shared: Arc<SharedMemory>,
+    state: Mutex<State>,
+    changed: Condvar,
+    /// Bit `slot` set: that slot's outcome is waiting (a lock-free look for `poll`).
+    done_mask: AtomicU32,
+    dead_flag: AtomicBool,
+    last_rx: AtomicU64,
+    seq: AtomicU64,
+    epoch: Instant,
+    heartbeat_timeout: Duration,
+    prio: mpsc::UnboundedSender<Out>,
+    main: mpsc::UnboundedSender<Out>,
+    /// A clone of the socket, to cut the connection from any thread.
+    sock: TcpStream,
+}
+
+impl Session {
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn next_seq(&self) -> u64 {
+        self.seq.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    /// The session ends with `why` (first reason kept); the socket is cut so both tasks
+    /// and the node see it.
+    pub(crate) fn die(&self, why: String) {
+        {
+            let mut st = self.lock();
+            if st.dead.is_none() {
+                st.dead = Some(why);
+            }
+        }
+        self.dead_flag.store(true, Ordering::Release);
+        let _ = self.sock.shutdown(std::net::Shutdown::Both);
+        self.changed.notify_all();
+        self.doorbell.ring();
+    }
+
+    fn send_prio(&self, frame: Vec<u8>) {
+        let _ = self.prio.send(Out::Frame(frame));
+    }
+}
+
+/// The endpoint of one remote level-3 worker (see the module docs).
+pub struct RemoteEndpoint {
+    s: Arc<Session>,
+}
+
+impl std::fmt::Debug for RemoteEndpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RemoteEndpoint")
+            .field("label", &self.s.label)
+            .finish()
+    }
+}
+
+impl RemoteEndpoint {
+    /// Starts the session's reader, writer and heartbeat on this crate's runtime over an
+    /// authenticated, ready connection.
+    ///
+    /// # Errors
+    /// The socket cannot be handed to the runtime.
+    pub(crate) fn start(
+        stream: TcpStream,
+        session: u64,
+        label: String,
+        doorbell: Doorbell,
+        shared: Arc<SharedMemory>,
+        heartbeat_timeout: Duration,
+    ) -> Result<RemoteEndpoint, NetError> {
+        let sock = stream
+            .try_clone()
+            .map_err(|e| NetError::io("cloning the session socket", e))?;
+        stream
+            .set_nonblocking(true)
+            .map_err(|e| NetError::io("making the session socket non-blocking", e))?;
+        let (prio_tx, prio_rx) = mpsc::unbounded_channel();
+        let (main_tx, main_rx) = mpsc::unbounded_channel();
+        let s = Arc::new(Session {
+            label,
+            session,
+            doorbell,
+            shared,
+            state: Mutex::new(State::default()),
+            changed: Condvar::new(),
+            done_mask: AtomicU32::new(0),
+            dead_flag: AtomicBool::new(false),
+            last_rx: AtomicU64::new(0),
+            seq: AtomicU64::new(1 << 32),
+            epoch: Instant::now(),
+            heartbeat_timeout,
+            prio: prio_tx,
+            main: main_tx,
+            sock,
+        });
+        let rt = runtime();
+        let _guard = rt.enter();
+        let stream = tokio::net::TcpStream::from_std(stream)
+            .map_err(|e| NetError::io("handing the session socket to the runtime", e))?;
+        let (rd, wr) = stream.into_split();
+        rt.spawn(reader(s.clone(), rd));
+        rt.spawn(writer(s.clone(), wr, prio_rx, main_rx));
+        rt.spawn(heartbeat(s.clone()));
+        Ok(RemoteEndpoint { s })
+    }
+
+    /// The message a failed publish gives.
+    fn publish_error(&self, what: String) -> EndpointError {
+        EndpointError::Remote(format!("{}: {what}", self.s.label))
+    }
+}
+
+/// The segments a task's tensors name, and the write-back runs of each.
+type Plan = (Vec<Segment>, Vec<Vec<(u64, u64)>>);
+
+/// Plans the bulk data of a task: one segment per buffer its tensors name (the union of
+/// their byte spans), shipped before the task if any view reads it (or does not cover
+/// it), written back after it where write-tagged views touch it.
+fn plan(blob: &[u8]) -> Result<Plan, String> {
+    let args = decode_args(blob, ArgLimits::HOST)
+        .map_err(|e| format!("cannot decode the task's arguments: {e}"))?;
+    // identity → (segment index)
+    let mut by_buffer: HashMap<strata_types::BufferIdentity, usize> = HashMap::new();
+    let mut segs: Vec<Segment> = Vec::new();
+    let mut whole_output: Vec<bool> = Vec::new();
+    let mut runs: Vec<Vec<(u64, u64)>> = Vec::new();
+    for (i, t) in args.tensors().iter().enumerate() {
+        let (region, base) = match t.buffer.location() {
+            BufferLocation::HostShared { region, offset } => (region, offset),
+            BufferLocation::Device { worker, .. } => {
+                return Err(format!(
+                    "tensor argument {i} is in the device memory of worker {worker} of this host; a remote level-3 worker sees only shared host tensors (copy it to a SharedTensor first)"
+                ))
+            }
+            BufferLocation::HostLocal { .. } => {
+                return Err(format!("tensor argument {i} is in private host memory; use a SharedTensor"))
+            }
+        };
+        let (lo, hi) = t.view.byte_span();
+        let (lo, hi) = (base + lo, base + hi);
+        let writes = matches!(
+            t.tag,
+            ArgTag::Output | ArgTag::OutputExisting | ArgTag::InOut | ArgTag::NoDep
+        );
+        let only_writes = matches!(t.tag, ArgTag::Output | ArgTag::OutputExisting);
+        let k = *by_buffer.entry(t.buffer.identity()).or_insert_with(|| {
+            segs.push(Segment {
+                region,
+                start: lo,
+                len: 0,
+                send: false,
+                recv: false,
+            });
+            whole_output.push(true);
+            runs.push(Vec::new());
+            segs.len() - 1
+        });
+        let s = &mut segs[k];
+        let (old_lo, old_hi) = (s.start, s.start + s.len);
+        let (new_lo, new_hi) = if s.len == 0 {
+            (lo, hi)
+        } else {
+            (old_lo.min(lo), old_hi.max(hi))
+        };
+        s.start = new_lo;
+        s.len = new_hi - new_lo;
+        s.recv |= writes;
+        // A view that only writes, densely, spares sending the segment only if it covers
+        // all of it (checked once the segment is final, below).
+        if !(only_writes && t.view.is_contiguous()) {
+            whole_output[k] = false;
+        }
+        if writes {
+            runs[k].extend(t.view.contiguous_runs().map(|(o, n)| (base + o, n)));
+        }
+    }
+    for (k, s) in segs.iter_mut().enumerate() {
+        let covered = whole_output[k] && runs[k].iter().any(|&(o, n)| o == s.start && n == s.len);
+        s.send = !covered;
+        let r = &mut runs[k];
+        r.sort_unstable();
+        // Merge touching runs so a dense view is one copy.
+        let mut merged: Vec<(u64, u64)> = Vec::with_capacity(r.len());
+        for &(o, n) in r.iter() {
+            match merged.last_mut() {
+                Some((mo, mn)) if *mo + *mn >= o => *mn = (*mn).max(o + n - *mo),
+                _ => merged.push((o, n)),
+            }
+        }
+        *r = merged;
+    }
+    Ok((segs, runs))
+}
+
+impl Endpoint for RemoteEndpoint {
+    fn label(&self) -> &str {
+        &self.s.label
+    }
+
+    fn kind(&self) -> ChildKind {
+        ChildKind::Worker
+    }
+
+    fn publish(&mut self, slot: TaskSlot, task: &TaskPublication<'_>) -> Result<(), EndpointError> {
+        if self.s.dead_flag.load(Ordering::Acquire) {
+            let why = self.s.lock().dead.clone().unwrap_or_default();
+            return Err(EndpointError::Gone { message: why });
+        }
+        let (segments, runs) = plan(task.args).map_err(|e| self.publish_error(e))?;
+        let config = task.config.as_bytes();
+        let used = config.iter().rposition(|&b| b != 0).map_or(0, |p| p + 1);
+        let seq = self.s.next_seq();
+        let body = Task {
+            callable: task.callable.0,
+            config: config[..used].to_vec(),
+            args: task.args.to_vec(),
+            segments: segments.clone(),
+        };
+        let frame = wire::encode(FrameType::Task, self.s.session, seq, &body)
+            .map_err(|e| self.publish_error(e.to_string()))?;
+        let parts: Vec<(u32, u64, u64, u64)> = segments
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.send && s.len > 0)
+            .map(|(i, s)| (i as u32, s.region, s.start, s.len))
+            .collect();
+        self.s.lock().slots[slot.index()] = Some(InFlight {
+            seq,
+            segments,
+            runs,
+            outcome: None,
+        });
+        // TASK first, then its inputs, on the ordered lane (never overtaken by a later
+        // task's frames).
+        let sent = self.s.main.send(Out::Frame(frame)).is_ok()
+            && (parts.is_empty() || self.s.main.send(Out::Bulk { owner: seq, parts }).is_ok());
+        if !sent {
+            self.s.lock().slots[slot.index()] = None;
+            return Err(self.publish_error("the session's writer is gone".into()));
+        }
+        Ok(())
+    }
+
+    #[inline]
+    fn poll(&mut self, slot: TaskSlot) -> Result<Option<TaskOutcome>, EndpointError> {
+        let bit = 1u32 << slot.index();
+        if self.s.done_mask.load(Ordering::Acquire) & bit == 0 {
+            return Ok(None);
+        }
+        let mut st = self.s.lock();
+        self.s.done_mask.fetch_and(!bit, Ordering::AcqRel);
+        Ok(st.slots[slot.index()].take().and_then(|f| f.outcome))
+    }
+
+    fn control(
+        &mut self,
+        request: &ControlCommand,
+        _deadline: Option<Instant>,
+    ) -> Result<u64, EndpointError> {
+        Err(EndpointError::Remote(format!(
+            "{}: a remote level-3 worker does not take control command `{}` through the scheduler; use strata_net::RemoteWorker for its chips' memory",
+            self.s.label,
+            request.name()
+        )))
+    }
+
+    fn check_alive(&mut self) -> Result<(), EndpointError> {
+        if !self.s.dead_flag.load(Ordering::Acquire) {
+            let last = self.s.last_rx.load(Ordering::Acquire);
+            let silent = Duration::from_millis(self.s.now_ms().saturating_sub(last));
+            if silent <= self.s.heartbeat_timeout {
+                return Ok(());
+            }
+            self.s.die(format!(
+                "{}: no frame from the node for {silent:?} (heartbeat timeout {:?}): the link is partitioned, or the node is stopped or overloaded; the session was cut",
+                self.s.label, self.s.heartbeat_timeout
+            ));
+        }
+        let message = self.s.lock().dead.clone().unwrap_or_default();
+        Err(EndpointError::Gone { message })
+    }
+
+    fn kill(&mut self) -> bool {
+        self.s.die(format!(
+            "{}: the session was cut (the node stops its level-3 tree when it sees the connection close)",
+            self.s.label
+        ));
+        true
+    }
+
+    fn state_note(&self) -> Option<String> {
+        let last = self.s.last_rx.load(Ordering::Acquire);
+        Some(format!(
+            "last frame from the node {:?} ago",
+            Duration::from_millis(self.s.now_ms().saturating_sub(last))
+        ))
+    }
+
+    fn abandon(endpoints: Vec<Self>) {
+        for mut e in endpoints {
+            e.kill();
+        }
+    }
+
+    fn begin_shutdown(&mut self) {
+        if self.s.dead_flag.load(Ordering::Acquire) {
+            return;
+        }
+        // Tasks still queued at the node are dropped; the one it runs finishes first.
+        let in_flight: Vec<u64> = self
+            .s
+            .lock()
+            .slots
+            .iter()
+            .flatten()
+            .map(|f| f.seq)
+            .collect();
+        for task in in_flight {
+            if let Ok(f) = wire::encode(
+                FrameType::Cancel,
+                self.s.session,
+                self.s.next_seq(),
+                &Cancel { task },
+            ) {
+                let _ = self.s.main.send(Out::Frame(f));
+            }
+        }
+        if let Ok(f) = wire::encode(FrameType::Shutdown, self.s.session, self.s.next_seq(), &()) {
+            let _ = self.s.main.send(Out::Frame(f));
+        }
+    }
+
+    fn finish_shutdown(&mut self, deadline: Instant) -> Result<(), String> {
+        let mut st = self.s.lock();
+        loop {
+            if let Some(ack) = st.ack.take() {
+                drop(st);
+                let _ = self.s.sock.shutdown(std::net::Shutdown::Both);
+                return if ack.reaped && ack.report.is_empty() {
+                    Ok(())
+                } else if ack.reaped {
+                    Err(format!("{}: {}", self.s.label, ack.report))
+                } else {
+                    Err(format!(
+                        "{}: the node could not reap its whole subtree: {}",
+                        self.s.label, ack.report
+                    ))
+                };
+            }
+            if let Some(d) = &st.dead {
+                return Err(format!("{d} (before it confirmed its shutdown)"));
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                drop(st);
+                self.s.die(format!(
+                    "{}: no shutdown confirmation in time",
+                    self.s.label
+                ));
+                return Err(format!(
+                    "{}: the node did not confirm its shutdown in time; the session was cut (the node stops its tree when it sees the connection close)",
+                    self.s.label
+                ));
+            }
+            st = self
+                .s
+                .changed
+                .wait_timeout(st, left.min(Duration::from_millis(50)))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+}
+
+impl Drop for RemoteEndpoint {
+    fn drop(&mut self) {
+        // Whatever happened, the session ends with the endpoint.
+        let _ = self.s.sock.shutdown(std::net::Shutdown::Both);
+    }
+}
+
+/// Copies the part of chunk `bytes` (at absolute region offset `at`) that lies in the
+/// write-back runs into the root's shared memory.
+fn write_back(
+    shared: &SharedMemory,
+    region: u64,
+    at: u64,
+    bytes: &[u8],
+    runs: &[(u64, u64)],
+) -> Result<(), String> {
+    let end = at + bytes.len() as u64;
+    let first = runs.partition_point(|&(o, n)| o + n <= at);
+    for &(o, n) in &runs[first..] {
+        if o >= end {
+            break;
+        }
+        let lo = o.max(at);
+        let hi = (o + n).min(end);
+        let dst = shared
+            .ptr(region, lo, hi - lo)
+            .map_err(|e| format!("writing a task's output back: {e}"))?;
+        let src = &bytes[(lo - at) as usize..(hi - at) as usize];
+        // SAFETY: `ptr` checked `[lo, hi)` lies in the region; the task that writes these
+        // bytes holds the region in use (the engine's in-use marks) and no other task may
+        // touch them while it runs (dependency tracking); `src` is a private buffer.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len()) };
+    }
+    Ok(())
+}
+
+/// Handles one frame from the node; `Err` ends the session with that reason.
+fn on_frame(s: &Session, h: &wire::Header, body: &[u8]) -> Result<(), String> {
+    if h.session != s.session {
+        return Err(format!(
+            "the node sent a frame of session {:#x} on session {:#x}",
+            h.session, s.session
+        ));
+    }
+    match h.kind {
+        FrameType::Heartbeat => Ok(()),
+        FrameType::Data => {
+            let d: Data<'_> = wire::decode_body(h.kind, body).map_err(|e| e.to_string())?;
+            let mut st = s.lock();
+            if let Some(c) = st.controls.get_mut(&d.owner) {
+                c.data.extend_from_slice(d.bytes);
+                return Ok(());
+            }
+            let f = st
+                .slots
+                .iter()
+                .flatten()
+                .find(|f| f.seq == d.owner)
+                .ok_or_else(|| {
+                    format!(
+                        "the node sent data for task {} which is not in flight",
+                        d.owner
+                    )
+                })?;
+            let seg = f
+                .segments
+                .get(d.segment as usize)
+                .filter(|g| {
+                    g.recv
+                        && d.offset
+                            .checked_add(d.bytes.len() as u64)
+                            .is_some_and(|e| e <= g.len)
+                })
+                .ok_or_else(|| {
+                    format!(
+                        "the node sent data outside the outputs of task {} (segment {}, offset {})",
+                        d.owner, d.segment, d.offset
+                    )
+                })?;
+            write_back(
+                &s.shared,
+                seg.region,
+                seg.start + d.offset,
+                d.bytes,
+                &f.runs[d.segment as usize],
+            )
+        }
+        FrameType::Done => {
+            let d: Done = wire::decode_body(h.kind, body).map_err(|e| e.to_string())?;
+            let mut st = s.lock();
+            let slot = st
+                .slots
+                .iter()
+                .position(|f| {
+                    f.as_ref()
+                        .is_some_and(|f| f.seq == h.sequence && f.outcome.is_none())
+                })
+                .ok_or_else(|| {
+                    format!(
+                        "the node completed task {} which is not in flight",
+                        h.sequence
+                    )
+                })?;
+            let outcome = match d.failure {
+                None => Ok(()),
+                Some((code, message)) => Err(Failure::new(code, message)),
+            };
+            if let Some(f) = st.slots[slot].as_mut() {
+                f.outcome = Some(outcome);
+            }
+            s.done_mask.fetch_or(1 << slot, Ordering::AcqRel);
+            drop(st);
+            s.doorbell.ring();
+            Ok(())
+        }
+        FrameType::ControlReply => {
+            let r: ControlReply = wire::decode_body(h.kind, body).map_err(|e| e.to_string())?;
+            let mut st = s.lock();
+            let c = st.controls.get_mut(&h.sequence).ok_or_else(|| {
+                format!(
+                    "the node answered control request {} which was not sent",
+                    h.sequence
+                )
+            })?;
+            c.reply = Some(r.result);
+            drop(st);
+            s.changed.notify_all();
+            Ok(())
+        }
+        FrameType::ShutdownAck => {
+            let a: ShutdownAck = wire::decode_body(h.kind, body).map_err(|e| e.to_string())?;
+            s.lock().ack = Some(a);
+            s.changed.notify_all();
+            Ok(())
+        }
+        FrameType::Error => {
+            let e: ErrorBody = wire::decode_body(h.kind, body).map_err(|e| e.to_string())?;
+            Err(format!("the node ended the session: {}", e.message))
+        }
+        other => Err(format!("the node sent an unexpected {other:?} frame")),
+    }
+}
+
+async fn reader(s: Arc<Session>, mut rd: tokio::net::tcp::OwnedReadHalf) {
+    let mut body = Vec::new();
+    loop {
+        let h = match read_frame(&mut rd, &mut body).await {
+            Ok(h) => h,
+            Err(e) => {
+                let acked = s.lock().ack.is_some();
+                if !acked {
+                    let why = match &e {
+                        NetError::Wire(w) => format!("{}: the node sent a bad frame ({w}); the session was cut", s.label),
+                        _ => format!("{}: the connection to the node broke ({e}): the node died, or the link failed", s.label),
+                    };
+                    s.die(why);
+                }
+                return;
+            }
+        };
+        s.last_rx.store(s.now_ms(), Ordering::Release);
+        if let Err(why) = on_frame(&s, &h, &body) {
+            s.die(format!("{}: {why}", s.label));
+            return;
+        }
+    }
+}
+
+async fn writer(
+    s: Arc<Session>,
+    wr: tokio::net::tcp::OwnedWriteHalf,
+    prio: mpsc::UnboundedReceiver<Out>,
+    main: mpsc::UnboundedReceiver<Out>,
+) {
+    if let Err(e) = pump(&s.shared, s.session, wr, prio, main).await {
+        if !s.dead_flag.load(Ordering::Acquire) {
+            s.die(format!("{}: sending to the node failed ({e})", s.label));
+        }
+    }
+}
+
+/// A session's writer: frames of the priority lane (heartbeats, controls) first, then
+/// the ordered lane (tasks, their bulk data, completions). Ends when both senders are
+/// gone.
+///
+/// # Errors
+/// The socket failed.
+pub(crate) async fn pump(
+    shared: &SharedMemory,
+    session: u64,
+    mut wr: tokio::net::tcp::OwnedWriteHalf,
+    mut prio: mpsc::UnboundedReceiver<Out>,
+    mut main: mpsc::UnboundedReceiver<Out>,
+) -> std::io::Result<()> {
+    let mut buf = Vec::with_capacity(CHUNK_BYTES + 64);
+    loop {
+        let out = tokio::select! {
+            biased;
+            o = prio.recv() => o,
+            o = main.recv() => o,
+        };
+        let Some(out) = out else {
+            let _ = wr.shutdown().await;
+            return Ok(());
+        };
+        match out {
+            Out::Frame(f) => wr.write_all(&f).await?,
+            Out::Bulk { owner, parts } => {
+                stream_bulk(shared, session, &mut wr, &mut prio, &mut buf, owner, &parts).await?
+            }
+            Out::Then(f) => f(),
+        }
+    }
+}
+
+/// Streams shared-memory ranges as DATA chunks; between chunks, frames of the priority
+/// lane (heartbeats, controls) go first, so a large copy never holds them back by more
+/// than one chunk. The socket's own back-pressure paces the reads.
+async fn stream_bulk(
+    shared: &SharedMemory,
+    session: u64,
+    wr: &mut tokio::net::tcp::OwnedWriteHalf,
+    prio: &mut mpsc::UnboundedReceiver<Out>,
+    buf: &mut Vec<u8>,
+    owner: u64,
+    parts: &[(u32, u64, u64, u64)],
+) -> std::io::Result<()> {
+    for &(segment, region, start, len) in parts {
+        let mut off = 0u64;
+        while off < len {
+            while let Ok(Out::Frame(f)) = prio.try_recv() {
+                wr.write_all(&f).await?;
+            }
+            let n = (len - off).min(CHUNK_BYTES as u64) as usize;
+            {
+                let src = shared
+                    .ptr(region, start + off, n as u64)
+                    .map_err(|e| std::io::Error::other(e.to_string()))?;
+                let head = wire::DataHead {
+                    owner,
+                    segment,
+                    offset: off,
+                };
+                encode_data(buf, session, owner, head, n, |dst| {
+                    // SAFETY: `ptr` checked the range lies in the region; the task holds
+                    // the region in use, and no task writes these bytes while it may read
+                    // them.
+                    unsafe { std::ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), n) }
+                });
+            }
+            wr.write_all(buf).await?;
+            off += n as u64;
+        }
+    }
+    Ok(())
+}
+
+async fn heartbeat(s: Arc<Session>) {
+    let mut tick = tokio::time::interval(HEARTBEAT_INTERVAL);
+    loop {
+        tick.tick().await;
+        if s.dead_flag.load(Ordering::Acquire) {
+            return;
+        }
+        if let Ok(f) = wire::encode(FrameType::Heartbeat, s.session, 0, &()) {
+            s.send_prio(f);
+        }
+        // Wake the scheduler now and then so its liveness check runs even when idle.
+        let last = s.last_rx.load(Ordering::Acquire);
+        if Duration::from_millis(s.now_ms().saturating_sub(last)) > s.heartbeat_timeout {
+            s.doorbell.ring();
+        }
+    }
+}
+
+/// The code a task dropped by a CANCEL fails with.
+pub const CANCELLED: i32 = codes::SHUT_DOWN;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use strata_types::{DataType, IdentityMinter, TaskArgs, TensorView};
+
+    fn desc(region: u64, offset: u64, n: u64, m: &IdentityMinter) -> strata_types::BufferDesc {
+        // SAFETY: a test descriptor that is only planned, never given to a task.
+        unsafe {
+            strata_types::BufferDesc::from_parts(
+                m.mint(),
+                n,
+                BufferLocation::HostShared { region, offset },
+            )
+        }
+    }
+
+    #[test]
+    fn plans_one_segment_per_buffer_and_ships_what_is_read() {
+        let m = IdentityMinter::new();
+        let a = desc(1, 0, 64, &m);
+        let out = desc(2, 128, 64, &m);
+        let mut args = TaskArgs::new();
+        let v = TensorView::contiguous(DataType::F32, &[16]).unwrap();
+        args.push_tensor(strata_types::TensorArg {
+            buffer: a,
+            view: v,
+            tag: ArgTag::Input,
+        })
+        .unwrap();
+        let half = v.slice(0, 8, 16).unwrap();
+        args.push_tensor(strata_types::TensorArg {
+            buffer: out,
+            view: half,
+            tag: ArgTag::OutputExisting,
+        })
+        .unwrap();
+        let blob = strata_mailbox::encode_args_blob(&args);
+        let (segs, runs) = plan(&blob).unwrap();
+        assert_eq!(segs.len(), 2);
+        assert_eq!(
+            segs[0],
+            Segment {
+                region: 1,
+                start: 0,
+                len: 64,
+                send: true,
+                recv: false
+            }
+        );
+        // The output slice: bytes 32..64 of a buffer at offset 128, never sent.
+        assert_eq!(
+            segs[1],
+            Segment {
+                region: 2,
+                start: 160,
+                len: 32,
+                send: false,
+                recv: true
+            }
+        );
+        assert_eq!(runs[1], vec![(160, 32)]);
+    }
+
+    #[test]
+    fn a_strided_output_is_sent_so_the_gaps_survive_and_only_its_elements_come_back() {
+        let m = IdentityMinter::new();
+        let b = desc(3, 0, 4 * 4 * 4, &m);
+        let mut args = TaskArgs::new();
+        let grid = TensorView::contiguous(DataType::F32, &[4, 4]).unwrap();
+        let col = grid.window(&[0, 1], &[4, 1]).unwrap();
+        args.push_tensor(strata_types::TensorArg {
+            buffer: b,
+            view: col,
+            tag: ArgTag::OutputExisting,
+        })
+        .unwrap();
+        let (segs, runs) = plan(&strata_mailbox::encode_args_blob(&args)).unwrap();
+        assert!(segs[0].send && segs[0].recv);
+        assert_eq!(runs[0], vec![(4, 4), (20, 4), (36, 4), (52, 4)]);
+    }
+}
