@@ -1,0 +1,515 @@
+//! Remote level-3 workers over loopback, end to end (`harness = false`: the binary is
+//! both the test driver and the program the node daemon starts).
+//!
+//! The driver starts `strata-node serve` (port 0, a 0600 secret file, this binary as its
+//! one `--program`) and runs each case as a child process of this binary
+//! (`--case NAME`). A case builds a level-4 worker with remote children and runs it; the
+//! daemon starts this same binary with the same arguments for each remote child, which
+//! reaches the same `init` and serves instead of returning. Every case checks behaviour
+//! against what it set up (values computed here, error text naming the worker), then
+//! that nothing is left: no child process of the case, and, at the end, no process of
+//! this binary but the driver and no daemon.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use strata_dist::{DistConfig, DistError, DistWorker};
+use strata_net::{add_remote_worker, RemoteSpec, Secret};
+use strata_types::{ArgTag, TaskArgs};
+
+const DAEMON: &str = "STRATA_TEST_DAEMON";
+const OTHER_DAEMON: &str = "STRATA_TEST_OTHER_DAEMON";
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == "--case") {
+        let name = args.get(i + 1).cloned().unwrap_or_default();
+        match run_case(&name) {
+            Ok(()) => std::process::exit(0),
+            Err(e) => {
+                eprintln!("case {name}: {e}");
+                std::process::exit(1)
+            }
+        }
+    }
+    // libtest-style filtering and the --list cargo may pass.
+    if args.iter().any(|a| a == "--list") {
+        for c in CASES {
+            println!("{c}: test");
+        }
+        return;
+    }
+    let filter: Vec<&String> = args
+        .iter()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    std::process::exit(driver(&filter));
+}
+
+const CASES: &[&str] = &[
+    "two_remote_workers_run_tasks_on_shared_tensors",
+    "a_remote_task_failure_poisons_downstream_and_the_worker_stays_usable",
+    "a_wrong_secret_is_refused",
+    "an_unknown_build_id_is_refused_with_the_fix",
+    "a_registry_mismatch_is_refused",
+    "a_remote_node_killed_mid_task_fails_its_task_naming_the_worker",
+    "a_silent_client_does_not_block_other_sessions",
+    "corrupted_and_oversized_frames_are_refused",
+];
+
+struct Daemon {
+    child: Child,
+    addr: String,
+}
+
+fn start_daemon(secret: &Path, program: &Path) -> Daemon {
+    let node = PathBuf::from(env!("CARGO_BIN_EXE_strata-node"));
+    let mut child = Command::new(node)
+        .args(["serve", "--listen", "127.0.0.1:0", "--secret-file"])
+        .arg(secret)
+        .arg("--program")
+        .arg(program)
+        .args(["--handshake-timeout", "1", "--drain-timeout", "5"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start strata-node serve");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("read the daemon's address");
+    let addr = line
+        .trim()
+        .strip_prefix("listening ")
+        .expect("`listening ADDR`")
+        .to_owned();
+    Daemon { child, addr }
+}
+
+fn stop_daemon(mut d: Daemon) -> Result<Duration, String> {
+    // SAFETY: signalling a child this driver started.
+    unsafe { libc::kill(d.child.id() as i32, libc::SIGTERM) };
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(30) {
+        if let Ok(Some(st)) = d.child.try_wait() {
+            return if st.success() {
+                Ok(t.elapsed())
+            } else {
+                Err(format!("daemon exited {st}"))
+            };
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let _ = d.child.kill();
+    Err("the daemon did not drain within 30 s".into())
+}
+
+fn processes_of(exe: &Path) -> Vec<i32> {
+    let mut v = Vec::new();
+    if let Ok(rd) = std::fs::read_dir("/proc") {
+        for e in rd.flatten() {
+            let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+                continue;
+            };
+            if std::fs::read_link(e.path().join("exe")).is_ok_and(|p| p == exe) {
+                v.push(pid);
+            }
+        }
+    }
+    v
+}
+
+fn driver(filter: &[&String]) -> i32 {
+    let exe = std::env::current_exe().expect("current exe");
+    let dir = std::env::temp_dir().join(format!("strata-net-loopback-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let secret = dir.join("secret");
+    std::fs::write(&secret, "loopback-test-secret-0123456789abcdef\n").expect("write secret");
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let daemon = start_daemon(&secret, &exe);
+    // A daemon that knows another program only (for the build-id case).
+    let other = start_daemon(&secret, Path::new(env!("CARGO_BIN_EXE_strata-node")));
+    let (mut passed, mut failed) = (0, 0);
+    for case in CASES {
+        if !filter.is_empty() && !filter.iter().any(|f| case.contains(f.as_str())) {
+            continue;
+        }
+        let t = Instant::now();
+        let status = Command::new(&exe)
+            .args(["--case", case])
+            .env(DAEMON, &daemon.addr)
+            .env(OTHER_DAEMON, &other.addr)
+            .env(strata_net::ENV_SECRET_FILE, &secret)
+            .status();
+        let ok = matches!(status, Ok(s) if s.success());
+        println!(
+            "test {case} ... {} ({:.2?})",
+            if ok { "ok" } else { "FAILED" },
+            t.elapsed()
+        );
+        if ok {
+            passed += 1
+        } else {
+            failed += 1
+        }
+    }
+    match stop_daemon(daemon) {
+        Ok(t) => println!("daemon drained in {t:.2?}"),
+        Err(e) => {
+            println!("daemon: {e}");
+            failed += 1;
+        }
+    }
+    let _ = stop_daemon(other);
+    // Nothing of this binary is left but the driver (nodes reaped by the daemon).
+    let left: Vec<i32> = processes_of(&exe)
+        .into_iter()
+        .filter(|&p| p != std::process::id() as i32)
+        .collect();
+    if !left.is_empty() {
+        println!("leak: processes of this binary still running: {left:?}");
+        failed += 1;
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    println!(
+        "\ntest result: {}. {passed} passed; {failed} failed",
+        if failed == 0 { "ok" } else { "FAILED" }
+    );
+    i32::from(failed > 0)
+}
+
+// ----- the cases (each runs as its own process: the root, and, started by the daemon,
+// its remote nodes) -------------------------------------------------------------------
+
+fn daemon_addr(var: &str) -> String {
+    std::env::var(var).unwrap_or_else(|_| "127.0.0.1:1".into())
+}
+
+fn spec() -> RemoteSpec {
+    RemoteSpec::new(daemon_addr(DAEMON)).sub_workers(1)
+}
+
+fn check(cond: bool, what: impl Into<String>) -> Result<(), String> {
+    if cond {
+        Ok(())
+    } else {
+        Err(what.into())
+    }
+}
+
+/// The case's own children are all gone after close (nodes are the daemon's).
+fn no_children() -> Result<(), String> {
+    let me = std::process::id().to_string();
+    let kids =
+        std::fs::read_to_string(format!("/proc/{me}/task/{me}/children")).unwrap_or_default();
+    check(
+        kids.trim().is_empty(),
+        format!("children left after close: {kids}"),
+    )
+}
+
+fn run_case(name: &str) -> Result<(), String> {
+    match name {
+        "two_remote_workers_run_tasks_on_shared_tensors" => two_workers(),
+        "a_remote_task_failure_poisons_downstream_and_the_worker_stays_usable" => failure(),
+        "a_wrong_secret_is_refused" => wrong_secret(),
+        "an_unknown_build_id_is_refused_with_the_fix" => unknown_build(),
+        "a_registry_mismatch_is_refused" => registry_mismatch(),
+        "a_remote_node_killed_mid_task_fails_its_task_naming_the_worker" => node_killed(),
+        "a_silent_client_does_not_block_other_sessions" => silent_client(),
+        "corrupted_and_oversized_frames_are_refused" => bad_frames(),
+        other => Err(format!("no case {other}")),
+    }
+}
+
+/// Two remote level-3 workers each add their worker's value to their half of a shared
+/// tensor through their own sub-worker; the root checks the sums.
+fn two_workers() -> Result<(), String> {
+    let n = 1000u64;
+    let mut top = DistWorker::new(DistConfig::l4(0)).map_err(|e| e.to_string())?;
+    let add = top.register_sub("add_scalar", |c| {
+        let k = c.scalar::<u64>(0).ok_or("no scalar")?;
+        c.tensor_mut::<u64>(0)?.update(|v| v + k);
+        Ok(())
+    });
+    let inner = top.register_orchestration("inner", move |o, a| {
+        o.submit_sub(&add, a)?;
+        Ok(())
+    });
+    let w0 = add_remote_worker(&mut top, spec()).map_err(|e| e.to_string())?;
+    let w1 = add_remote_worker(&mut top, spec()).map_err(|e| e.to_string())?;
+    let x = top
+        .shared_tensor_from(&[2 * n], &vec![1u64; 2 * n as usize])
+        .map_err(|e| e.to_string())?;
+    let xa = x.clone();
+    let outer = top.register_orchestration("outer", move |o, _| {
+        for (i, w) in [w0, w1].into_iter().enumerate() {
+            let v = xa.view().slice(0, i as u64 * n, (i as u64 + 1) * n)?;
+            let mut a = TaskArgs::new();
+            a.push_tensor(xa.arg_view(v, ArgTag::InOut)?)?;
+            a.push_scalar(10 * (i as u64 + 1))?;
+            o.submit_next_level(inner, &a, w)?;
+        }
+        Ok(())
+    });
+    top.init().map_err(|e| format!("init: {e}"))?;
+    for _ in 0..3 {
+        top.run(&outer, &TaskArgs::new())
+            .map_err(|e| format!("run: {e}"))?;
+    }
+    let got = x.to_vec::<u64>().map_err(|e| e.to_string())?;
+    let want: Vec<u64> = (0..2 * n)
+        .map(|i| if i < n { 1 + 30 } else { 1 + 60 })
+        .collect();
+    check(got == want, format!("sums differ: got {:?}…", &got[..4]))?;
+    top.close().map_err(|e| format!("close: {e}"))?;
+    no_children()
+}
+
+/// A remote orchestration fails: the run fails naming the remote worker, a task that
+/// reads its output never runs, the other remote worker's independent task ran, and the
+/// level-4 worker runs the next run.
+fn failure() -> Result<(), String> {
+    let mut top = DistWorker::new(DistConfig::l4(1)).map_err(|e| e.to_string())?;
+    let bump = top.register_sub("bump", |c| {
+        c.tensor_mut::<u64>(0)?.update(|v| v + 1);
+        Ok(())
+    });
+    let bad = top.register_orchestration("bad", |_, _| Err("deliberate remote failure".into()));
+    let good = top.register_orchestration("good", move |o, a| {
+        o.submit_sub(&bump, a)?;
+        Ok(())
+    });
+    let w0 = add_remote_worker(&mut top, spec()).map_err(|e| e.to_string())?;
+    let w1 = add_remote_worker(&mut top, spec()).map_err(|e| e.to_string())?;
+    let x = top
+        .shared_tensor_from(&[1], &[0u64])
+        .map_err(|e| e.to_string())?;
+    let y = top
+        .shared_tensor_from(&[1], &[0u64])
+        .map_err(|e| e.to_string())?;
+    let (xa, ya) = (x.clone(), y.clone());
+    let run = top.register_orchestration("run", move |o, _| {
+        let mut a = TaskArgs::new();
+        a.push_tensor(xa.arg(ArgTag::InOut))?;
+        o.submit_next_level(bad, &a, w0)?;
+        // Downstream of the failing task: must be poisoned.
+        o.submit_sub(&bump, &a)?;
+        let mut b = TaskArgs::new();
+        b.push_tensor(ya.arg(ArgTag::InOut))?;
+        o.submit_next_level(good, &b, w1)?;
+        Ok(())
+    });
+    let yb = y.clone();
+    let again = top.register_orchestration("again", move |o, _| {
+        let mut b = TaskArgs::new();
+        b.push_tensor(yb.arg(ArgTag::InOut))?;
+        o.submit_next_level(good, &b, w0)?;
+        Ok(())
+    });
+    top.init().map_err(|e| format!("init: {e}"))?;
+    let e = top
+        .run(&run, &TaskArgs::new())
+        .err()
+        .ok_or("the run should fail")?;
+    let msg = e.to_string();
+    check(
+        matches!(e, DistError::TaskFailed(_)),
+        format!("not TaskFailed: {msg}"),
+    )?;
+    check(
+        msg.contains(&format!("worker {w0}"))
+            && msg.contains("remote_worker")
+            && msg.contains("deliberate remote failure"),
+        format!("message: {msg}"),
+    )?;
+    check(
+        x.to_vec::<u64>().map_err(|e| e.to_string())? == vec![0],
+        "the downstream task ran",
+    )?;
+    check(
+        y.to_vec::<u64>().map_err(|e| e.to_string())? == vec![1],
+        "the independent task did not run",
+    )?;
+    // Usable afterwards: the next run works on both remote workers.
+    top.run(&again, &TaskArgs::new())
+        .map_err(|e| format!("next run: {e}"))?;
+    check(
+        y.to_vec::<u64>().map_err(|e| e.to_string())? == vec![2],
+        "the next run did not run",
+    )?;
+    top.close().map_err(|e| format!("close: {e}"))?;
+    no_children()
+}
+
+fn expect_init_error(spec: RemoteSpec, needles: &[&str]) -> Result<(), String> {
+    let mut top = DistWorker::new(DistConfig::l4(0)).map_err(|e| e.to_string())?;
+    let _ = top.register_orchestration("noop", |_, _| Ok(()));
+    add_remote_worker(&mut top, spec).map_err(|e| e.to_string())?;
+    let t = Instant::now();
+    let e = top.init().err().ok_or("init should fail")?.to_string();
+    println!("  refused in {:.2?}: {e}", t.elapsed());
+    for n in needles {
+        check(e.contains(n), format!("{e:?} does not mention {n:?}"))?;
+    }
+    top.close().map_err(|e| e.to_string())?;
+    no_children()
+}
+
+fn wrong_secret() -> Result<(), String> {
+    let wrong =
+        Secret::new(b"not-the-daemons-secret-at-all".to_vec()).map_err(|e| e.to_string())?;
+    expect_init_error(spec().secret(wrong), &["remote_worker", "secret"])
+}
+
+fn unknown_build() -> Result<(), String> {
+    expect_init_error(
+        RemoteSpec::new(daemon_addr(OTHER_DAEMON)).sub_workers(1),
+        &["remote_worker", "no program with build-id", "--program"],
+    )
+}
+
+fn registry_mismatch() -> Result<(), String> {
+    let mut top = DistWorker::new(DistConfig::l4(0)).map_err(|e| e.to_string())?;
+    // Only the root registers this: the node's registry differs.
+    if std::env::var_os(strata_net::ENV_NODE_WORKER).is_none() {
+        let _ = top.register_orchestration("root_only", |_, _| Ok(()));
+    }
+    add_remote_worker(&mut top, spec()).map_err(|e| e.to_string())?;
+    let e = top.init().err().ok_or("init should fail")?.to_string();
+    check(
+        e.contains("registry digest") && e.contains("same arguments"),
+        e,
+    )?;
+    top.close().map_err(|e| e.to_string())?;
+    no_children()
+}
+
+fn node_killed() -> Result<(), String> {
+    let mut top = DistWorker::new(DistConfig::l4(1)).map_err(|e| e.to_string())?;
+    let w0 = add_remote_worker(&mut top, spec()).map_err(|e| e.to_string())?;
+    let die = top.register_orchestration("die", |_, _| {
+        // The node process runs orchestrations on its main thread: it dies mid-task.
+        // SAFETY: killing this process on purpose.
+        unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+        Ok(())
+    });
+    let bump = top.register_sub("bump", |c| {
+        c.tensor_mut::<u64>(0)?.update(|v| v + 1);
+        Ok(())
+    });
+    let x = top
+        .shared_tensor_from(&[1], &[0u64])
+        .map_err(|e| e.to_string())?;
+    let xa = x.clone();
+    let run = top.register_orchestration("run", move |o, _| {
+        let mut a = TaskArgs::new();
+        a.push_tensor(xa.arg(ArgTag::InOut))?;
+        o.submit_next_level(die, &a, w0)?;
+        o.submit_sub(&bump, &a)?;
+        Ok(())
+    });
+    top.init().map_err(|e| format!("init: {e}"))?;
+    let t = Instant::now();
+    let mut h = top
+        .submit(&run, &TaskArgs::new())
+        .map_err(|e| e.to_string())?;
+    let e = h
+        .wait(Some(Duration::from_secs(30)))
+        .err()
+        .ok_or("the run should fail")?;
+    let msg = e.to_string();
+    println!("  failed in {:.2?}: {msg}", t.elapsed());
+    check(
+        msg.contains(&format!("worker {w0}")) && msg.contains("remote_worker"),
+        msg.clone(),
+    )?;
+    check(
+        x.to_vec::<u64>().map_err(|e| e.to_string())? == vec![0],
+        "the downstream task ran",
+    )?;
+    let later = top
+        .submit(&run, &TaskArgs::new())
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    check(
+        later.contains("unusable") || later.contains("close"),
+        format!("later submit: {later:?}"),
+    )?;
+    let t = Instant::now();
+    let _ = top.close();
+    println!("  closed in {:.2?}", t.elapsed());
+    no_children()
+}
+
+/// Whether this process is a node the daemon started (it must only reach the same
+/// `init` as its root; the raw-socket parts of a case are the root's).
+fn is_node() -> bool {
+    std::env::var_os(strata_net::ENV_NODE_WORKER).is_some()
+}
+
+fn silent_client() -> Result<(), String> {
+    if is_node() {
+        return two_workers();
+    }
+    let addr = daemon_addr(DAEMON);
+    let mut silent = TcpStream::connect(&addr).map_err(|e| e.to_string())?;
+    // A full session meanwhile.
+    two_workers()?;
+    // The daemon dropped the silent client at its handshake deadline (1 s).
+    silent
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .map_err(|e| e.to_string())?;
+    let mut b = [0u8; 64];
+    let t = Instant::now();
+    let n = silent.read(&mut b).unwrap_or(0);
+    println!("  silent client closed after {:.2?} more", t.elapsed());
+    check(
+        n == 0,
+        "the daemon sent something to a client that never said HELLO",
+    )?;
+    Ok(())
+}
+
+fn bad_frames() -> Result<(), String> {
+    if is_node() {
+        return two_workers();
+    }
+    let addr = daemon_addr(DAEMON);
+    // Garbage instead of HELLO: an ERROR frame (or a close), never a hang.
+    let mut c = TcpStream::connect(&addr).map_err(|e| e.to_string())?;
+    c.write_all(&[0xAB; 64]).map_err(|e| e.to_string())?;
+    c.set_read_timeout(Some(Duration::from_secs(10)))
+        .map_err(|e| e.to_string())?;
+    let mut reply = Vec::new();
+    let _ = c.read_to_end(&mut reply);
+    check(
+        reply.is_empty() || strata_net::wire::decode_frame(&reply).is_ok(),
+        "a reply that is not a frame",
+    )?;
+    // An oversized frame: refused before allocating.
+    let mut c = TcpStream::connect(&addr).map_err(|e| e.to_string())?;
+    let mut f = strata_net::wire::encode(
+        strata_net::wire::FrameType::Hello,
+        7,
+        1,
+        &strata_net::wire::Hello { nonce: [0; 32] },
+    )
+    .map_err(|e| e.to_string())?;
+    f[24..28].copy_from_slice(&u32::MAX.to_le_bytes());
+    c.write_all(&f[..32]).map_err(|e| e.to_string())?;
+    c.set_read_timeout(Some(Duration::from_secs(10)))
+        .map_err(|e| e.to_string())?;
+    let mut reply = Vec::new();
+    let _ = c.read_to_end(&mut reply);
+    check(
+        reply.is_empty() || strata_net::wire::decode_frame(&reply).is_ok(),
+        "a reply that is not a frame",
+    )?;
+    // The daemon still serves.
+    two_workers()
+}
