@@ -99,6 +99,11 @@ impl RemoteSpec {
         }
     }
 
+    /// A worker of a launched job ([`add_launched_workers`]: the ranks say where).
+    pub fn launched() -> RemoteSpec {
+        RemoteSpec::new(String::new())
+    }
+
     /// `n` chips with the default configuration.
     pub fn chips(mut self, n: usize) -> Self {
         self.config.chips = vec![ChipConfig::default(); n];
