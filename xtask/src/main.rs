@@ -117,6 +117,9 @@ fn ci() -> Result<(), String> {
             "warnings",
         ]),
     )?;
+    // strata-net's launcher test runs `mpirun -n 3 strata-node launch -- ...`: Debian's
+    // Open MPI, installed here so a fresh machine has it.
+    ensure_mpirun()?;
     run_step(
         "cargo test --workspace",
         cargo().args(["test", "--workspace"]),
@@ -161,6 +164,32 @@ fn ci() -> Result<(), String> {
         CI_FUZZ_SECONDS.to_string(),
     ])?;
     Ok(())
+}
+
+/// Installs Debian's `openmpi-bin` (for `mpirun`) when `mpirun` is missing.
+fn ensure_mpirun() -> Result<(), String> {
+    let runs = |c: &str| {
+        Command::new(c)
+            .arg("--version")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if runs("mpirun") {
+        return Ok(());
+    }
+    eprintln!("xtask: mpirun not found; installing openmpi-bin with apt-get");
+    run_step(
+        "apt-get update",
+        Command::new("apt-get").args(["update", "-q"]),
+    )?;
+    run_step(
+        "apt-get install openmpi-bin",
+        Command::new("apt-get")
+            .args(["install", "-y", "-q", "openmpi-bin"])
+            .env("DEBIAN_FRONTEND", "noninteractive"),
+    )
 }
 
 /// Seconds of fuzzing per target in `cargo xtask ci`.

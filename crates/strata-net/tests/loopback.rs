@@ -164,6 +164,16 @@ fn driver(filter: &[&String]) -> i32 {
         }
     }
     let _ = stop_daemon(other);
+    if filter.is_empty() || filter.iter().any(|f| "mpirun_launch".contains(f.as_str())) {
+        match mpirun_launch(&exe) {
+            Ok(true) => passed += 1,
+            Ok(false) => {}
+            Err(e) => {
+                println!("test mpirun_launch ... FAILED: {e}");
+                failed += 1;
+            }
+        }
+    }
     // Nothing of this binary is left but the driver (nodes reaped by the daemon).
     let left: Vec<i32> = processes_of(&exe)
         .into_iter()
@@ -221,6 +231,7 @@ fn run_case(name: &str) -> Result<(), String> {
         "a_remote_node_killed_mid_task_fails_its_task_naming_the_worker" => node_killed(),
         "a_silent_client_does_not_block_other_sessions" => silent_client(),
         "corrupted_and_oversized_frames_are_refused" => bad_frames(),
+        "launched" => launched(),
         other => Err(format!("no case {other}")),
     }
 }
@@ -512,4 +523,70 @@ fn bad_frames() -> Result<(), String> {
     )?;
     // The daemon still serves.
     two_workers()
+}
+
+/// `mpirun -n 3 strata-node launch -- <this binary> --case launched`: rank 0 is the
+/// root, ranks 1 and 2 its remote level-3 workers. Skipped (printed) without mpirun.
+fn mpirun_launch(exe: &Path) -> Result<bool, String> {
+    if Command::new("mpirun").arg("--version").output().is_err() {
+        println!("test mpirun_launch ... skipped: no mpirun (cargo xtask ci installs openmpi-bin)");
+        return Ok(false);
+    }
+    let t = Instant::now();
+    let out = Command::new("mpirun")
+        .args(["--allow-run-as-root", "--oversubscribe", "-n", "3"])
+        .arg(env!("CARGO_BIN_EXE_strata-node"))
+        .args(["launch", "--"])
+        .arg(exe)
+        .args(["--case", "launched"])
+        .env_remove(strata_net::ENV_SECRET_FILE)
+        .output()
+        .map_err(|e| e.to_string())?;
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() || !text.contains("launched: 2 remote workers ok") {
+        return Err(format!("{}: {text}", out.status));
+    }
+    println!("test mpirun_launch ... ok ({:.2?})", t.elapsed());
+    Ok(true)
+}
+
+/// Every rank runs this; rank 0 (the root) adds the other ranks as remote workers and
+/// runs a task on each.
+fn launched() -> Result<(), String> {
+    let mut top = DistWorker::new(DistConfig::l4(0)).map_err(|e| e.to_string())?;
+    let ids = strata_net::add_launched_workers(&mut top, RemoteSpec::launched().sub_workers(1))
+        .map_err(|e| e.to_string())?;
+    let add = top.register_sub("add_rank", |c| {
+        let k = c.scalar::<u64>(0).ok_or("no scalar")?;
+        c.tensor_mut::<u64>(0)?.update(|v| v + k);
+        Ok(())
+    });
+    let inner = top.register_orchestration("inner", move |o, a| {
+        o.submit_sub(&add, a)?;
+        Ok(())
+    });
+    let x = top
+        .shared_tensor_from(&[ids.len() as u64], &vec![0u64; ids.len()])
+        .map_err(|e| e.to_string())?;
+    let (xa, ids2) = (x.clone(), ids.clone());
+    let outer = top.register_orchestration("outer", move |o, _| {
+        for (i, &w) in ids2.iter().enumerate() {
+            let v = xa.view().slice(0, i as u64, i as u64 + 1)?;
+            let mut a = TaskArgs::new();
+            a.push_tensor(xa.arg_view(v, ArgTag::InOut)?)?;
+            a.push_scalar(i as u64 + 1)?;
+            o.submit_next_level(inner, &a, w)?;
+        }
+        Ok(())
+    });
+    top.init().map_err(|e| format!("init: {e}"))?;
+    top.run(&outer, &TaskArgs::new())
+        .map_err(|e| format!("run: {e}"))?;
+    let got = x.to_vec::<u64>().map_err(|e| e.to_string())?;
+    let want: Vec<u64> = (1..=ids.len() as u64).collect();
+    check(got == want, format!("got {got:?}, want {want:?}"))?;
+    top.close().map_err(|e| format!("close: {e}"))?;
+    println!("launched: {} remote workers ok", ids.len());
+    Ok(())
 }
