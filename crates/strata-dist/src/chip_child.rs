@@ -144,19 +144,21 @@ pub fn serve_chip_control(
         ControlCommand::Copy {
             direction,
             addr,
+            dev_offset,
             region,
             offset,
             len,
         } => {
             let (base, size) = chip_allocation(chip, addr)?;
-            if len > size {
+            if dev_offset.checked_add(len).is_none_or(|end| end > size) {
                 return Err(bad(format!(
-                    "copy of {len} bytes into a {size}-byte allocation at {addr:#x}"
+                    "copy of {len} bytes at byte {dev_offset} of a {size}-byte allocation at {addr:#x} leaves the allocation"
                 )));
             }
             let host = shared
                 .ptr(region, offset, len)
                 .map_err(|e| bad(e.to_string()))?;
+            let base = base.offset(dev_offset);
             // SAFETY: `ptr` checked the host range against the mapped region; the
             // parent issues control commands only while no task of this worker runs,
             // so nothing else touches either range.

@@ -200,11 +200,68 @@ impl Ctx {
         let command = ControlCommand::Copy {
             direction,
             addr: dev.addr,
+            dev_offset: 0,
             region,
             offset,
             len: n,
         };
         self.control(lane, command)?;
+        Ok(())
+    }
+
+    /// Copies `len` bytes between chip tensor `dev`, from its byte `dev_offset` on, and
+    /// bytes `[offset, offset + len)` of shared-memory region `region` (which every child
+    /// maps): one control request, the chip reads or writes the region in place.
+    pub(crate) fn copy_range(
+        &self,
+        dev: &ChildTensor,
+        dev_offset: u64,
+        region: u64,
+        offset: u64,
+        len: u64,
+        direction: CopyDirection,
+    ) -> Result<(), DistError> {
+        let lane = self.chip_lane(dev.worker)?;
+        if !self.child_tensor_live(
+            &dev.buffer.identity(),
+            dev.worker,
+            dev.addr,
+            dev.buffer.nbytes(),
+        ) {
+            return Err(DistError::StaleTensor {
+                index: 0,
+                reason: format!(
+                    "device tensor {:#x} of worker {} is not a live allocation of this worker (freed, or allocated by another worker)",
+                    dev.addr, dev.worker
+                ),
+            });
+        }
+        let size = dev.buffer.nbytes();
+        if dev_offset.checked_add(len).is_none_or(|end| end > size) {
+            return Err(DistError::InvalidArgs(format!(
+                "a copy of {len} bytes at device offset {dev_offset} leaves the {size}-byte tensor (offset + bytes must be at most {size})"
+            )));
+        }
+        if !self.region_visible(region) {
+            return Err(DistError::InvalidArgs(format!(
+                "shared-memory region {region} was created after this worker started its children, which do not map it; create it before init()"
+            )));
+        }
+        self.shared.ptr(region, offset, len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        self.control(
+            lane,
+            ControlCommand::Copy {
+                direction,
+                addr: dev.addr,
+                dev_offset,
+                region,
+                offset,
+                len,
+            },
+        )?;
         Ok(())
     }
 

@@ -840,6 +840,124 @@ impl DistWorker {
             .committed_device_memory(worker)
     }
 
+    /// Copies `len` bytes between chip tensor `t`, from its byte `dev_offset` on, and bytes
+    /// `[offset, offset + len)` of shared-memory region `region` (outside any run): the
+    /// chip reads or writes the region in place, so bytes that already lie in shared
+    /// memory (a remote node's staging area) are not staged again. The region must have
+    /// existed before `init` (the chips map it).
+    ///
+    /// # Errors
+    /// A run in flight; a freed tensor or one of another worker ([`DistError::StaleTensor`]);
+    /// a range that leaves the tensor or the region; a worker that is not a chip.
+    pub fn copy_range(
+        &mut self,
+        t: &ChildTensor,
+        dev_offset: u64,
+        region: u64,
+        offset: u64,
+        len: u64,
+        direction: crate::control::CopyDirection,
+    ) -> Result<(), DistError> {
+        self.idle_control("copy_range")?
+            .copy_range(t, dev_offset, region, offset, len, direction)
+    }
+
+    // ----- device memory of remote next-level children ---------------------------------
+
+    /// Admits device memory that a remote next-level child (a [`crate::RemoteChild`],
+    /// level-4 only) allocated on one of its chips, so tasks of that child may name it:
+    /// returns the descriptor (`BufferLocation::Device { worker, addr }`, a fresh identity,
+    /// `nbytes`) that task arguments carry. `addr` is the child's own handle for the
+    /// allocation; only the child interprets it. Tasks to any other worker that name it
+    /// are refused, and so is every task once it is retired
+    /// ([`DistWorker::retire_remote_device`]). Outside any run.
+    ///
+    /// # Errors
+    /// A run in flight; `worker` is not a next-level worker child of this worker.
+    pub fn admit_remote_device(
+        &mut self,
+        worker: usize,
+        addr: u64,
+        nbytes: u64,
+    ) -> Result<strata_types::BufferDesc, DistError> {
+        let ctx = self.idle_control("admit_remote_device")?;
+        match ctx.next.get(worker) {
+            Some(ChildKind::Worker) => {}
+            Some(_) => return Err(DistError::InvalidArgs(format!(
+                "worker {worker} is a chip; remote device memory belongs to a level-3 worker child"
+            ))),
+            None => {
+                return Err(DistError::UnknownWorker {
+                    id: worker,
+                    count: ctx.next.len(),
+                })
+            }
+        }
+        let identity = ctx.minter.mint();
+        // SAFETY: the descriptor names device memory the child allocated for this
+        // allocation alone (its handle `addr`, `nbytes` bytes); the engine never
+        // dereferences a device address, it only checks tasks against the live set.
+        let desc = unsafe {
+            strata_types::BufferDesc::from_parts(
+                identity,
+                nbytes,
+                strata_types::BufferLocation::Device {
+                    worker: worker as u32,
+                    addr,
+                },
+            )
+        };
+        ctx.child_tensors
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(identity, (worker, addr, nbytes));
+        Ok(desc)
+    }
+
+    /// Retires a descriptor from [`DistWorker::admit_remote_device`] (its child freed the
+    /// allocation): later tasks naming it are refused ([`DistError::StaleTensor`]).
+    /// Outside any run.
+    ///
+    /// # Errors
+    /// A run in flight; a descriptor that is not admitted (retired twice, or not one of
+    /// this worker's).
+    pub fn retire_remote_device(
+        &mut self,
+        desc: &strata_types::BufferDesc,
+    ) -> Result<(), DistError> {
+        let ctx = self.idle_control("retire_remote_device")?;
+        let strata_types::BufferLocation::Device { worker, addr } = desc.location() else {
+            return Err(DistError::InvalidArgs(
+                "retire_remote_device: not a device descriptor".into(),
+            ));
+        };
+        let mut live = ctx.child_tensors.lock().unwrap_or_else(|e| e.into_inner());
+        if live.get(&desc.identity()) != Some(&(worker as usize, addr, desc.nbytes())) {
+            return Err(DistError::InvalidArgs(format!(
+                "remote device memory {addr:#x} of worker {worker} is not admitted by this worker (retired twice, or another worker's)"
+            )));
+        }
+        live.remove(&desc.identity());
+        Ok(())
+    }
+
+    /// Checks that device-memory work for remote next-level child `worker` may go ahead
+    /// now: the worker is initialised and usable, and no run is in flight (so no task of
+    /// the child runs while its memory is changed, as for local chips).
+    ///
+    /// # Errors
+    /// Not initialised, unusable, a run in flight, or `worker` out of range.
+    pub fn remote_device_idle(&mut self, worker: usize, op: &'static str) -> Result<(), DistError> {
+        let ctx = self.idle_control(op)?;
+        if worker >= ctx.next.len() {
+            return Err(DistError::UnknownWorker {
+                id: worker,
+                count: ctx.next.len(),
+            });
+        }
+        Ok(())
+    }
+
     /// Test-only fault injection: a later pass of the scheduler loop panics with
     /// `message` (after its intake, so mid-pass) — on a caller's pass (a thread driving
     /// the loop while it waits for a run) if `on_caller`, else on the scheduler thread's.

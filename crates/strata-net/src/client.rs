@@ -54,13 +54,19 @@ struct InFlight {
     outcome: Option<TaskOutcome>,
 }
 
-/// A control request waiting for its reply (remote device memory; the node does not
-/// serve such requests yet, so none is sent).
+/// A device-memory request waiting for its reply (`memory.rs`).
 struct ControlWait {
     reply: Option<Result<u64, String>>,
-    /// Bytes a copy-from brings back.
+    /// Bytes a copy-from brings back (they precede the reply on the stream).
     data: Vec<u8>,
+    /// How many bytes it may bring back (more is a protocol error).
+    expect: u64,
 }
+
+/// Bytes of DATA frames a device-memory copy may have queued for the writer and not yet
+/// written: the copying thread encodes frames straight from the caller's buffer and waits
+/// above this, so a large copy costs a bounded amount of memory.
+const COPY_WINDOW: u64 = 4 << 20;
 
 #[derive(Default)]
 struct State {
@@ -85,6 +91,10 @@ pub(crate) struct Session {
     seq: AtomicU64,
     epoch: Instant,
     heartbeat_timeout: Duration,
+    /// The node's staging area (from READY): device-memory copies go in pieces that fit it.
+    pub(crate) staging_bytes: u64,
+    /// DATA bytes queued by a device-memory copy and not yet written (see [`COPY_WINDOW`]).
+    out_pending: AtomicU64,
     prio: mpsc::UnboundedSender<Out>,
     main: mpsc::UnboundedSender<Out>,
     /// A clone of the socket, to cut the connection from any thread.
@@ -122,11 +132,167 @@ impl Session {
     fn send_prio(&self, frame: Vec<u8>) {
         let _ = self.prio.send(Out::Frame(frame));
     }
+
+    /// Why the session ended, if it did.
+    pub(crate) fn dead_reason(&self) -> Option<String> {
+        if !self.dead_flag.load(Ordering::Acquire) {
+            return None;
+        }
+        Some(self.lock().dead.clone().unwrap_or_default())
+    }
+
+    /// Sends device-memory request `control` on the ordered lane (after every task
+    /// already published, so the node serves it after them), followed by `payload` as
+    /// DATA frames owned by it; a reply may bring back up to `expect` bytes. Returns the
+    /// request's sequence for [`Session::wait_control`].
+    ///
+    /// # Errors
+    /// The session ended (its reason), or the frame could not be encoded.
+    pub(crate) fn post_control(
+        self: &Arc<Self>,
+        control: &wire::Control,
+        payload: &[u8],
+        expect: u64,
+    ) -> Result<u64, String> {
+        if let Some(why) = self.dead_reason() {
+            return Err(why);
+        }
+        let seq = self.next_seq();
+        let frame = wire::encode(FrameType::Control, self.session, seq, control)
+            .map_err(|e| e.to_string())?;
+        self.lock().controls.insert(
+            seq,
+            ControlWait {
+                reply: None,
+                data: Vec::new(),
+                expect,
+            },
+        );
+        let gone = || "the session's writer is gone".to_owned();
+        self.main.send(Out::Frame(frame)).map_err(|_| gone())?;
+        for (k, chunk) in payload.chunks(CHUNK_BYTES).enumerate() {
+            self.wait_window()?;
+            let mut f = Vec::with_capacity(chunk.len() + 64);
+            let head = wire::DataHead {
+                owner: seq,
+                segment: 0,
+                offset: (k * CHUNK_BYTES) as u64,
+            };
+            encode_data(&mut f, self.session, seq, head, chunk.len(), |d| {
+                d.copy_from_slice(chunk)
+            });
+            let n = chunk.len() as u64;
+            self.out_pending.fetch_add(n, Ordering::AcqRel);
+            self.main.send(Out::Frame(f)).map_err(|_| gone())?;
+            let s = self.clone();
+            self.main
+                .send(Out::Then(Box::new(move || {
+                    s.out_pending.fetch_sub(n, Ordering::AcqRel);
+                    s.changed.notify_all();
+                })))
+                .map_err(|_| gone())?;
+        }
+        Ok(seq)
+    }
+
+    /// Waits until the writer has fewer than [`COPY_WINDOW`] queued copy bytes (or the
+    /// session ended, or went silent past the heartbeat timeout).
+    fn wait_window(&self) -> Result<(), String> {
+        let mut st = self.lock();
+        while self.out_pending.load(Ordering::Acquire) >= COPY_WINDOW {
+            if let Some(d) = &st.dead {
+                return Err(d.clone());
+            }
+            drop(st);
+            self.check_silence();
+            st = self.lock();
+            st = self
+                .changed
+                .wait_timeout(st, Duration::from_millis(50))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        Ok(())
+    }
+
+    /// Ends the session if the node has been silent past the heartbeat timeout (what
+    /// `check_alive` does for the scheduler; a device-memory wait runs while the scheduler
+    /// may be parked).
+    fn check_silence(&self) {
+        let last = self.last_rx.load(Ordering::Acquire);
+        let silent = Duration::from_millis(self.now_ms().saturating_sub(last));
+        if silent > self.heartbeat_timeout && !self.dead_flag.load(Ordering::Acquire) {
+            self.die(format!(
+                "{}: no frame from the node for {silent:?} (heartbeat timeout {:?}): the link is partitioned, or the node is stopped or overloaded; the session was cut",
+                self.label, self.heartbeat_timeout
+            ));
+        }
+    }
+
+    /// Waits for the reply to request `seq` until `deadline`: its result word and the
+    /// bytes it brought back.
+    ///
+    /// # Errors
+    /// [`ControlWaitError`]: the node's refusal, the session's end, or the deadline.
+    pub(crate) fn wait_control(
+        &self,
+        seq: u64,
+        deadline: Instant,
+    ) -> Result<(u64, Vec<u8>), ControlWaitError> {
+        let mut st = self.lock();
+        loop {
+            if st.controls.get(&seq).is_some_and(|c| c.reply.is_some()) {
+                let c = st.controls.remove(&seq).expect("checked above");
+                return match c.reply {
+                    Some(Ok(v)) => Ok((v, c.data)),
+                    Some(Err(why)) => Err(ControlWaitError::Refused(why)),
+                    None => unreachable!("checked above"),
+                };
+            }
+            if let Some(d) = &st.dead {
+                let why = d.clone();
+                st.controls.remove(&seq);
+                return Err(ControlWaitError::Lost(why));
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                st.controls.remove(&seq);
+                drop(st);
+                // The node may still be working on it: a later reply would find no
+                // request, and the chip's memory is in an unknown state. End the session,
+                // as the engine stops a child that missed a control deadline.
+                self.die(format!(
+                    "{}: no answer to a device-memory request in time; the session was cut",
+                    self.label
+                ));
+                return Err(ControlWaitError::Timeout);
+            }
+            drop(st);
+            self.check_silence();
+            st = self.lock();
+            st = self
+                .changed
+                .wait_timeout(st, left.min(Duration::from_millis(50)))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+}
+
+/// Why a device-memory request got no result.
+#[derive(Debug)]
+pub(crate) enum ControlWaitError {
+    /// The node answered with this refusal.
+    Refused(String),
+    /// The session ended (the reason).
+    Lost(String),
+    /// No answer by the deadline.
+    Timeout,
 }
 
 /// The endpoint of one remote level-3 worker (see the module docs).
 pub struct RemoteEndpoint {
-    s: Arc<Session>,
+    pub(crate) s: Arc<Session>,
 }
 
 impl std::fmt::Debug for RemoteEndpoint {
@@ -150,6 +316,7 @@ impl RemoteEndpoint {
         doorbell: Doorbell,
         shared: Arc<SharedMemory>,
         heartbeat_timeout: Duration,
+        staging_bytes: u64,
     ) -> Result<RemoteEndpoint, NetError> {
         let sock = stream
             .try_clone()
@@ -172,6 +339,8 @@ impl RemoteEndpoint {
             seq: AtomicU64::new(1 << 32),
             epoch: Instant::now(),
             heartbeat_timeout,
+            staging_bytes,
+            out_pending: AtomicU64::new(0),
             prio: prio_tx,
             main: main_tx,
             sock,
@@ -210,13 +379,13 @@ fn plan(blob: &[u8]) -> Result<Plan, String> {
     for (i, t) in args.tensors().iter().enumerate() {
         let (region, base) = match t.buffer.location() {
             BufferLocation::HostShared { region, offset } => (region, offset),
-            BufferLocation::Device { worker, .. } => {
-                return Err(format!(
-                    "tensor argument {i} is in the device memory of worker {worker} of this host; a remote level-3 worker sees only shared host tensors (copy it to a SharedTensor first)"
-                ))
-            }
+            // Device memory of this remote worker's chips (a `RemoteTensor`; the engine
+            // admitted it for this worker only): nothing to ship, the node maps the handle.
+            BufferLocation::Device { .. } => continue,
             BufferLocation::HostLocal { .. } => {
-                return Err(format!("tensor argument {i} is in private host memory; use a SharedTensor"))
+                return Err(format!(
+                    "tensor argument {i} is in private host memory; use a SharedTensor"
+                ))
             }
         };
         let (lo, hi) = t.view.byte_span();
@@ -505,6 +674,16 @@ fn on_frame(s: &Session, h: &wire::Header, body: &[u8]) -> Result<(), String> {
             let d: Data<'_> = wire::decode_body(h.kind, body).map_err(|e| e.to_string())?;
             let mut st = s.lock();
             if let Some(c) = st.controls.get_mut(&d.owner) {
+                let have = c.data.len() as u64;
+                if d.segment != 0 || d.offset != have || have + d.bytes.len() as u64 > c.expect {
+                    return Err(format!(
+                        "the node sent data for control request {} outside what it asked for (offset {}, {} bytes, {} expected)",
+                        d.owner,
+                        d.offset,
+                        d.bytes.len(),
+                        c.expect
+                    ));
+                }
                 c.data.extend_from_slice(d.bytes);
                 return Ok(());
             }

@@ -105,9 +105,42 @@ pub enum NetError {
     /// it).
     #[error("{0}")]
     Config(String),
+    /// A device-memory request for a remote worker's chips failed; `worker` names the
+    /// remote worker (its label: address, pid, host), `fault` says what kind of failure.
+    #[error("{worker}: {message}")]
+    DeviceMemory {
+        /// The remote worker.
+        worker: String,
+        /// What kind of failure.
+        fault: MemoryFault,
+        /// What was wrong and how to fix it.
+        message: String,
+    },
     /// An error of the engine.
     #[error(transparent)]
     Dist(#[from] strata_dist::DistError),
+}
+
+/// The kinds of [`NetError::DeviceMemory`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum MemoryFault {
+    /// The level-4 worker is not initialised (or its session never started).
+    NotConnected,
+    /// The tensor belongs to another remote worker.
+    OtherWorker,
+    /// The tensor was freed.
+    Freed,
+    /// The byte range leaves the tensor.
+    OutOfRange,
+    /// The remote worker has no such chip.
+    NoSuchChip,
+    /// The node refused or failed the request (its message says why).
+    Node,
+    /// The session ended before the answer (the node died, or the link failed).
+    SessionLost,
+    /// No answer within the control deadline.
+    Timeout,
 }
 
 impl NetError {

@@ -30,13 +30,15 @@ pub mod handshake;
 pub mod identity;
 pub mod io;
 pub mod launch;
+mod memory;
 mod node;
 mod spec;
 pub mod wire;
 
 pub use auth::Secret;
 pub use client::{RemoteEndpoint, HEARTBEAT_INTERVAL};
-pub use error::{NetError, WireError};
+pub use error::{MemoryFault, NetError, WireError};
+pub use memory::{RemoteTensor, RemoteWorker};
 pub use spec::{
     add_launched_workers, add_remote_worker, launch_rank, RemoteSpec, DEFAULT_HEARTBEAT_TIMEOUT,
     DEFAULT_STAGING_BYTES, ENV_LAUNCH_RANK, ENV_LAUNCH_ROOT, ENV_LAUNCH_SECRET, ENV_LAUNCH_SIZE,

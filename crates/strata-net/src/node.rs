@@ -13,21 +13,21 @@ use crate::client::{pump, Out, CANCELLED, HEARTBEAT_INTERVAL};
 use crate::error::NetError;
 use crate::io::{hostname, read_frame, runtime, SyncConn};
 use crate::wire::{
-    self, clip_message, Cancel, Data, Done, ErrorBody, ErrorCode, FrameType, NodeHello, Ready,
-    Segment, ShutdownAck, Task,
+    self, clip_message, Cancel, Control, ControlReply, Data, Done, ErrorBody, ErrorCode, FrameType,
+    NodeHello, Ready, Segment, ShutdownAck, Task,
 };
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc as std_mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use strata_dist::{DistError, DistWorker, HostOrchHandle, NodeContext};
+use strata_dist::{ChildTensor, CopyDirection, DistError, DistWorker, HostOrchHandle, NodeContext};
 use strata_host::SharedMemory;
 use strata_mailbox::codes;
 use strata_types::wire::{decode_args, decode_config, CALL_CONFIG_WIRE_BYTES};
 use strata_types::{
-    ArgLimits, BufferDesc, BufferIdentity, BufferLocation, CallableId, IdentityMinter, TaskArgs,
-    TensorArg, TensorView,
+    ArgLimits, BufferDesc, BufferIdentity, BufferLocation, CallableId, DataType, IdentityMinter,
+    TaskArgs, TensorArg, TensorView,
 };
 use tokio::sync::mpsc;
 
@@ -94,8 +94,34 @@ enum Job {
         seq: u64,
         why: String,
     },
+    /// A device-memory request; a copy-to's bytes are at `place` in the staging area.
+    Control {
+        seq: u64,
+        control: Control,
+        place: Option<u64>,
+    },
     Shutdown,
     Abort(String),
+}
+
+/// A copy-to request whose bytes are still arriving.
+struct ControlLanding {
+    control: Control,
+    /// Where its bytes land (`None`: they did not fit; they are swallowed and the request
+    /// is refused).
+    place: Option<u64>,
+    /// Bytes that arrived so far (they come in order).
+    have: u64,
+    len: u64,
+}
+
+/// The chip tensors this session allocated for its root: handle → (chip, tensor). The
+/// root names them by handle (in CONTROL frames, and as the device address of a task's
+/// tensor argument); handles are never reused within a session.
+#[derive(Default)]
+struct DeviceTable {
+    next: u64,
+    live: HashMap<u64, (usize, ChildTensor)>,
 }
 
 /// A task whose inputs are still arriving.
@@ -239,6 +265,7 @@ fn run_session(
         })
     };
     let minter = IdentityMinter::new();
+    let mut table = DeviceTable::default();
     let acked = loop {
         let job = match jobs_rx.recv() {
             Ok(j) => j,
@@ -257,7 +284,7 @@ fn run_session(
                         "cancelled by the root before it started".to_owned(),
                     ))
                 } else {
-                    run_task(worker, &ns.staging, &minter, &task, &places)
+                    run_task(worker, &ns.staging, &minter, &table, &task, &places)
                         .err()
                         .map(|e| (codes::FAILED, clip_message(e)))
                 };
@@ -293,6 +320,11 @@ fn run_session(
                     },
                 );
             }
+            Job::Control {
+                seq,
+                control,
+                place,
+            } => serve_control(worker, &ns, &mut table, seq, control, place),
             Job::Shutdown => break true,
             Job::Abort(why) => {
                 eprintln!("strata-node: the session ends: {why}");
@@ -334,6 +366,7 @@ fn run_task(
     worker: &mut DistWorker,
     staging: &Staging,
     minter: &IdentityMinter,
+    table: &DeviceTable,
     task: &Task,
     places: &[u64],
 ) -> Result<(), String> {
@@ -349,7 +382,7 @@ fn run_task(
         decode_config(&config_bytes).map_err(|e| format!("the task's configuration: {e}"))?;
     let args = decode_args(&task.args, ArgLimits::HOST)
         .map_err(|e| format!("the task's arguments: {e}"))?;
-    let local = rewrite(&args, &task.segments, places, staging.region, minter)?;
+    let local = rewrite(&args, &task.segments, places, staging.region, minter, table)?;
     let handle = HostOrchHandle::from_id(CallableId(task.callable));
     worker
         .run_for_parent(&handle, &local, &config)
@@ -365,18 +398,37 @@ fn rewrite(
     places: &[u64],
     region: u64,
     minter: &IdentityMinter,
+    table: &DeviceTable,
 ) -> Result<TaskArgs, String> {
     let mut local = TaskArgs::with_limits(args.limits());
     let mut by_buffer: HashMap<BufferIdentity, (usize, BufferIdentity)> = HashMap::new();
     for (i, t) in args.tensors().iter().enumerate() {
-        let BufferLocation::HostShared {
-            region: their_region,
-            offset: base,
-        } = t.buffer.location()
-        else {
-            return Err(format!(
-                "tensor argument {i} does not name the root's shared memory"
-            ));
+        let (their_region, base) = match t.buffer.location() {
+            BufferLocation::HostShared { region, offset } => (region, offset),
+            // A tensor this session allocated on one of its chips: its address is the
+            // handle the root was given.
+            BufferLocation::Device { addr, .. } => {
+                let (_, ct) = table.live.get(&addr).ok_or_else(|| {
+                    format!("tensor argument {i} names device allocation {addr}, which is not live on this node (freed)")
+                })?;
+                if t.buffer.nbytes() != ct.arg(t.tag).buffer.nbytes() {
+                    return Err(format!(
+                        "tensor argument {i} names device allocation {addr} with {} bytes; it has {}",
+                        t.buffer.nbytes(),
+                        ct.arg(t.tag).buffer.nbytes()
+                    ));
+                }
+                let arg = ct
+                    .arg_view(t.view, t.tag)
+                    .map_err(|e| format!("tensor argument {i}: {e}"))?;
+                local.push_tensor(arg).map_err(|e| e.to_string())?;
+                continue;
+            }
+            BufferLocation::HostLocal { .. } => {
+                return Err(format!(
+                    "tensor argument {i} does not name the root's shared memory"
+                ))
+            }
         };
         let next = by_buffer.len();
         let (k, id) = *by_buffer
@@ -426,6 +478,7 @@ fn rewrite(
 async fn node_reader(ns: Arc<NodeShared>, mut rd: tokio::net::tcp::OwnedReadHalf) {
     let mut body = Vec::new();
     let mut landing: HashMap<u64, Landing> = HashMap::new();
+    let mut ctl_landing: HashMap<u64, ControlLanding> = HashMap::new();
     loop {
         let h = match read_frame(&mut rd, &mut body).await {
             Ok(h) => h,
@@ -452,7 +505,7 @@ async fn node_reader(ns: Arc<NodeShared>, mut rd: tokio::net::tcp::OwnedReadHalf
         };
         ns.last_rx
             .store(ns.epoch.elapsed().as_millis() as u64, Ordering::Release);
-        if let Err(why) = node_frame(&ns, &mut landing, &h, &body) {
+        if let Err(why) = node_frame(&ns, &mut landing, &mut ctl_landing, &h, &body) {
             ns.send(
                 &ns.prio,
                 FrameType::Error,
@@ -471,6 +524,7 @@ async fn node_reader(ns: Arc<NodeShared>, mut rd: tokio::net::tcp::OwnedReadHalf
 fn node_frame(
     ns: &NodeShared,
     landing: &mut HashMap<u64, Landing>,
+    ctl_landing: &mut HashMap<u64, ControlLanding>,
     h: &wire::Header,
     body: &[u8],
 ) -> Result<(), String> {
@@ -543,6 +597,35 @@ fn node_frame(
         }
         FrameType::Data => {
             let d: Data<'_> = wire::decode_body(h.kind, body).map_err(|e| e.to_string())?;
+            if let Some(c) = ctl_landing.get_mut(&d.owner) {
+                let n = d.bytes.len() as u64;
+                if d.segment != 0 || d.offset != c.have || c.have + n > c.len {
+                    return Err(format!(
+                        "data for control request {} outside its bytes (offset {}, {n} bytes, {} expected)",
+                        d.owner, d.offset, c.len
+                    ));
+                }
+                if let Some(at) = c.place {
+                    let dst = ns
+                        .shared
+                        .ptr(ns.staging.region, at + c.have, n)
+                        .map_err(|e| e.to_string())?;
+                    // SAFETY: `ptr` checked the range lies in the staging region, inside
+                    // the request's allocation; nothing reads it before the request runs.
+                    unsafe { std::ptr::copy_nonoverlapping(d.bytes.as_ptr(), dst, d.bytes.len()) };
+                }
+                c.have += n;
+                if c.have == c.len {
+                    if let Some(c) = ctl_landing.remove(&d.owner) {
+                        let _ = ns.jobs.send(Job::Control {
+                            seq: d.owner,
+                            control: c.control,
+                            place: c.place,
+                        });
+                    }
+                }
+                return Ok(());
+            }
             let l = landing
                 .get_mut(&d.owner)
                 .ok_or_else(|| format!("data for task {} which is not arriving", d.owner))?;
@@ -594,15 +677,31 @@ fn node_frame(
             Ok(())
         }
         FrameType::Control => {
-            let _c: wire::Control = wire::decode_body(h.kind, body).map_err(|e| e.to_string())?;
-            ns.send(
-                &ns.prio,
-                FrameType::ControlReply,
-                h.sequence,
-                &wire::ControlReply {
-                    result: Err("this node does not serve device-memory requests yet".into()),
-                },
-            );
+            let control: Control = wire::decode_body(h.kind, body).map_err(|e| e.to_string())?;
+            match control {
+                Control::CopyTo { len, .. } if len > 0 => {
+                    // Its bytes follow: land them in the staging area, then the main
+                    // thread has the chip copy them in place. Bytes that do not fit are
+                    // swallowed and the request refused (place `None`).
+                    let place = ns.staging.alloc(len);
+                    ctl_landing.insert(
+                        h.sequence,
+                        ControlLanding {
+                            control,
+                            place,
+                            have: 0,
+                            len,
+                        },
+                    );
+                }
+                control => {
+                    let _ = ns.jobs.send(Job::Control {
+                        seq: h.sequence,
+                        control,
+                        place: None,
+                    });
+                }
+            }
             Ok(())
         }
         FrameType::Shutdown => {
@@ -661,6 +760,107 @@ async fn node_signals(ns: Arc<NodeShared>) {
         );
         let _ = ns.jobs.send(Job::Abort("SIGTERM".into()));
     }
+}
+
+/// Serves one device-memory request on the main thread (the level-3 worker runs no task
+/// meanwhile: requests and tasks are served in the order they came) and queues the reply
+/// on the ordered lane; a copy-from's bytes go before it.
+fn serve_control(
+    worker: &mut DistWorker,
+    ns: &Arc<NodeShared>,
+    table: &mut DeviceTable,
+    seq: u64,
+    control: Control,
+    place: Option<u64>,
+) {
+    let region = ns.staging.region;
+    let lookup = |table: &DeviceTable, id: u64| {
+        table.live.get(&id).map(|(_, t)| *t).ok_or_else(|| {
+            format!("device allocation {id} is not live on this node (freed, or never allocated in this session)")
+        })
+    };
+    let result: Result<u64, String> = match control {
+        Control::Alloc { chip, bytes } => worker
+            .alloc_child_tensor(chip as usize, &[bytes], DataType::U8)
+            .map(|t| {
+                table.next += 1;
+                table.live.insert(table.next, (chip as usize, t));
+                table.next
+            })
+            .map_err(|e| format!("allocating {bytes} bytes on chip {chip}: {e}")),
+        Control::Free { id } => match table.live.remove(&id) {
+            Some((chip, t)) => worker
+                .free(t)
+                .map(|()| 0)
+                .map_err(|e| format!("freeing device allocation {id} on chip {chip}: {e}")),
+            None => lookup(table, id).map(|_| 0),
+        },
+        Control::CopyTo { id, offset, len } => {
+            let r = if len > 0 && place.is_none() {
+                Err(format!(
+                    "a copy of {len} bytes does not fit the node's free staging area; raise RemoteSpec::staging_bytes"
+                ))
+            } else {
+                lookup(table, id).and_then(|t| {
+                    worker
+                        .copy_range(&t, offset, region, place.unwrap_or(0), len, CopyDirection::ToDevice)
+                        .map(|()| 0)
+                        .map_err(|e| format!("copying {len} bytes to device allocation {id} at offset {offset}: {e}"))
+                })
+            };
+            if let Some(at) = place {
+                ns.staging.release(at, len);
+            }
+            r
+        }
+        Control::CopyFrom { id, offset, len } => {
+            match lookup(table, id).and_then(|t| {
+                let at = if len == 0 {
+                    None
+                } else {
+                    Some(ns.staging.alloc(len).ok_or_else(|| {
+                        format!("a copy of {len} bytes does not fit the node's free staging area; raise RemoteSpec::staging_bytes")
+                    })?)
+                };
+                let copied = worker
+                    .copy_range(&t, offset, region, at.unwrap_or(0), len, CopyDirection::FromDevice)
+                    .map_err(|e| format!("copying {len} bytes from device allocation {id} at offset {offset}: {e}"));
+                if let Err(e) = copied {
+                    if let Some(at) = at {
+                        ns.staging.release(at, len);
+                    }
+                    return Err(e);
+                }
+                Ok(at)
+            }) {
+                Ok(Some(at)) => {
+                    // The bytes, the reply, then the staging bytes go back once streamed.
+                    let _ = ns.main.send(Out::Bulk {
+                        owner: seq,
+                        parts: vec![(0, region, at, len)],
+                    });
+                    ns.send(&ns.main, FrameType::ControlReply, seq, &ControlReply { result: Ok(0) });
+                    let ns2 = ns.clone();
+                    let _ = ns.main.send(Out::Then(Box::new(move || {
+                        ns2.staging.release(at, len);
+                    })));
+                    return;
+                }
+                Ok(None) => Ok(0),
+                Err(e) => Err(e),
+            }
+        }
+        Control::Committed { chip } => worker
+            .committed_device_memory(chip as usize)
+            .map_err(|e| format!("chip {chip}: {e}")),
+    };
+    let result = result.map_err(clip_message);
+    ns.send(
+        &ns.main,
+        FrameType::ControlReply,
+        seq,
+        &ControlReply { result },
+    );
 }
 
 #[cfg(test)]

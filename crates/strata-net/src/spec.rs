@@ -7,13 +7,14 @@ use crate::client::RemoteEndpoint;
 use crate::error::NetError;
 use crate::handshake::{expect, initiate, refuse, respond};
 use crate::io::{connect, resolve, SyncConn};
+use crate::memory::{RemoteLink, RemoteWorker};
 use crate::node::{serve, NodeOptions};
 use crate::wire::{self, ErrorCode, FrameType, Intro, NodeHello, Ready};
 use std::collections::HashMap;
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::FromRawFd;
 use std::path::PathBuf;
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use strata_chip::ChipConfig;
 use strata_dist::{DistConfig, DistWorker, Endpoint, NodeContext, RemoteChild, RemoteContext};
@@ -180,7 +181,8 @@ impl RemoteSpec {
 }
 
 /// Adds a remote level-3 worker as a next-level child of the level-4 worker `top`
-/// (before `init`); returns its worker id (same counter as `add_worker`).
+/// (before `init`); returns its handle: its worker id ([`RemoteWorker::id`], same
+/// counter as `add_worker`) and the device memory of its chips.
 ///
 /// At `top.init()`, the root connects to the daemon, which starts this same program on
 /// its host (same build-id, same arguments); that process makes the same registrations,
@@ -188,13 +190,16 @@ impl RemoteSpec {
 ///
 /// # Errors
 /// `top` is not a new level-4 worker; an invalid level-3 configuration.
-pub fn add_remote_worker(top: &mut DistWorker, spec: RemoteSpec) -> Result<usize, NetError> {
-    Ok(top.add_remote_child(Box::new(RemoteNode { spec }))?)
+pub fn add_remote_worker(top: &mut DistWorker, spec: RemoteSpec) -> Result<RemoteWorker, NetError> {
+    let node = RemoteNode::new(spec);
+    let link = node.link.clone();
+    let id = top.add_remote_child(Box::new(node))?;
+    Ok(RemoteWorker::new(id, link))
 }
 
 /// Adds one remote level-3 worker per other rank of a job launched with
 /// `strata-node launch` (under `mpirun`, `srun`, …), each shaped like `spec` (its address
-/// is ignored); returns their worker ids, for ranks 1, 2, … in order. Outside such a job
+/// is ignored); returns their handles, for ranks 1, 2, … in order. Outside such a job
 /// (or with one rank) adds none.
 ///
 /// # Errors
@@ -202,7 +207,7 @@ pub fn add_remote_worker(top: &mut DistWorker, spec: RemoteSpec) -> Result<usize
 pub fn add_launched_workers(
     top: &mut DistWorker,
     spec: RemoteSpec,
-) -> Result<Vec<usize>, NetError> {
+) -> Result<Vec<RemoteWorker>, NetError> {
     let Some(size) = env_u32(ENV_LAUNCH_SIZE)? else {
         return Ok(Vec::new());
     };
@@ -212,7 +217,12 @@ pub fn add_launched_workers(
             target: Target::Launched(rank),
             ..spec.clone()
         };
-        ids.push(top.add_remote_child(Box::new(RemoteNode { spec }))?);
+        let node = RemoteNode::new(spec);
+        let link = node.link.clone();
+        ids.push(RemoteWorker::new(
+            top.add_remote_child(Box::new(node))?,
+            link,
+        ));
     }
     Ok(ids)
 }
@@ -239,9 +249,20 @@ fn env_u32(name: &str) -> Result<Option<u32>, NetError> {
 /// The [`RemoteChild`] strata-net gives the engine.
 struct RemoteNode {
     spec: RemoteSpec,
+    /// Shared with the user's [`RemoteWorker`]: the session once connected.
+    link: Arc<RemoteLink>,
 }
 
 impl RemoteNode {
+    fn new(spec: RemoteSpec) -> RemoteNode {
+        let mut node = RemoteNode {
+            spec,
+            link: RemoteLink::new(String::new(), 0),
+        };
+        node.link = RemoteLink::new(node.label(), node.spec.config.chips.len());
+        node
+    }
+
     fn options(&self, deadline: Instant) -> NodeOptions {
         NodeOptions {
             staging_bytes: self.spec.staging_bytes,
@@ -298,7 +319,7 @@ impl RemoteNode {
             "the node's READY (its level-3 worker's startup)",
             ctx.deadline,
         )?;
-        let _ready: Ready = wire::decode_body(FrameType::Ready, &body)?;
+        let ready: Ready = wire::decode_body(FrameType::Ready, &body)?;
         let label = format!("{label} pid={} host={}", hello.pid, hello.host);
         let ep = RemoteEndpoint::start(
             conn.stream,
@@ -307,7 +328,9 @@ impl RemoteNode {
             ctx.doorbell.clone(),
             ctx.shared.clone(),
             self.spec.heartbeat_timeout,
+            ready.staging_bytes,
         )?;
+        self.link.connected(&ep.s);
         Ok(Box::new(ep))
     }
 }

@@ -530,17 +530,23 @@ pub enum Control {
         /// The allocation.
         id: u64,
     },
-    /// Copy `len` bytes into allocation `id` (the bytes follow as DATA, segment 0).
+    /// Copy `len` bytes into allocation `id` from its byte `offset` on (the bytes follow
+    /// as DATA frames owned by this request, segment 0, in order).
     CopyTo {
         /// The allocation.
         id: u64,
+        /// The first byte of the allocation written.
+        offset: u64,
         /// Bytes.
         len: u64,
     },
-    /// Copy allocation `id` back (the bytes come as DATA, segment 0, before the reply).
+    /// Copy `len` bytes of allocation `id` from its byte `offset` on back to the root
+    /// (they come as DATA frames owned by this request, segment 0, before the reply).
     CopyFrom {
         /// The allocation.
         id: u64,
+        /// The first byte of the allocation read.
+        offset: u64,
         /// Bytes.
         len: u64,
     },

@@ -59,6 +59,8 @@ const CASES: &[&str] = &[
     "a_remote_node_killed_mid_task_fails_its_task_naming_the_worker",
     "a_silent_client_does_not_block_other_sessions",
     "corrupted_and_oversized_frames_are_refused",
+    "remote_device_memory_round_trips_at_offsets_and_feeds_tasks",
+    "remote_device_memory_misuse_is_a_typed_error_naming_the_worker",
 ];
 
 struct Daemon {
@@ -231,6 +233,8 @@ fn run_case(name: &str) -> Result<(), String> {
         "a_remote_node_killed_mid_task_fails_its_task_naming_the_worker" => node_killed(),
         "a_silent_client_does_not_block_other_sessions" => silent_client(),
         "corrupted_and_oversized_frames_are_refused" => bad_frames(),
+        "remote_device_memory_round_trips_at_offsets_and_feeds_tasks" => device_memory(),
+        "remote_device_memory_misuse_is_a_typed_error_naming_the_worker" => device_misuse(),
         "launched" => launched(),
         other => Err(format!("no case {other}")),
     }
@@ -250,8 +254,8 @@ fn two_workers() -> Result<(), String> {
         o.submit_sub(&add, a)?;
         Ok(())
     });
-    let w0 = add_remote_worker(&mut top, spec()).map_err(|e| e.to_string())?;
-    let w1 = add_remote_worker(&mut top, spec()).map_err(|e| e.to_string())?;
+    let w0 = add_remote_worker(&mut top, spec()).map_err(|e| e.to_string())?.id();
+    let w1 = add_remote_worker(&mut top, spec()).map_err(|e| e.to_string())?.id();
     let x = top
         .shared_tensor_from(&[2 * n], &vec![1u64; 2 * n as usize])
         .map_err(|e| e.to_string())?;
@@ -294,8 +298,8 @@ fn failure() -> Result<(), String> {
         o.submit_sub(&bump, a)?;
         Ok(())
     });
-    let w0 = add_remote_worker(&mut top, spec()).map_err(|e| e.to_string())?;
-    let w1 = add_remote_worker(&mut top, spec()).map_err(|e| e.to_string())?;
+    let w0 = add_remote_worker(&mut top, spec()).map_err(|e| e.to_string())?.id();
+    let w1 = add_remote_worker(&mut top, spec()).map_err(|e| e.to_string())?.id();
     let x = top
         .shared_tensor_from(&[1], &[0u64])
         .map_err(|e| e.to_string())?;
@@ -401,7 +405,7 @@ fn registry_mismatch() -> Result<(), String> {
 
 fn node_killed() -> Result<(), String> {
     let mut top = DistWorker::new(DistConfig::l4(1)).map_err(|e| e.to_string())?;
-    let w0 = add_remote_worker(&mut top, spec()).map_err(|e| e.to_string())?;
+    let w0 = add_remote_worker(&mut top, spec()).map_err(|e| e.to_string())?.id();
     let die = top.register_orchestration("die", |_, _| {
         // The node process runs orchestrations on its main thread: it dies mid-task.
         // SAFETY: killing this process on purpose.
@@ -555,8 +559,12 @@ fn mpirun_launch(exe: &Path) -> Result<bool, String> {
 /// runs a task on each.
 fn launched() -> Result<(), String> {
     let mut top = DistWorker::new(DistConfig::l4(0)).map_err(|e| e.to_string())?;
-    let ids = strata_net::add_launched_workers(&mut top, RemoteSpec::launched().sub_workers(1))
-        .map_err(|e| e.to_string())?;
+    let ids: Vec<usize> =
+        strata_net::add_launched_workers(&mut top, RemoteSpec::launched().sub_workers(1))
+            .map_err(|e| e.to_string())?
+            .iter()
+            .map(|w| w.id())
+            .collect();
     let add = top.register_sub("add_rank", |c| {
         let k = c.scalar::<u64>(0).ok_or("no scalar")?;
         c.tensor_mut::<u64>(0)?.update(|v| v + k);
@@ -589,4 +597,279 @@ fn launched() -> Result<(), String> {
     top.close().map_err(|e| format!("close: {e}"))?;
     println!("launched: {} remote workers ok", ids.len());
     Ok(())
+}
+
+/// Registers `name`: a chip kernel writing `y[i] = x[i] + k` (tensor 0 in, tensor 1 out,
+/// scalar 0 = k as f32 bits) and a host orchestration that submits it to the chip named
+/// by scalar 1.
+fn register_add_on_chip(top: &mut DistWorker) -> Result<strata_dist::HostOrchHandle, String> {
+    use strata_chip::{CoreArgs, KernelError};
+    let k = top
+        .register_kernel("add_k", |ctx| {
+            let x = ctx.input::<f32>(0)?.to_vec();
+            let add = f32::from_bits(ctx.scalars()[0] as u32);
+            let mut y = ctx.output::<f32>(1)?;
+            let y = y
+                .as_mut_slice()
+                .ok_or_else(|| KernelError::new("add_k needs a contiguous output"))?;
+            for (o, v) in y.iter_mut().zip(x) {
+                *o = v + add;
+            }
+            Ok(())
+        })
+        .map_err(|e| e.to_string())?;
+    let chip_orch = top
+        .register_chip_orchestration("add_k_chip", move |o, a| {
+            let mut core = CoreArgs::new();
+            core.input(&a.tensor(0)?)
+                .output(&a.tensor(1)?)
+                .scalar_bits(a.scalar::<u64>(0)?);
+            o.submit_aiv(k, &core)?;
+            Ok(())
+        })
+        .map_err(|e| e.to_string())?;
+    Ok(top.register_orchestration("add_on_chip", move |o, a| {
+        let chip = a.scalar::<u64>(1).ok_or("no chip scalar")? as usize;
+        let mut t = TaskArgs::new();
+        t.push_tensor(a.tensors()[0])?.push_tensor(a.tensors()[1])?;
+        t.push_scalar(a.scalar::<u64>(0).ok_or("no k scalar")?)?;
+        o.submit_next_level(chip_orch, &t, chip)?;
+        Ok(())
+    }))
+}
+
+/// Device memory of a remote worker's two chips: whole and offset copies both ways
+/// (checked byte for byte against a host model of the bytes), a copy spanning several
+/// pieces, and remote tensors as arguments of a task that runs a kernel on the chip.
+fn device_memory() -> Result<(), String> {
+    let mut top = DistWorker::new(DistConfig::l4(0)).map_err(|e| e.to_string())?;
+    let add = register_add_on_chip(&mut top)?;
+    // A small staging area: a 3 MiB copy goes in 1 MiB pieces, two in flight.
+    let w = add_remote_worker(&mut top, spec().chips(2).staging_bytes(4 << 20))
+        .map_err(|e| e.to_string())?;
+    let wid = w.id();
+    let cell: std::sync::Arc<std::sync::Mutex<Vec<strata_net::RemoteTensor>>> = Default::default();
+    let c2 = cell.clone();
+    let run = top.register_orchestration("run", move |o, a| {
+        let k = a.scalar::<u64>(0).ok_or("no k")?;
+        let ts = c2.lock().map_err(|_| "poisoned")?.clone();
+        for (chip, pair) in ts.chunks(2).enumerate() {
+            let mut t = TaskArgs::new();
+            t.push_tensor(pair[0].arg(ArgTag::Input))?
+                .push_tensor(pair[1].arg(ArgTag::OutputExisting))?;
+            t.push_scalar(k)?.push_scalar(chip as u64)?;
+            o.submit_next_level(add, &t, wid)?;
+        }
+        Ok(())
+    });
+    top.init().map_err(|e| format!("init: {e}"))?;
+    let err = |e: strata_net::NetError| e.to_string();
+
+    // Offsets and lengths chosen to be unaligned.
+    let n = 4096usize;
+    let mut model: Vec<Vec<u8>> = Vec::new();
+    let mut tensors = Vec::new();
+    for chip in 0..2 {
+        let x = w
+            .alloc(&mut top, chip, &[n as u64], strata_types::DataType::F32)
+            .map_err(err)?;
+        let y = w
+            .alloc(&mut top, chip, &[n as u64], strata_types::DataType::F32)
+            .map_err(err)?;
+        let vals: Vec<f32> = (0..n).map(|i| (i + 1000 * chip) as f32).collect();
+        let bytes: Vec<u8> = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
+        w.copy_to(&mut top, &x, 0, &bytes).map_err(err)?;
+        model.push(bytes);
+        tensors.push(x);
+        tensors.push(y);
+    }
+    // An overwrite at an odd offset, read back at another odd offset.
+    let patch: Vec<u8> = (0..333u32).map(|i| (i * 7 % 251) as u8).collect();
+    w.copy_to(&mut top, &tensors[0], 4 * 100 + 3, &patch)
+        .map_err(err)?;
+    model[0][403..403 + 333].copy_from_slice(&patch);
+    let mut back = vec![0u8; 1000];
+    w.copy_from(&mut top, &tensors[0], 397, &mut back)
+        .map_err(err)?;
+    check(back == model[0][397..1397], "offset read-back differs")?;
+    let mut whole = vec![0u8; 4 * n];
+    w.copy_from(&mut top, &tensors[2], 0, &mut whole)
+        .map_err(err)?;
+    check(whole == model[1], "chip 1 read-back differs")?;
+
+    // The chips' tensors as task arguments: y = x + 5 on each chip.
+    *cell.lock().map_err(|_| "poisoned")? = tensors.clone();
+    let mut args = TaskArgs::new();
+    args.push_scalar(5.0f32.to_bits() as u64)
+        .map_err(|e| e.to_string())?;
+    top.run(&run, &args).map_err(|e| format!("run: {e}"))?;
+    for chip in 0..2 {
+        let mut y = vec![0u8; 4 * n];
+        w.copy_from(&mut top, &tensors[2 * chip + 1], 0, &mut y)
+            .map_err(err)?;
+        let want: Vec<u8> = model[chip]
+            .chunks_exact(4)
+            .flat_map(|c| (f32::from_le_bytes([c[0], c[1], c[2], c[3]]) + 5.0).to_le_bytes())
+            .collect();
+        check(y == want, format!("chip {chip}: y != x + 5"))?;
+    }
+
+    // A copy of several pieces, at an unaligned offset.
+    let big_n = (3 << 20) / 4 + 17;
+    let big = w
+        .alloc(&mut top, 1, &[big_n as u64], strata_types::DataType::F32)
+        .map_err(err)?;
+    let data: Vec<u8> = (0..big_n * 4 - 5)
+        .map(|i| (i as u32).wrapping_mul(2_654_435_761).to_le_bytes()[3])
+        .collect();
+    let t = Instant::now();
+    w.copy_to(&mut top, &big, 5, &data).map_err(err)?;
+    let mut got = vec![0u8; data.len()];
+    w.copy_from(&mut top, &big, 5, &mut got).map_err(err)?;
+    println!(
+        "  {} MiB there and back in {:.2?}",
+        data.len() >> 20,
+        t.elapsed()
+    );
+    check(got == data, "the multi-piece copy differs")?;
+    let held = w.committed_device_memory(&mut top, 1).map_err(err)?;
+    check(
+        held >= (big_n as u64 * 4) + 2 * 4 * n as u64,
+        format!("chip 1 holds {held} bytes"),
+    )?;
+    w.free(&mut top, big).map_err(err)?;
+    let after = w.committed_device_memory(&mut top, 1).map_err(err)?;
+    check(after < held, format!("free did not release: {held} -> {after}"))?;
+    for t in tensors {
+        w.free(&mut top, t).map_err(err)?;
+    }
+    top.close().map_err(|e| format!("close: {e}"))?;
+    no_children()
+}
+
+/// Misuse of remote device memory: each a typed error naming the remote worker, and the
+/// session stays usable after each.
+fn device_misuse() -> Result<(), String> {
+    use strata_net::{MemoryFault, NetError};
+    let mut top = DistWorker::new(DistConfig::l4(0)).map_err(|e| e.to_string())?;
+    let add = register_add_on_chip(&mut top)?;
+    let w0 = add_remote_worker(&mut top, spec().chips(1)).map_err(|e| e.to_string())?;
+    let w1 = add_remote_worker(&mut top, spec().chips(1)).map_err(|e| e.to_string())?;
+    let w1id = w1.id();
+    let cell: std::sync::Arc<std::sync::Mutex<Vec<strata_net::RemoteTensor>>> = Default::default();
+    let c2 = cell.clone();
+    let run = top.register_orchestration("run", move |o, _| {
+        let ts = c2.lock().map_err(|_| "poisoned")?.clone();
+        let mut t = TaskArgs::new();
+        t.push_tensor(ts[0].arg(ArgTag::Input))?
+            .push_tensor(ts[1].arg(ArgTag::OutputExisting))?;
+        t.push_scalar(0)?.push_scalar(0)?;
+        o.submit_next_level(add, &t, w1id)?;
+        Ok(())
+    });
+    // Before init: not connected.
+    let e = w0
+        .alloc(&mut top, 0, &[4], strata_types::DataType::F32)
+        .err()
+        .ok_or("alloc before init should fail")?;
+    check(
+        e.to_string().contains("init") || matches!(e, NetError::Dist(_)),
+        format!("before init: {e}"),
+    )?;
+    top.init().map_err(|e| format!("init: {e}"))?;
+    let fault = |e: NetError, want: MemoryFault, worker: usize| -> Result<(), String> {
+        let msg = e.to_string();
+        println!("  {want:?}: {msg}");
+        match e {
+            NetError::DeviceMemory { fault, .. } if fault == want => check(
+                msg.contains(&format!("worker {worker}")) && msg.contains("remote_worker"),
+                format!("does not name the worker: {msg}"),
+            ),
+            other => Err(format!("expected {want:?}, got {other:?}")),
+        }
+    };
+    let a = w0
+        .alloc(&mut top, 0, &[16], strata_types::DataType::F32)
+        .map_err(|e| e.to_string())?;
+    let mut buf = vec![0u8; 64];
+    // Out of range: past the end, and an offset that overflows.
+    fault(
+        w0.copy_from(&mut top, &a, 1, &mut buf).err().ok_or("out of range")?,
+        MemoryFault::OutOfRange,
+        w0.id(),
+    )?;
+    fault(
+        w0.copy_to(&mut top, &a, u64::MAX, &buf[..2]).err().ok_or("overflow")?,
+        MemoryFault::OutOfRange,
+        w0.id(),
+    )?;
+    // Another worker's tensor.
+    fault(
+        w1.copy_to(&mut top, &a, 0, &buf).err().ok_or("other worker")?,
+        MemoryFault::OtherWorker,
+        w1.id(),
+    )?;
+    // No such chip.
+    fault(
+        w0.alloc(&mut top, 3, &[4], strata_types::DataType::F32)
+            .err()
+            .ok_or("no chip 3")?,
+        MemoryFault::NoSuchChip,
+        w0.id(),
+    )?;
+    // The chip's allocator refuses an absurd size: the node's message comes back.
+    fault(
+        w0.alloc(&mut top, 0, &[1 << 40], strata_types::DataType::F32)
+            .err()
+            .ok_or("absurd alloc")?,
+        MemoryFault::Node,
+        w0.id(),
+    )?;
+    // A task of worker 1 naming worker 0's tensors: the engine refuses it.
+    let b = w0
+        .alloc(&mut top, 0, &[16], strata_types::DataType::F32)
+        .map_err(|e| e.to_string())?;
+    *cell.lock().map_err(|_| "poisoned")? = vec![a, b];
+    let e = top
+        .run(&run, &TaskArgs::new())
+        .err()
+        .ok_or("a task naming another worker's tensor should fail")?
+        .to_string();
+    println!("  task on the wrong worker: {e}");
+    check(
+        e.contains("device memory of worker") && e.contains(&format!("worker {w1id}")),
+        e,
+    )?;
+    // Freed: copies and tasks refuse it.
+    w0.free(&mut top, a).map_err(|e| e.to_string())?;
+    fault(
+        w0.copy_to(&mut top, &a, 0, &buf).err().ok_or("freed copy")?,
+        MemoryFault::Freed,
+        w0.id(),
+    )?;
+    fault(
+        w0.free(&mut top, a).err().ok_or("double free")?,
+        MemoryFault::Freed,
+        w0.id(),
+    )?;
+    // Still usable: a round trip on worker 0 and on worker 1.
+    w0.copy_to(&mut top, &b, 8, &buf[..56])
+        .map_err(|e| e.to_string())?;
+    let mut back = vec![1u8; 56];
+    w0.copy_from(&mut top, &b, 8, &mut back)
+        .map_err(|e| e.to_string())?;
+    check(back == buf[..56], "round trip after the errors")?;
+    let c = w1
+        .alloc(&mut top, 0, &[2], strata_types::DataType::U64)
+        .map_err(|e| e.to_string())?;
+    w1.copy_to(&mut top, &c, 0, &[9u8; 16])
+        .map_err(|e| e.to_string())?;
+    top.close().map_err(|e| format!("close: {e}"))?;
+    // After close: the session is gone, a typed error.
+    let e = w1
+        .copy_to(&mut top, &c, 0, &[9u8; 16])
+        .err()
+        .ok_or("copy after close")?;
+    println!("  after close: {e}");
+    no_children()
 }

@@ -188,6 +188,7 @@ fn commands(fx: &ChipFixture) -> Vec<ControlCommand> {
         v.push(ControlCommand::Copy {
             direction,
             addr: fx.addrs[0],
+            dev_offset: 0,
             region: 1,
             offset: 0,
             len: 4096,
@@ -195,6 +196,7 @@ fn commands(fx: &ChipFixture) -> Vec<ControlCommand> {
         v.push(ControlCommand::Copy {
             direction,
             addr: fx.addrs[2],
+            dev_offset: 0,
             region: 2,
             offset: 1024,
             len: 512,
@@ -638,7 +640,11 @@ fn net_seeds(seeds: &Seeds, blobs: &[(&'static str, Vec<u8>)]) {
             FrameType::Control,
             9,
             6,
-            &Control::CopyTo { id: 1, len: 4096 },
+            &Control::CopyTo {
+                id: 1,
+                offset: 0,
+                len: 4096,
+            },
         )
         .unwrap(),
     );
