@@ -117,9 +117,10 @@ fn ci() -> Result<(), String> {
             "warnings",
         ]),
     )?;
-    // strata-net's launcher test runs `mpirun -n 3 strata-node launch -- ...`: Debian's
-    // Open MPI, installed here so a fresh machine has it.
-    ensure_mpirun()?;
+    // strata-net's launcher test runs `mpirun -n 3 strata-node launch -- ...` (Debian's
+    // Open MPI) and its namespace tests `ip`, `tc`, `ss` and `iptables`: installed here so
+    // a fresh machine has them.
+    ensure_test_tools()?;
     run_step(
         "cargo test --workspace",
         cargo().args(["test", "--workspace"]),
@@ -166,28 +167,46 @@ fn ci() -> Result<(), String> {
     Ok(())
 }
 
-/// Installs Debian's `openmpi-bin` (for `mpirun`) when `mpirun` is missing.
-fn ensure_mpirun() -> Result<(), String> {
-    let runs = |c: &str| {
+/// Installs the Debian packages strata-net's tests need when their commands are missing:
+/// `openmpi-bin` (`mpirun`, the launcher test), `iproute2` (`ip`, `tc`, `ss`) and
+/// `iptables` (the network-namespace tests).
+fn ensure_test_tools() -> Result<(), String> {
+    let runs = |c: &str, arg: &str| {
         Command::new(c)
-            .arg("--version")
+            .arg(arg)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .status()
             .is_ok_and(|s| s.success())
     };
-    if runs("mpirun") {
+    let missing: Vec<&str> = [
+        ("mpirun", "--version", "openmpi-bin"),
+        ("ip", "-V", "iproute2"),
+        ("ss", "-V", "iproute2"),
+        ("iptables", "--version", "iptables"),
+    ]
+    .into_iter()
+    .filter(|(c, arg, _)| !runs(c, arg))
+    .map(|(_, _, p)| p)
+    .fold(Vec::new(), |mut v, p| {
+        if !v.contains(&p) {
+            v.push(p);
+        }
+        v
+    });
+    if missing.is_empty() {
         return Ok(());
     }
-    eprintln!("xtask: mpirun not found; installing openmpi-bin with apt-get");
+    eprintln!("xtask: installing {} with apt-get", missing.join(" "));
     run_step(
         "apt-get update",
         Command::new("apt-get").args(["update", "-q"]),
     )?;
     run_step(
-        "apt-get install openmpi-bin",
+        "apt-get install",
         Command::new("apt-get")
-            .args(["install", "-y", "-q", "openmpi-bin"])
+            .args(["install", "-y", "-q"])
+            .args(&missing)
             .env("DEBIAN_FRONTEND", "noninteractive"),
     )
 }

@@ -883,9 +883,11 @@ impl DistWorker {
         let ctx = self.idle_control("admit_remote_device")?;
         match ctx.next.get(worker) {
             Some(ChildKind::Worker) => {}
-            Some(_) => return Err(DistError::InvalidArgs(format!(
+            Some(_) => {
+                return Err(DistError::InvalidArgs(format!(
                 "worker {worker} is a chip; remote device memory belongs to a level-3 worker child"
-            ))),
+            )))
+            }
             None => {
                 return Err(DistError::UnknownWorker {
                     id: worker,

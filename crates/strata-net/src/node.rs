@@ -17,7 +17,7 @@ use crate::wire::{
     NodeHello, Ready, Segment, ShutdownAck, Task,
 };
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc as std_mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -141,9 +141,38 @@ struct NodeShared {
     cancelled: Mutex<HashSet<u64>>,
     last_rx: AtomicU64,
     epoch: Instant,
+    /// The session is over (the root is gone, silent, or the daemon drains): the main
+    /// thread runs no further task.
+    aborted: AtomicBool,
+    /// The main thread left its loop (it closes the level-3 worker now).
+    ending: AtomicBool,
+    /// How long a task still running when the session ended may take to finish before
+    /// the process ends itself (the heartbeat timeout).
+    grace: Duration,
 }
 
 impl NodeShared {
+    /// Ends the session: no further task runs. The task running now (if any) gets
+    /// `grace` to finish, then the process ends at once — nobody waits for its result,
+    /// and the daemon reaps the process group (its children also have the parent-death
+    /// signal).
+    fn abort(self: &Arc<Self>, why: String) {
+        self.aborted.store(true, Ordering::Release);
+        let _ = self.jobs.send(Job::Abort(why));
+        let ns = self.clone();
+        runtime().spawn(async move {
+            tokio::time::sleep(ns.grace).await;
+            if !ns.ending.load(Ordering::Acquire) {
+                eprintln!(
+                    "strata-node: the session ended while a task ran, and it did not finish within {:?}; exiting",
+                    ns.grace
+                );
+                // SAFETY: ends this process at once; nothing of it is needed any more.
+                unsafe { libc::_exit(3) };
+            }
+        });
+    }
+
     fn send(
         &self,
         lane: &mpsc::UnboundedSender<Out>,
@@ -236,6 +265,9 @@ fn run_session(
         cancelled: Mutex::new(HashSet::new()),
         last_rx: AtomicU64::new(0),
         epoch: Instant::now(),
+        aborted: AtomicBool::new(false),
+        ending: AtomicBool::new(false),
+        grace: opts.heartbeat_timeout,
     });
     let sock = match conn.stream.try_clone() {
         Ok(s) => s,
@@ -258,9 +290,7 @@ fn run_session(
         rt.spawn(async move {
             let r = pump(&s2.shared, s2.session, wr, prio_rx, main_rx).await;
             if let Err(e) = r {
-                let _ = s2
-                    .jobs
-                    .send(Job::Abort(format!("sending to the root failed: {e}")));
+                s2.abort(format!("sending to the root failed: {e}"));
             }
         })
     };
@@ -272,6 +302,10 @@ fn run_session(
             Err(_) => break false,
         };
         match job {
+            Job::Task { .. } | Job::Control { .. } if ns.aborted.load(Ordering::Acquire) => {
+                // The session is over; the Abort behind this job ends the loop.
+                continue;
+            }
             Job::Task { seq, task, places } => {
                 let cancelled = ns
                     .cancelled
@@ -332,6 +366,7 @@ fn run_session(
             }
         }
     };
+    ns.ending.store(true, Ordering::Release);
     // Close the level-3 worker: it shuts its children down and reaps them.
     let closed = worker.close();
     let reaped = !matches!(closed, Err(DistError::Host(_)));
@@ -499,7 +534,7 @@ async fn node_reader(ns: Arc<NodeShared>, mut rd: tokio::net::tcp::OwnedReadHalf
                     }
                     other => format!("the connection to the root ended ({other})"),
                 };
-                let _ = ns.jobs.send(Job::Abort(why));
+                ns.abort(why);
                 return;
             }
         };
@@ -515,14 +550,14 @@ async fn node_reader(ns: Arc<NodeShared>, mut rd: tokio::net::tcp::OwnedReadHalf
                     message: clip_message(why.clone()),
                 },
             );
-            let _ = ns.jobs.send(Job::Abort(why));
+            ns.abort(why);
             return;
         }
     }
 }
 
 fn node_frame(
-    ns: &NodeShared,
+    ns: &Arc<NodeShared>,
     landing: &mut HashMap<u64, Landing>,
     ctl_landing: &mut HashMap<u64, ControlLanding>,
     h: &wire::Header,
@@ -710,10 +745,7 @@ fn node_frame(
         }
         FrameType::Error => {
             let e: ErrorBody = wire::decode_body(h.kind, body).map_err(|e| e.to_string())?;
-            let _ = ns.jobs.send(Job::Abort(format!(
-                "the root ended the session: {}",
-                e.message
-            )));
+            ns.abort(format!("the root ended the session: {}", e.message));
             Ok(())
         }
         other => Err(format!("an unexpected {other:?} frame from the root")),
@@ -731,9 +763,9 @@ async fn node_heartbeat(ns: Arc<NodeShared>, timeout: Duration) {
         let silent =
             Duration::from_millis((ns.epoch.elapsed().as_millis() as u64).saturating_sub(last));
         if silent > timeout {
-            let _ = ns.jobs.send(Job::Abort(format!(
+            ns.abort(format!(
                 "no frame from the root for {silent:?} (heartbeat timeout)"
-            )));
+            ));
             return;
         }
     }
@@ -758,7 +790,7 @@ async fn node_signals(ns: Arc<NodeShared>) {
                 ),
             },
         );
-        let _ = ns.jobs.send(Job::Abort("SIGTERM".into()));
+        ns.abort("SIGTERM".into());
     }
 }
 

@@ -254,8 +254,12 @@ fn two_workers() -> Result<(), String> {
         o.submit_sub(&add, a)?;
         Ok(())
     });
-    let w0 = add_remote_worker(&mut top, spec()).map_err(|e| e.to_string())?.id();
-    let w1 = add_remote_worker(&mut top, spec()).map_err(|e| e.to_string())?.id();
+    let w0 = add_remote_worker(&mut top, spec())
+        .map_err(|e| e.to_string())?
+        .id();
+    let w1 = add_remote_worker(&mut top, spec())
+        .map_err(|e| e.to_string())?
+        .id();
     let x = top
         .shared_tensor_from(&[2 * n], &vec![1u64; 2 * n as usize])
         .map_err(|e| e.to_string())?;
@@ -298,8 +302,12 @@ fn failure() -> Result<(), String> {
         o.submit_sub(&bump, a)?;
         Ok(())
     });
-    let w0 = add_remote_worker(&mut top, spec()).map_err(|e| e.to_string())?.id();
-    let w1 = add_remote_worker(&mut top, spec()).map_err(|e| e.to_string())?.id();
+    let w0 = add_remote_worker(&mut top, spec())
+        .map_err(|e| e.to_string())?
+        .id();
+    let w1 = add_remote_worker(&mut top, spec())
+        .map_err(|e| e.to_string())?
+        .id();
     let x = top
         .shared_tensor_from(&[1], &[0u64])
         .map_err(|e| e.to_string())?;
@@ -405,7 +413,9 @@ fn registry_mismatch() -> Result<(), String> {
 
 fn node_killed() -> Result<(), String> {
     let mut top = DistWorker::new(DistConfig::l4(1)).map_err(|e| e.to_string())?;
-    let w0 = add_remote_worker(&mut top, spec()).map_err(|e| e.to_string())?.id();
+    let w0 = add_remote_worker(&mut top, spec())
+        .map_err(|e| e.to_string())?
+        .id();
     let die = top.register_orchestration("die", |_, _| {
         // The node process runs orchestrations on its main thread: it dies mid-task.
         // SAFETY: killing this process on purpose.
@@ -739,7 +749,10 @@ fn device_memory() -> Result<(), String> {
     )?;
     w.free(&mut top, big).map_err(err)?;
     let after = w.committed_device_memory(&mut top, 1).map_err(err)?;
-    check(after < held, format!("free did not release: {held} -> {after}"))?;
+    check(
+        after < held,
+        format!("free did not release: {held} -> {after}"),
+    )?;
     for t in tensors {
         w.free(&mut top, t).map_err(err)?;
     }
@@ -794,18 +807,24 @@ fn device_misuse() -> Result<(), String> {
     let mut buf = vec![0u8; 64];
     // Out of range: past the end, and an offset that overflows.
     fault(
-        w0.copy_from(&mut top, &a, 1, &mut buf).err().ok_or("out of range")?,
+        w0.copy_from(&mut top, &a, 1, &mut buf)
+            .err()
+            .ok_or("out of range")?,
         MemoryFault::OutOfRange,
         w0.id(),
     )?;
     fault(
-        w0.copy_to(&mut top, &a, u64::MAX, &buf[..2]).err().ok_or("overflow")?,
+        w0.copy_to(&mut top, &a, u64::MAX, &buf[..2])
+            .err()
+            .ok_or("overflow")?,
         MemoryFault::OutOfRange,
         w0.id(),
     )?;
     // Another worker's tensor.
     fault(
-        w1.copy_to(&mut top, &a, 0, &buf).err().ok_or("other worker")?,
+        w1.copy_to(&mut top, &a, 0, &buf)
+            .err()
+            .ok_or("other worker")?,
         MemoryFault::OtherWorker,
         w1.id(),
     )?;
@@ -843,7 +862,9 @@ fn device_misuse() -> Result<(), String> {
     // Freed: copies and tasks refuse it.
     w0.free(&mut top, a).map_err(|e| e.to_string())?;
     fault(
-        w0.copy_to(&mut top, &a, 0, &buf).err().ok_or("freed copy")?,
+        w0.copy_to(&mut top, &a, 0, &buf)
+            .err()
+            .ok_or("freed copy")?,
         MemoryFault::Freed,
         w0.id(),
     )?;
