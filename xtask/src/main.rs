@@ -72,6 +72,12 @@ const BENCHES: &[Bench] = &[
         target: "allreduce",
         what: "2-rank allreduce through L3 (2 forked chips, a loop inside one dispatch): latency 8 B / 256 B / 4 KiB, bandwidth 1 MiB / 64 MiB, vs Open MPI MPI_Allreduce (vader) and single-core memcpy",
     },
+    Bench {
+        name: "net",
+        package: "strata-net",
+        target: "net",
+        what: "strata-net over loopback: no-op remote task round trip (L4 -> remote L3 -> chip -> back) vs a raw TCP request/response; remote device copy_to / copy_from throughput vs raw TCP streaming; tasks/s with many in flight",
+    },
 ];
 
 fn workspace_root() -> PathBuf {

@@ -115,6 +115,14 @@ pub trait Endpoint: Send {
     /// Returns whether it was killed (`false`: abandoned).
     fn kill(&mut self) -> bool;
 
+    /// Whether the child usually answers a task within a scheduler spin budget (tens of
+    /// µs): then a waiting scheduler spins before it parks. A remote child answers after
+    /// a network round trip at best, and spinning for it only takes a CPU from the
+    /// threads that bring its answer, so it says `false`. `true` by default.
+    fn answers_soon(&self) -> bool {
+        true
+    }
+
     /// What the child is doing, for the message of a missed deadline (e.g. that the
     /// process is stopped), when that can be told.
     fn state_note(&self) -> Option<String> {
@@ -297,6 +305,14 @@ impl Endpoint for AnyEndpoint {
         match self {
             AnyEndpoint::Local(l) => l.state_note(),
             AnyEndpoint::Remote(r) => r.state_note(),
+        }
+    }
+
+    #[inline]
+    fn answers_soon(&self) -> bool {
+        match self {
+            AnyEndpoint::Local(_) => true,
+            AnyEndpoint::Remote(r) => r.answers_soon(),
         }
     }
 

@@ -345,6 +345,9 @@ pub(crate) enum Step {
     Idle {
         /// A child holds a task.
         busy: bool,
+        /// A child that holds a task answers within a spin budget
+        /// ([`Endpoint::answers_soon`]): worth spinning for before parking.
+        spin: bool,
     },
 }
 
@@ -527,7 +530,12 @@ impl<E: Endpoint> SchedLoop<E> {
         if !busy {
             self.sched.flush();
         }
-        Step::Idle { busy }
+        let spin = self
+            .lanes
+            .iter()
+            .zip(&self.endpoints)
+            .any(|(l, e)| l.is_busy() && e.answers_soon());
+        Step::Idle { busy, spin }
     }
 
     /// Whether the loop has nothing to do until it is handed new work (nothing in the
@@ -1247,9 +1255,10 @@ impl Driver {
                 }
                 Ok(None | Some(Step::Stopped)) => break,
                 Ok(Some(Step::Progressed)) => {}
-                Ok(Some(Step::Idle { busy })) => {
+                Ok(Some(Step::Idle { busy, spin })) => {
                     let slice = if busy { BUSY_SLICE } else { IDLE_SLICE };
-                    self.link.doorbell.wait(seen, SPIN, slice);
+                    let spin = if spin { SPIN } else { Duration::ZERO };
+                    self.link.doorbell.wait(seen, spin, slice);
                 }
             }
         }
@@ -1290,6 +1299,25 @@ impl Driver {
                     Step::Progressed => {
                         idle_since = None;
                         Turn::Again
+                    }
+                    Step::Idle {
+                        busy: true,
+                        spin: false,
+                    } => {
+                        // Only children that answer slowly (remote ones) hold tasks: a
+                        // spin would only take the CPU from the threads that bring their
+                        // answers. Park on the doorbell, still the driver (no hand-over
+                        // to the scheduler thread, which would add a wake-up).
+                        let mut wait = BUSY_SLICE;
+                        if let Some(d) = deadline {
+                            wait = wait.min(d.saturating_duration_since(Instant::now()));
+                        }
+                        if wait.is_zero() {
+                            Turn::HandBack
+                        } else {
+                            link.doorbell.wait(seen, Duration::ZERO, wait);
+                            Turn::Again
+                        }
                     }
                     Step::Idle { .. } => {
                         let now = Instant::now();

@@ -540,6 +540,11 @@ impl Endpoint for RemoteEndpoint {
         true
     }
 
+    fn answers_soon(&self) -> bool {
+        // An answer needs a network round trip: the scheduler parks instead of spinning.
+        false
+    }
+
     fn state_note(&self) -> Option<String> {
         let last = self.s.last_rx.load(Ordering::Acquire);
         Some(format!(
