@@ -223,3 +223,81 @@ pub fn hostname() -> String {
         .map(|s| s.trim().to_owned())
         .unwrap_or_else(|_| "?".into())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numeric_addresses_resolve_at_once_v4_and_v6() {
+        let v4 = resolve("127.0.0.1:7070", Duration::ZERO).unwrap();
+        assert_eq!(v4, vec!["127.0.0.1:7070".parse::<SocketAddr>().unwrap()]);
+        let v6 = resolve("[::1]:7070", Duration::ZERO).unwrap();
+        assert!(v6[0].is_ipv6() && v6[0].ip().is_loopback() && v6[0].port() == 7070);
+    }
+
+    #[test]
+    fn localhost_resolves_to_loopback_within_the_bound() {
+        let t = Instant::now();
+        let v = resolve("localhost:7070", Duration::from_secs(10)).unwrap();
+        assert!(t.elapsed() < Duration::from_secs(10));
+        assert!(!v.is_empty());
+        assert!(
+            v.iter().all(|a| a.ip().is_loopback() && a.port() == 7070),
+            "{v:?}"
+        );
+    }
+
+    #[test]
+    fn malformed_addresses_are_refused_with_the_expected_form() {
+        for bad in [
+            "localhost",
+            "localhost:",
+            ":7070",
+            "host:notaport",
+            "::1:7070x",
+        ] {
+            let e = resolve(bad, Duration::from_secs(1)).unwrap_err();
+            assert!(
+                matches!(e, NetError::Config(_)) && e.to_string().contains("HOST:PORT"),
+                "{bad}: {e}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_name_that_does_not_resolve_is_an_error_within_the_bound() {
+        // `.invalid` never resolves (RFC 6761); without a reachable resolver the lookup
+        // may hang, and the bound cuts it.
+        let budget = Duration::from_secs(2);
+        let t = Instant::now();
+        let e = resolve("strata-no-such-host.invalid:7070", budget).unwrap_err();
+        assert!(
+            t.elapsed() < budget + Duration::from_secs(1),
+            "{:?}",
+            t.elapsed()
+        );
+        assert!(
+            matches!(
+                e,
+                NetError::Io { .. } | NetError::Timeout { .. } | NetError::Config(_)
+            ),
+            "{e}"
+        );
+        assert!(e.to_string().contains("strata-no-such-host.invalid"), "{e}");
+    }
+
+    #[test]
+    fn connect_tries_every_address_in_turn() {
+        // Nothing listens on the first (a port just released); the second answers.
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let dead = closed.local_addr().unwrap();
+        drop(closed);
+        let live = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let ok = live.local_addr().unwrap();
+        let s = connect(&[dead, ok], Instant::now() + Duration::from_secs(10)).unwrap();
+        assert_eq!(s.peer_addr().unwrap(), ok);
+        let e = connect(&[dead], Instant::now() + Duration::from_secs(10)).unwrap_err();
+        assert!(e.to_string().contains(&dead.to_string()), "{e}");
+    }
+}

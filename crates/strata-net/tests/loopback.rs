@@ -22,6 +22,7 @@ use strata_types::{ArgTag, TaskArgs};
 
 const DAEMON: &str = "STRATA_TEST_DAEMON";
 const OTHER_DAEMON: &str = "STRATA_TEST_OTHER_DAEMON";
+const V6_DAEMON: &str = "STRATA_TEST_V6_DAEMON";
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -61,6 +62,8 @@ const CASES: &[&str] = &[
     "corrupted_and_oversized_frames_are_refused",
     "remote_device_memory_round_trips_at_offsets_and_feeds_tasks",
     "remote_device_memory_misuse_is_a_typed_error_naming_the_worker",
+    "a_node_on_ipv6_loopback_serves",
+    "a_node_named_by_host_name_is_resolved_within_the_bound",
 ];
 
 struct Daemon {
@@ -69,26 +72,32 @@ struct Daemon {
 }
 
 fn start_daemon(secret: &Path, program: &Path) -> Daemon {
+    start_daemon_on("127.0.0.1:0", secret, program).expect("start strata-node serve")
+}
+
+/// A daemon listening on `listen`; `None` if it did not start (printed).
+fn start_daemon_on(listen: &str, secret: &Path, program: &Path) -> Option<Daemon> {
     let node = PathBuf::from(env!("CARGO_BIN_EXE_strata-node"));
     let mut child = Command::new(node)
-        .args(["serve", "--listen", "127.0.0.1:0", "--secret-file"])
+        .args(["serve", "--listen", listen, "--secret-file"])
         .arg(secret)
         .arg("--program")
         .arg(program)
         .args(["--handshake-timeout", "1", "--drain-timeout", "5"])
         .stdout(Stdio::piped())
         .spawn()
-        .expect("start strata-node serve");
+        .ok()?;
     let mut line = String::new();
-    BufReader::new(child.stdout.take().expect("stdout"))
+    BufReader::new(child.stdout.take()?)
         .read_line(&mut line)
-        .expect("read the daemon's address");
-    let addr = line
-        .trim()
-        .strip_prefix("listening ")
-        .expect("`listening ADDR`")
-        .to_owned();
-    Daemon { child, addr }
+        .ok()?;
+    let Some(addr) = line.trim().strip_prefix("listening ") else {
+        let _ = child.kill();
+        let _ = child.wait();
+        return None;
+    };
+    let addr = addr.to_owned();
+    Some(Daemon { child, addr })
 }
 
 fn stop_daemon(mut d: Daemon) -> Result<Duration, String> {
@@ -134,9 +143,17 @@ fn driver(filter: &[&String]) -> i32 {
     let daemon = start_daemon(&secret, &exe);
     // A daemon that knows another program only (for the build-id case).
     let other = start_daemon(&secret, Path::new(env!("CARGO_BIN_EXE_strata-node")));
+    // One on IPv6 loopback: where the kernel has no IPv6, its case skips (printed).
+    let v6 = start_daemon_on("[::1]:0", &secret, &exe);
     let (mut passed, mut failed) = (0, 0);
     for case in CASES {
         if !filter.is_empty() && !filter.iter().any(|f| case.contains(f.as_str())) {
+            continue;
+        }
+        if case.contains("ipv6") && v6.is_none() {
+            println!(
+                "test {case} ... skipped: no daemon could listen on [::1] (no IPv6 on this kernel)"
+            );
             continue;
         }
         let t = Instant::now();
@@ -144,6 +161,7 @@ fn driver(filter: &[&String]) -> i32 {
             .args(["--case", case])
             .env(DAEMON, &daemon.addr)
             .env(OTHER_DAEMON, &other.addr)
+            .env(V6_DAEMON, v6.as_ref().map_or("", |d| d.addr.as_str()))
             .env(strata_net::ENV_SECRET_FILE, &secret)
             .status();
         let ok = matches!(status, Ok(s) if s.success());
@@ -166,6 +184,12 @@ fn driver(filter: &[&String]) -> i32 {
         }
     }
     let _ = stop_daemon(other);
+    if let Some(d) = v6 {
+        if let Err(e) = stop_daemon(d) {
+            println!("IPv6 daemon: {e}");
+            failed += 1;
+        }
+    }
     if filter.is_empty() || filter.iter().any(|f| "mpirun_launch".contains(f.as_str())) {
         match mpirun_launch(&exe) {
             Ok(true) => passed += 1,
@@ -235,6 +259,8 @@ fn run_case(name: &str) -> Result<(), String> {
         "corrupted_and_oversized_frames_are_refused" => bad_frames(),
         "remote_device_memory_round_trips_at_offsets_and_feeds_tasks" => device_memory(),
         "remote_device_memory_misuse_is_a_typed_error_naming_the_worker" => device_misuse(),
+        "a_node_on_ipv6_loopback_serves" => ipv6(),
+        "a_node_named_by_host_name_is_resolved_within_the_bound" => hostname(),
         "launched" => launched(),
         other => Err(format!("no case {other}")),
     }
@@ -893,4 +919,64 @@ fn device_misuse() -> Result<(), String> {
         .ok_or("copy after close")?;
     println!("  after close: {e}");
     no_children()
+}
+
+/// One remote worker at `addr` adds 3 to a shared tensor (checked).
+fn one_worker_at(addr: &str) -> Result<(), String> {
+    let mut top = DistWorker::new(DistConfig::l4(0)).map_err(|e| e.to_string())?;
+    let add = top.register_sub("add_scalar", |c| {
+        let k = c.scalar::<u64>(0).ok_or("no scalar")?;
+        c.tensor_mut::<u64>(0)?.update(|v| v + k);
+        Ok(())
+    });
+    let inner = top.register_orchestration("inner", move |o, a| {
+        o.submit_sub(&add, a)?;
+        Ok(())
+    });
+    let w = add_remote_worker(&mut top, RemoteSpec::new(addr).sub_workers(1))
+        .map_err(|e| e.to_string())?
+        .id();
+    let x = top
+        .shared_tensor_from(&[64], &[1u64; 64])
+        .map_err(|e| e.to_string())?;
+    let xa = x.clone();
+    let run = top.register_orchestration("run", move |o, _| {
+        let mut a = TaskArgs::new();
+        a.push_tensor(xa.arg(ArgTag::InOut))?;
+        a.push_scalar(3u64)?;
+        o.submit_next_level(inner, &a, w)?;
+        Ok(())
+    });
+    let t = Instant::now();
+    top.init().map_err(|e| format!("init: {e}"))?;
+    println!("  connected to {addr} in {:.2?}", t.elapsed());
+    top.run(&run, &TaskArgs::new())
+        .map_err(|e| format!("run: {e}"))?;
+    check(
+        x.to_vec::<u64>().map_err(|e| e.to_string())? == vec![4; 64],
+        "wrong sum",
+    )?;
+    top.close().map_err(|e| format!("close: {e}"))?;
+    no_children()
+}
+
+/// A daemon listening on `[::1]`, reached as `[::1]:PORT`.
+fn ipv6() -> Result<(), String> {
+    let addr = daemon_addr(V6_DAEMON);
+    // (A node's process gets the daemon's environment, not the case's: only the root
+    // knows the address.)
+    check(
+        is_node() || addr.starts_with("[::1]:"),
+        format!("the daemon listens on {addr}"),
+    )?;
+    one_worker_at(&addr)
+}
+
+/// The IPv4 daemon reached as `localhost:PORT`: the name is resolved (bounded) and every
+/// address it has is tried in turn (`localhost` may name `::1` first, where nothing
+/// listens on this port).
+fn hostname() -> Result<(), String> {
+    let addr = daemon_addr(DAEMON);
+    let port = addr.rsplit_once(':').map(|(_, p)| p).unwrap_or("1");
+    one_worker_at(&format!("localhost:{port}"))
 }
