@@ -53,7 +53,8 @@ const STAGING_ALIGN: u64 = 64;
 
 impl Staging {
     fn alloc(&self, n: u64) -> Option<u64> {
-        let n = n.max(1).div_ceil(STAGING_ALIGN) * STAGING_ALIGN;
+        // Lengths come from the root's frames: no overflow whatever they say.
+        let n = n.max(1).checked_next_multiple_of(STAGING_ALIGN)?;
         let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
         let i = free.iter().position(|&(_, len)| len >= n)?;
         let (at, len) = free[i];
@@ -66,6 +67,7 @@ impl Staging {
     }
 
     fn release(&self, at: u64, n: u64) {
+        // Only lengths `alloc` accepted come here, so this does not overflow.
         let n = n.max(1).div_ceil(STAGING_ALIGN) * STAGING_ALIGN;
         let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
         let i = free.partition_point(|&(o, _)| o < at);
@@ -472,12 +474,23 @@ fn rewrite(
         let seg = segments
             .get(k)
             .ok_or_else(|| format!("tensor argument {i} has no segment"))?;
+        // Every figure comes from the root's frame: checked arithmetic throughout.
+        let outside = || {
+            format!("tensor argument {i} lies outside its segment (region {their_region}, offset {base})")
+        };
         let (lo, hi) = t.view.byte_span();
-        let (lo, hi) = (base + lo, base + hi);
-        if seg.region != their_region || lo < seg.start || hi > seg.start + seg.len {
-            return Err(format!("tensor argument {i} lies outside its segment (bytes {lo}..{hi} of region {their_region})"));
+        let (lo, hi) = (
+            base.checked_add(lo).ok_or_else(outside)?,
+            base.checked_add(hi).ok_or_else(outside)?,
+        );
+        let end = seg.start.checked_add(seg.len).ok_or_else(outside)?;
+        if seg.region != their_region || lo < seg.start || hi > end {
+            return Err(outside());
         }
-        let offset = base + t.view.byte_offset() - seg.start;
+        let offset = base
+            .checked_add(t.view.byte_offset())
+            .and_then(|o| o.checked_sub(seg.start))
+            .ok_or_else(outside)?;
         let view = TensorView::new(t.view.dtype(), t.view.shape(), t.view.strides(), offset)
             .map_err(|e| format!("tensor argument {i}: {e}"))?;
         // SAFETY: `[places[k], places[k] + seg.len)` of the staging region was allocated
@@ -581,13 +594,19 @@ fn node_frame(
                     None => {
                         failed = Some(format!(
                             "the task's tensors ({} bytes in all) do not fit the node's free staging area; raise RemoteSpec::staging_bytes",
-                            task.segments.iter().map(|s| s.len).sum::<u64>()
+                            task.segments.iter().fold(0u64, |t, s| t.saturating_add(s.len))
                         ));
                         break;
                     }
                 }
             }
-            let remaining: u64 = task.segments.iter().filter(|s| s.send).map(|s| s.len).sum();
+            // (Saturating: lengths come from the root; a sum past u64 means inputs that never
+            // finish arriving, and the session ends on the first byte too many.)
+            let remaining: u64 = task
+                .segments
+                .iter()
+                .filter(|s| s.send)
+                .fold(0u64, |t, s| t.saturating_add(s.len));
             if let Some(why) = failed {
                 for (s, at) in task.segments.iter().zip(&places) {
                     ns.staging.release(*at, s.len);
@@ -915,5 +934,16 @@ mod tests {
         s.release(c, 100);
         assert_eq!(*s.free.lock().unwrap(), vec![(0, 1024)]);
         assert_eq!(s.alloc(1024), Some(0));
+    }
+
+    #[test]
+    fn staging_refuses_lengths_that_overflow() {
+        let s = Staging {
+            region: 0,
+            free: Mutex::new(vec![(0, 1024)]),
+        };
+        assert_eq!(s.alloc(u64::MAX), None);
+        assert_eq!(s.alloc(u64::MAX - 3), None);
+        assert_eq!(s.alloc(1), Some(0));
     }
 }
