@@ -17,7 +17,8 @@
 //! Each part alternates its variants in `ROUNDS` rounds (A B, B A, …); a figure is the
 //! median over the rounds, a ratio the median of the per-round ratios (strata / raw TCP).
 //! Prints a table, then as its last line one JSON object: `remote_rtt_us`,
-//! `remote_host_rtt_us`, `tcp_rtt_us`, `rtt_ratio` (round median; goal ≤ 1.3),
+//! `remote_host_rtt_us`, `tcp_rtt_us`, `handoff_rtt_us` (two parked thread hand-offs, the
+//! unit of what a round trip adds to raw TCP), `rtt_ratio` (round median; goal ≤ 1.3),
 //! `host_rtt_ratio`, `copy_to_gbps`, `copy_from_gbps`, `tcp_send_gbps`, `tcp_recv_gbps`,
 //! `copy_to_ratio`, `copy_from_ratio` (goal ≥ 0.8), `tasks_per_s_1`, `tasks_per_s_2`,
 //! `chip_tasks_per_s_1`, `rounds` and the `machine_` keys.
@@ -179,6 +180,40 @@ fn tcp_receive(c: &mut TcpStream, buf: &mut [u8]) -> f64 {
     buf.len() as f64 / t.elapsed().as_secs_f64() / 1e9
 }
 
+/// The cost of the thread hand-offs a remote round trip makes beyond raw TCP's: a
+/// ping-pong between this thread and a parked helper thread over std channels (two
+/// wake-ups per round trip, as many as a raw TCP request/response).
+struct HandOff {
+    ping: std::sync::mpsc::Sender<()>,
+    pong: std::sync::mpsc::Receiver<()>,
+}
+
+impl HandOff {
+    fn new() -> HandOff {
+        let (ping, rx) = std::sync::mpsc::channel::<()>();
+        let (tx, pong) = std::sync::mpsc::channel::<()>();
+        std::thread::spawn(move || {
+            while rx.recv().is_ok() {
+                if tx.send(()).is_err() {
+                    break;
+                }
+            }
+        });
+        HandOff { ping, pong }
+    }
+
+    fn rtt(&self, n: usize) -> Vec<f64> {
+        (0..n)
+            .map(|_| {
+                let t = Instant::now();
+                self.ping.send(()).expect("ping");
+                self.pong.recv().expect("pong");
+                t.elapsed().as_secs_f64() * 1e6
+            })
+            .collect()
+    }
+}
+
 fn runs(top: &mut DistWorker, orch: &HostOrchHandle, n: usize) -> Vec<f64> {
     (0..n)
         .map(|_| {
@@ -267,9 +302,13 @@ fn main() {
     tcp_rtt(&mut raw.borrow_mut(), RTT_WARMUP);
     runs(&mut top.borrow_mut(), chip_one, RTT_WARMUP);
     runs(&mut top.borrow_mut(), host_one, RTT_WARMUP);
+    let hand = HandOff::new();
     let rtt = Rounds::new(ROUNDS)
         .variant("raw TCP request/response", || {
             median(&tcp_rtt(&mut raw.borrow_mut(), RTT_RUNS))
+        })
+        .variant("two thread hand-offs (parked)", || {
+            median(&hand.rtt(RTT_RUNS))
         })
         .variant("remote task -> chip, round trip", || {
             median(&runs(&mut top.borrow_mut(), chip_one, RTT_RUNS))
@@ -366,6 +405,11 @@ fn main() {
         2,
     )
     .num("tcp_rtt_us", rtt.median("raw TCP request/response"), 2)
+    .num(
+        "handoff_rtt_us",
+        rtt.median("two thread hand-offs (parked)"),
+        2,
+    )
     .num(
         "rtt_ratio",
         rtt.ratio_median("remote task -> chip, round trip"),
