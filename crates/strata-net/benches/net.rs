@@ -298,38 +298,40 @@ fn main() {
     let top = std::cell::RefCell::new(top);
     let raw = std::cell::RefCell::new(raw);
 
+    // `STRATA_BENCH_ONLY=rtt|bulk|many` runs one part (the others print NaN / null).
+    let only = std::env::var("STRATA_BENCH_ONLY").unwrap_or_default();
+    let want = |part: &str| only.is_empty() || only == part;
+    let rounds = |part: &str| Rounds::new(if want(part) { ROUNDS } else { 1 });
+    let nan = |part: &str, f: &mut dyn FnMut() -> f64| if want(part) { f() } else { f64::NAN };
+
     // 1. round trips.
-    tcp_rtt(&mut raw.borrow_mut(), RTT_WARMUP);
-    runs(&mut top.borrow_mut(), chip_one, RTT_WARMUP);
-    runs(&mut top.borrow_mut(), host_one, RTT_WARMUP);
+    if want("rtt") {
+        tcp_rtt(&mut raw.borrow_mut(), RTT_WARMUP);
+        runs(&mut top.borrow_mut(), chip_one, RTT_WARMUP);
+        runs(&mut top.borrow_mut(), host_one, RTT_WARMUP);
+    }
     let hand = HandOff::new();
-    let rtt = Rounds::new(ROUNDS)
+    let rtt = rounds("rtt")
         .variant("raw TCP request/response", || {
-            median(&tcp_rtt(&mut raw.borrow_mut(), RTT_RUNS))
+            nan("rtt", &mut || {
+                median(&tcp_rtt(&mut raw.borrow_mut(), RTT_RUNS))
+            })
         })
         .variant("two thread hand-offs (parked)", || {
-            median(&hand.rtt(RTT_RUNS))
+            nan("rtt", &mut || median(&hand.rtt(RTT_RUNS)))
         })
         .variant("remote task -> chip, round trip", || {
-            median(&runs(&mut top.borrow_mut(), chip_one, RTT_RUNS))
+            nan("rtt", &mut || {
+                median(&runs(&mut top.borrow_mut(), chip_one, RTT_RUNS))
+            })
         })
         .variant("remote task (host orch only)", || {
-            median(&runs(&mut top.borrow_mut(), host_one, RTT_RUNS))
+            nan("rtt", &mut || {
+                median(&runs(&mut top.borrow_mut(), host_one, RTT_RUNS))
+            })
         })
         .baseline("raw TCP request/response")
         .run();
-
-    // `STRATA_BENCH_ONLY=rtt` stops after the round trips (for profiling).
-    if std::env::var("STRATA_BENCH_ONLY").is_ok_and(|v| v == "rtt") {
-        print!("{}", rtt.table("µs", 1));
-        let top = top.into_inner();
-        top.close().expect("close");
-        drop(raw);
-        let _ = server.wait();
-        stop(daemon);
-        let _ = std::fs::remove_dir_all(&dir);
-        return;
-    }
 
     // 2. bulk.
     let dev = w[0]
@@ -338,23 +340,31 @@ fn main() {
     let src: Vec<u8> = (0..BULK).map(|i| (i % 251) as u8).collect();
     let back = std::cell::RefCell::new(vec![0u8; BULK]);
     let gbps = |t: Instant| BULK as f64 / t.elapsed().as_secs_f64() / 1e9;
-    let bulk = Rounds::new(ROUNDS)
-        .warmup(1)
-        .variant("raw TCP send", || tcp_send(&mut raw.borrow_mut(), &src))
+    let bulk = rounds("bulk")
+        .warmup(usize::from(want("bulk")))
+        .variant("raw TCP send", || {
+            nan("bulk", &mut || tcp_send(&mut raw.borrow_mut(), &src))
+        })
         .variant("copy_to", || {
-            let t0 = Instant::now();
-            w[0].copy_to(&mut top.borrow_mut(), &dev, 0, &src)
-                .expect("copy_to");
-            gbps(t0)
+            nan("bulk", &mut || {
+                let t0 = Instant::now();
+                w[0].copy_to(&mut top.borrow_mut(), &dev, 0, &src)
+                    .expect("copy_to");
+                gbps(t0)
+            })
         })
         .variant("raw TCP receive", || {
-            tcp_receive(&mut raw.borrow_mut(), &mut back.borrow_mut())
+            nan("bulk", &mut || {
+                tcp_receive(&mut raw.borrow_mut(), &mut back.borrow_mut())
+            })
         })
         .variant("copy_from", || {
-            let t0 = Instant::now();
-            w[0].copy_from(&mut top.borrow_mut(), &dev, 0, &mut back.borrow_mut())
-                .expect("copy_from");
-            gbps(t0)
+            nan("bulk", &mut || {
+                let t0 = Instant::now();
+                w[0].copy_from(&mut top.borrow_mut(), &dev, 0, &mut back.borrow_mut())
+                    .expect("copy_from");
+                gbps(t0)
+            })
         })
         .baseline("raw TCP send")
         .run();
@@ -370,11 +380,17 @@ fn main() {
         top.borrow_mut().run(orch, &TaskArgs::new()).expect("run");
         MANY as f64 / t0.elapsed().as_secs_f64()
     };
-    let many = Rounds::new(ROUNDS)
-        .warmup(1)
-        .variant("noop tasks/s, 1 remote worker", || per_s(many_one))
-        .variant("noop tasks/s, 2 remote workers", || per_s(many_two))
-        .variant("chip tasks/s, 1 remote worker", || per_s(chip_many_one))
+    let many = rounds("many")
+        .warmup(usize::from(want("many")))
+        .variant("noop tasks/s, 1 remote worker", || {
+            nan("many", &mut || per_s(many_one))
+        })
+        .variant("noop tasks/s, 2 remote workers", || {
+            nan("many", &mut || per_s(many_two))
+        })
+        .variant("chip tasks/s, 1 remote worker", || {
+            nan("many", &mut || per_s(chip_many_one))
+        })
         .baseline("noop tasks/s, 1 remote worker")
         .run();
 

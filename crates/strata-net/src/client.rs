@@ -57,11 +57,25 @@ struct InFlight {
 /// A device-memory request waiting for its reply (`memory.rs`).
 struct ControlWait {
     reply: Option<Result<u64, String>>,
-    /// Bytes a copy-from brings back (they precede the reply on the stream).
-    data: Vec<u8>,
-    /// How many bytes it may bring back (more is a protocol error).
-    expect: u64,
+    /// Where a copy-from's bytes go (they precede the reply on the stream).
+    sink: Option<Sink>,
+    /// Bytes that arrived so far.
+    have: u64,
 }
+
+/// A piece of the caller's buffer that the reader fills with a copy-from's bytes, in
+/// place (no staging copy on the root). Written only under the session's state lock
+/// while its request is registered; the request's [`Pending`] borrows the buffer and
+/// unregisters it before the borrow ends, whatever happens (drop), so the reader never
+/// writes into a buffer its owner got back.
+struct Sink {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the pointer is used only under the state lock, while the `Pending` that holds
+// the exclusive borrow of the buffer is alive (see `Sink`).
+unsafe impl Send for Sink {}
 
 /// Bytes of DATA frames a device-memory copy may have queued for the writer and not yet
 /// written: the copying thread encodes frames straight from the caller's buffer and waits
@@ -143,17 +157,17 @@ impl Session {
 
     /// Sends device-memory request `control` on the ordered lane (after every task
     /// already published, so the node serves it after them), followed by `payload` as
-    /// DATA frames owned by it; a reply may bring back up to `expect` bytes. Returns the
-    /// request's sequence for [`Session::wait_control`].
+    /// DATA frames owned by it; the bytes a reply brings back land in `dst` (at most its
+    /// length). Returns the request, to [`Pending::wait`] for.
     ///
     /// # Errors
     /// The session ended (its reason), or the frame could not be encoded.
-    pub(crate) fn post_control(
-        self: &Arc<Self>,
+    pub(crate) fn post_control<'a>(
+        self: &'a Arc<Self>,
         control: &wire::Control,
         payload: &[u8],
-        expect: u64,
-    ) -> Result<u64, String> {
+        dst: Option<&'a mut [u8]>,
+    ) -> Result<Pending<'a>, String> {
         if let Some(why) = self.dead_reason() {
             return Err(why);
         }
@@ -164,10 +178,19 @@ impl Session {
             seq,
             ControlWait {
                 reply: None,
-                data: Vec::new(),
-                expect,
+                sink: dst.map(|d| Sink {
+                    ptr: d.as_mut_ptr(),
+                    len: d.len(),
+                }),
+                have: 0,
             },
         );
+        // From here on the guard unregisters the request on every path.
+        let pending = Pending {
+            s: self,
+            seq,
+            _dst: std::marker::PhantomData,
+        };
         let gone = || "the session's writer is gone".to_owned();
         self.main.send(Out::Frame(frame)).map_err(|_| gone())?;
         for (k, chunk) in payload.chunks(CHUNK_BYTES).enumerate() {
@@ -192,7 +215,7 @@ impl Session {
                 })))
                 .map_err(|_| gone())?;
         }
-        Ok(seq)
+        Ok(pending)
     }
 
     /// Waits until the writer has fewer than [`COPY_WINDOW`] queued copy bytes (or the
@@ -229,25 +252,19 @@ impl Session {
         }
     }
 
-    /// Waits for the reply to request `seq` until `deadline`: its result word and the
-    /// bytes it brought back.
-    ///
-    /// # Errors
-    /// [`ControlWaitError`]: the node's refusal, the session's end, or the deadline.
-    pub(crate) fn wait_control(
-        &self,
-        seq: u64,
-        deadline: Instant,
-    ) -> Result<(u64, Vec<u8>), ControlWaitError> {
+    /// Waits for the reply to request `seq` until `deadline`: its result word and how
+    /// many bytes it brought back.
+    fn wait_control(&self, seq: u64, deadline: Instant) -> Result<(u64, u64), ControlWaitError> {
         let mut st = self.lock();
         loop {
-            if st.controls.get(&seq).is_some_and(|c| c.reply.is_some()) {
-                let c = st.controls.remove(&seq).expect("checked above");
-                return match c.reply {
-                    Some(Ok(v)) => Ok((v, c.data)),
-                    Some(Err(why)) => Err(ControlWaitError::Refused(why)),
-                    None => unreachable!("checked above"),
-                };
+            if let Some(c) = st.controls.remove(&seq) {
+                match c.reply {
+                    Some(Ok(v)) => return Ok((v, c.have)),
+                    Some(Err(why)) => return Err(ControlWaitError::Refused(why)),
+                    None => {
+                        st.controls.insert(seq, c);
+                    }
+                }
             }
             if let Some(d) = &st.dead {
                 let why = d.clone();
@@ -276,6 +293,32 @@ impl Session {
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
         }
+    }
+}
+
+/// A device-memory request on its way ([`Session::post_control`]); dropping it
+/// unregisters the request (its buffer is then never written).
+pub(crate) struct Pending<'a> {
+    s: &'a Session,
+    seq: u64,
+    /// The buffer the reply's bytes land in stays borrowed while the request may write it.
+    _dst: std::marker::PhantomData<&'a mut [u8]>,
+}
+
+impl Pending<'_> {
+    /// Waits for the reply until `deadline`: the result word and how many bytes it
+    /// brought back.
+    ///
+    /// # Errors
+    /// [`ControlWaitError`]: the node's refusal, the session's end, or the deadline.
+    pub(crate) fn wait(self, deadline: Instant) -> Result<(u64, u64), ControlWaitError> {
+        self.s.wait_control(self.seq, deadline)
+    }
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        self.s.lock().controls.remove(&self.seq);
     }
 }
 
@@ -679,17 +722,28 @@ fn on_frame(s: &Session, h: &wire::Header, body: &[u8]) -> Result<(), String> {
             let d: Data<'_> = wire::decode_body(h.kind, body).map_err(|e| e.to_string())?;
             let mut st = s.lock();
             if let Some(c) = st.controls.get_mut(&d.owner) {
-                let have = c.data.len() as u64;
-                if d.segment != 0 || d.offset != have || have + d.bytes.len() as u64 > c.expect {
+                let n = d.bytes.len();
+                let fits = c.sink.as_ref().is_some_and(|k| {
+                    d.segment == 0 && d.offset == c.have && c.have as usize + n <= k.len
+                });
+                let Some(sink) = c.sink.as_ref().filter(|_| fits) else {
                     return Err(format!(
-                        "the node sent data for control request {} outside what it asked for (offset {}, {} bytes, {} expected)",
-                        d.owner,
-                        d.offset,
-                        d.bytes.len(),
-                        c.expect
+                        "the node sent data for control request {} outside what it asked for (offset {}, {n} bytes)",
+                        d.owner, d.offset
                     ));
-                }
-                c.data.extend_from_slice(d.bytes);
+                };
+                // SAFETY: the sink is a live exclusive borrow of the caller's buffer while
+                // its request is registered (`Pending` unregisters it before the borrow
+                // ends, under this same lock, which is held here), and
+                // `have + n <= len` was checked above.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        d.bytes.as_ptr(),
+                        sink.ptr.add(c.have as usize),
+                        n,
+                    )
+                };
+                c.have += n as u64;
                 return Ok(());
             }
             let f = st

@@ -11,7 +11,7 @@
 //! control request of the level-3 engine, `DistWorker::copy_range`), so the node stages
 //! the bytes once.
 
-use crate::client::{ControlWaitError, Session};
+use crate::client::{ControlWaitError, Pending, Session};
 use crate::error::{MemoryFault, NetError};
 use crate::wire::Control;
 use std::collections::{HashMap, VecDeque};
@@ -181,22 +181,17 @@ impl RemoteWorker {
         Ok(s)
     }
 
-    /// One request and its reply: the result word and the bytes it brought back.
-    fn call(
-        &self,
-        s: &Arc<Session>,
-        control: &Control,
-        payload: &[u8],
-        expect: u64,
-    ) -> Result<(u64, Vec<u8>), NetError> {
-        let seq = s
-            .post_control(control, payload, expect)
+    /// One request without bytes either way, and its result word.
+    fn call(&self, s: &Arc<Session>, control: &Control) -> Result<u64, NetError> {
+        let p = s
+            .post_control(control, &[], None)
             .map_err(|why| self.fault(MemoryFault::SessionLost, why))?;
-        self.wait(s, seq)
+        Ok(self.wait(p)?.0)
     }
 
-    fn wait(&self, s: &Session, seq: u64) -> Result<(u64, Vec<u8>), NetError> {
-        s.wait_control(seq, Instant::now() + CONTROL_TIMEOUT)
+    /// Waits for a request's reply: the result word and how many bytes it brought back.
+    fn wait(&self, p: Pending<'_>) -> Result<(u64, u64), NetError> {
+        p.wait(Instant::now() + CONTROL_TIMEOUT)
             .map_err(|e| match e {
                 ControlWaitError::Refused(why) => self.fault(MemoryFault::Node, why),
                 ControlWaitError::Lost(why) => self.fault(
@@ -227,20 +222,18 @@ impl RemoteWorker {
         let view = TensorView::contiguous(dtype, shape)
             .map_err(|e| NetError::Dist(strata_dist::DistError::Types(e)))?;
         let chip32 = self.chip(chip)?;
-        let (handle, _) = self.call(
+        let handle = self.call(
             &s,
             &Control::Alloc {
                 chip: chip32,
                 bytes: view.nbytes(),
             },
-            &[],
-            0,
         )?;
         let desc = match top.admit_remote_device(self.id, handle, view.nbytes()) {
             Ok(d) => d,
             Err(e) => {
                 // Do not leak the node's allocation.
-                let _ = self.call(&s, &Control::Free { id: handle }, &[], 0);
+                let _ = self.call(&s, &Control::Free { id: handle });
                 return Err(e.into());
             }
         };
@@ -308,7 +301,7 @@ impl RemoteWorker {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&t.handle);
-        self.call(&s, &Control::Free { id: t.handle }, &[], 0)?;
+        self.call(&s, &Control::Free { id: t.handle })?;
         Ok(())
     }
 
@@ -333,12 +326,12 @@ impl RemoteWorker {
         let s = self.ready(top, "copy_to")?;
         self.check(dst, dev_offset, src.len() as u64, "copy_to")?;
         let piece = Self::piece(&s) as usize;
-        let mut inflight: VecDeque<u64> = VecDeque::with_capacity(2);
+        let mut inflight: VecDeque<Pending<'_>> = VecDeque::with_capacity(2);
         let mut result = Ok(());
         for (k, chunk) in src.chunks(piece).enumerate() {
             if inflight.len() == 2 {
-                if let Some(seq) = inflight.pop_front() {
-                    if let Err(e) = self.wait(&s, seq) {
+                if let Some(p) = inflight.pop_front() {
+                    if let Err(e) = self.wait(p) {
                         result = Err(e);
                         break;
                     }
@@ -349,8 +342,8 @@ impl RemoteWorker {
                 offset: dev_offset + (k * piece) as u64,
                 len: chunk.len() as u64,
             };
-            match s.post_control(&control, chunk, 0) {
-                Ok(seq) => inflight.push_back(seq),
+            match s.post_control(&control, chunk, None) {
+                Ok(p) => inflight.push_back(p),
                 Err(why) => {
                     result = Err(self.fault(MemoryFault::SessionLost, why));
                     break;
@@ -358,8 +351,8 @@ impl RemoteWorker {
             }
         }
         // Every request posted is waited for, even after an error.
-        for seq in inflight {
-            let r = self.wait(&s, seq);
+        for p in inflight {
+            let r = self.wait(p);
             if result.is_ok() {
                 result = r.map(drop);
             }
@@ -382,59 +375,51 @@ impl RemoteWorker {
         let s = self.ready(top, "copy_from")?;
         self.check(src, dev_offset, dst.len() as u64, "copy_from")?;
         let piece = Self::piece(&s) as usize;
-        let total = dst.len();
-        let pieces = total.div_ceil(piece);
-        let mut inflight: VecDeque<(usize, u64)> = VecDeque::with_capacity(2);
+        // Each piece's bytes land straight in its part of `dst` (the reader writes them
+        // there as they arrive); two pieces in flight.
+        let mut inflight: VecDeque<(usize, Pending<'_>)> = VecDeque::with_capacity(2);
         let mut result = Ok(());
-        let land = |k: usize, seq: u64, dst: &mut [u8], result: &mut Result<(), NetError>| {
-            let r = self.wait(&s, seq);
+        let land = |want: usize, p: Pending<'_>, result: &mut Result<(), NetError>| {
+            let r = self.wait(p);
             if result.is_err() {
                 return;
             }
-            let at = k * piece;
-            let want = (total - at).min(piece);
             match r {
-                Ok((_, data)) if data.len() == want => {
-                    dst[at..at + want].copy_from_slice(&data);
-                }
-                Ok((_, data)) => {
+                Ok((_, got)) if got == want as u64 => {}
+                Ok((_, got)) => {
                     *result = Err(self.fault(
                         MemoryFault::Node,
-                        format!(
-                            "copy_from: the node sent {} bytes for a piece of {want}",
-                            data.len()
-                        ),
+                        format!("copy_from: the node sent {got} bytes for a piece of {want}"),
                     ))
                 }
                 Err(e) => *result = Err(e),
             }
         };
-        for k in 0..pieces {
+        for (k, part) in dst.chunks_mut(piece).enumerate() {
             if inflight.len() == 2 {
-                if let Some((j, seq)) = inflight.pop_front() {
-                    land(j, seq, dst, &mut result);
+                if let Some((want, p)) = inflight.pop_front() {
+                    land(want, p, &mut result);
                 }
             }
             if result.is_err() {
                 break;
             }
-            let at = k * piece;
-            let len = (total - at).min(piece) as u64;
+            let len = part.len();
             let control = Control::CopyFrom {
                 id: src.handle,
-                offset: dev_offset + at as u64,
-                len,
+                offset: dev_offset + (k * piece) as u64,
+                len: len as u64,
             };
-            match s.post_control(&control, &[], len) {
-                Ok(seq) => inflight.push_back((k, seq)),
+            match s.post_control(&control, &[], Some(part)) {
+                Ok(p) => inflight.push_back((len, p)),
                 Err(why) => {
                     result = Err(self.fault(MemoryFault::SessionLost, why));
                     break;
                 }
             }
         }
-        while let Some((j, seq)) = inflight.pop_front() {
-            land(j, seq, dst, &mut result);
+        while let Some((want, p)) = inflight.pop_front() {
+            land(want, p, &mut result);
         }
         result
     }
@@ -450,8 +435,6 @@ impl RemoteWorker {
     ) -> Result<u64, NetError> {
         let s = self.ready(top, "committed_device_memory")?;
         let chip32 = self.chip(chip)?;
-        Ok(self
-            .call(&s, &Control::Committed { chip: chip32 }, &[], 0)?
-            .0)
+        self.call(&s, &Control::Committed { chip: chip32 })
     }
 }
