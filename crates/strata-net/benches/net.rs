@@ -7,7 +7,9 @@
 //!    raw TCP request/response (64-byte request, 32-byte reply, `TCP_NODELAY`) between
 //!    this process and a server process, on the same loopback. Also measured, to split
 //!    the figure: the remote task with an empty *host* orchestration (no chip behind it:
-//!    the network and session share).
+//!    the network and session share), the same on a node that has no chips at all (no
+//!    emulator threads competing for the CPUs), and a parked two-thread hand-off (the unit
+//!    of what the session's thread hand-offs add).
 //! 2. **Bulk copy** throughput: `RemoteWorker::copy_to` / `copy_from` of `BULK` bytes
 //!    between this process and a remote chip tensor, next to raw TCP streaming the same
 //!    bytes one way (the server acknowledges the end with one byte, or sends them).
@@ -19,7 +21,8 @@
 //! Prints a table, then as its last line one JSON object: `remote_rtt_us`,
 //! `remote_host_rtt_us`, `tcp_rtt_us`, `handoff_rtt_us` (two parked thread hand-offs, the
 //! unit of what a round trip adds to raw TCP), `rtt_ratio` (round median; goal ≤ 1.3),
-//! `host_rtt_ratio`, `copy_to_gbps`, `copy_from_gbps`, `tcp_send_gbps`, `tcp_recv_gbps`,
+//! `host_rtt_ratio`, `bare_rtt_us` / `bare_rtt_ratio` (a node without chips: no emulator
+//! threads on its side), `copy_to_gbps`, `copy_from_gbps`, `tcp_send_gbps`, `tcp_recv_gbps`,
 //! `copy_to_ratio`, `copy_from_ratio` (goal ≥ 0.8), `tasks_per_s_1`, `tasks_per_s_2`,
 //! `chip_tasks_per_s_1`, `rounds` and the `machine_` keys.
 
@@ -51,6 +54,7 @@ struct Top {
     w: [RemoteWorker; 2],
     chip_one: HostOrchHandle,
     host_one: HostOrchHandle,
+    bare_one: HostOrchHandle,
     many_one: HostOrchHandle,
     many_two: HostOrchHandle,
     chip_many_one: HostOrchHandle,
@@ -69,6 +73,14 @@ fn build(daemon: &str) -> Top {
     let spec = || RemoteSpec::new(daemon).chips(1);
     let w0 = add_remote_worker(&mut top, spec()).expect("remote worker 0");
     let w1 = add_remote_worker(&mut top, spec()).expect("remote worker 1");
+    // A node without chips: no emulator threads on its side at all.
+    let bare = add_remote_worker(&mut top, RemoteSpec::new(daemon))
+        .expect("remote worker 2")
+        .id();
+    let bare_one = top.register_orchestration("bench.bare_one", move |o, _| {
+        o.submit_next_level(noop, &TaskArgs::new(), bare)?;
+        Ok(())
+    });
     let (a, b) = (w0.id(), w1.id());
     let chip_one = top.register_orchestration("bench.chip_one", move |o, _| {
         o.submit_next_level(on_chip, &TaskArgs::new(), a)?;
@@ -101,6 +113,7 @@ fn build(daemon: &str) -> Top {
         w: [w0, w1],
         chip_one,
         host_one,
+        bare_one,
         many_one,
         many_two,
         chip_many_one,
@@ -291,6 +304,7 @@ fn main() {
         w,
         chip_one,
         host_one,
+        bare_one,
         many_one,
         many_two,
         chip_many_one,
@@ -309,6 +323,7 @@ fn main() {
         tcp_rtt(&mut raw.borrow_mut(), RTT_WARMUP);
         runs(&mut top.borrow_mut(), chip_one, RTT_WARMUP);
         runs(&mut top.borrow_mut(), host_one, RTT_WARMUP);
+        runs(&mut top.borrow_mut(), bare_one, RTT_WARMUP);
     }
     let hand = HandOff::new();
     let rtt = rounds("rtt")
@@ -328,6 +343,11 @@ fn main() {
         .variant("remote task (host orch only)", || {
             nan("rtt", &mut || {
                 median(&runs(&mut top.borrow_mut(), host_one, RTT_RUNS))
+            })
+        })
+        .variant("remote task, node without chips", || {
+            nan("rtt", &mut || {
+                median(&runs(&mut top.borrow_mut(), bare_one, RTT_RUNS))
             })
         })
         .baseline("raw TCP request/response")
@@ -368,10 +388,12 @@ fn main() {
         })
         .baseline("raw TCP send")
         .run();
-    let mut back = back.into_inner();
-    w[0].copy_from(&mut top.borrow_mut(), &dev, 0, &mut back)
-        .expect("copy_from");
-    assert!(back == src, "the bulk copy's bytes differ");
+    if want("bulk") {
+        let mut back = back.into_inner();
+        w[0].copy_from(&mut top.borrow_mut(), &dev, 0, &mut back)
+            .expect("copy_from");
+        assert!(back == src, "the bulk copy's bytes differ");
+    }
     w[0].free(&mut top.borrow_mut(), dev).expect("free");
 
     // 3. many in flight.
@@ -434,6 +456,16 @@ fn main() {
     .num(
         "host_rtt_ratio",
         rtt.ratio_median("remote task (host orch only)"),
+        3,
+    )
+    .num(
+        "bare_rtt_us",
+        rtt.median("remote task, node without chips"),
+        2,
+    )
+    .num(
+        "bare_rtt_ratio",
+        rtt.ratio_median("remote task, node without chips"),
         3,
     )
     .num("copy_to_gbps", bulk.median("copy_to"), 3)
