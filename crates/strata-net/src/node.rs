@@ -9,7 +9,7 @@
 //! its frames in turn); the runtime's thread reads frames, lands bulk inputs in the
 //! staging area while the previous task runs, sends heartbeats, and streams outputs.
 
-use crate::client::{pump, Out, CANCELLED, HEARTBEAT_INTERVAL};
+use crate::client::{pump, Lane, Out, Tx, CANCELLED, HEARTBEAT_INTERVAL};
 use crate::error::NetError;
 use crate::io::{hostname, read_frame, runtime, SyncConn};
 use crate::wire::{
@@ -137,8 +137,8 @@ struct NodeShared {
     session: u64,
     staging: Staging,
     shared: Arc<SharedMemory>,
-    prio: mpsc::UnboundedSender<Out>,
-    main: mpsc::UnboundedSender<Out>,
+    /// The writer's lanes (and direct writes).
+    tx: Tx,
     jobs: std_mpsc::Sender<Job>,
     cancelled: Mutex<HashSet<u64>>,
     last_rx: AtomicU64,
@@ -175,15 +175,9 @@ impl NodeShared {
         });
     }
 
-    fn send(
-        &self,
-        lane: &mpsc::UnboundedSender<Out>,
-        kind: FrameType,
-        seq: u64,
-        body: &impl serde::Serialize,
-    ) {
+    fn send(&self, lane: Lane, kind: FrameType, seq: u64, body: &impl serde::Serialize) {
         if let Ok(f) = wire::encode(kind, self.session, seq, body) {
-            let _ = lane.send(Out::Frame(f));
+            let _ = self.tx.send(lane, Out::Frame(f));
         }
     }
 }
@@ -254,6 +248,11 @@ fn run_session(
     let (prio_tx, prio_rx) = mpsc::unbounded_channel();
     let (main_tx, main_rx) = mpsc::unbounded_channel();
     let (jobs_tx, jobs_rx) = std_mpsc::channel();
+    let Ok(direct) = conn.stream.try_clone() else {
+        return 1;
+    };
+    let tx = Tx::new(prio_tx, main_tx, direct);
+    let backlog = tx.backlog();
     let ns = Arc::new(NodeShared {
         session: conn.session,
         staging: Staging {
@@ -261,8 +260,7 @@ fn run_session(
             free: Mutex::new(vec![(0, opts.staging_bytes)]),
         },
         shared: shared.clone(),
-        prio: prio_tx,
-        main: main_tx,
+        tx,
         jobs: jobs_tx,
         cancelled: Mutex::new(HashSet::new()),
         last_rx: AtomicU64::new(0),
@@ -290,7 +288,7 @@ fn run_session(
         rt.spawn(node_signals(ns.clone()));
         let s2 = ns.clone();
         rt.spawn(async move {
-            let r = pump(&s2.shared, s2.session, wr, prio_rx, main_rx).await;
+            let r = pump(&s2.shared, s2.session, &backlog, wr, prio_rx, main_rx).await;
             if let Err(e) = r {
                 s2.abort(format!("sending to the root failed: {e}"));
             }
@@ -335,20 +333,23 @@ fn run_session(
                     .map(|(i, (s, &at))| (i as u32, region, at, s.len))
                     .collect();
                 if !parts.is_empty() {
-                    let _ = ns.main.send(Out::Bulk { owner: seq, parts });
+                    let _ = ns.tx.send(Lane::Main, Out::Bulk { owner: seq, parts });
                 }
-                ns.send(&ns.main, FrameType::Done, seq, &Done { failure });
+                ns.send(Lane::Main, FrameType::Done, seq, &Done { failure });
                 let ns2 = ns.clone();
                 let segs = task.segments.clone();
-                let _ = ns.main.send(Out::Then(Box::new(move || {
-                    for (s, at) in segs.iter().zip(places) {
-                        ns2.staging.release(at, s.len);
-                    }
-                })));
+                let _ = ns.tx.send(
+                    Lane::Main,
+                    Out::Then(Box::new(move || {
+                        for (s, at) in segs.iter().zip(places) {
+                            ns2.staging.release(at, s.len);
+                        }
+                    })),
+                );
             }
             Job::Refused { seq, why } => {
                 ns.send(
-                    &ns.main,
+                    Lane::Main,
                     FrameType::Done,
                     seq,
                     &Done {
@@ -375,7 +376,7 @@ fn run_session(
     let report = closed.err().map(|e| e.to_string()).unwrap_or_default();
     if acked {
         ns.send(
-            &ns.main,
+            Lane::Main,
             FrameType::ShutdownAck,
             0,
             &ShutdownAck {
@@ -535,7 +536,7 @@ async fn node_reader(ns: Arc<NodeShared>, mut rd: tokio::net::tcp::OwnedReadHalf
                     NetError::Wire(w) => {
                         let msg = format!("the root sent a bad frame: {w}");
                         ns.send(
-                            &ns.prio,
+                            Lane::Prio,
                             FrameType::Error,
                             0,
                             &ErrorBody {
@@ -555,7 +556,7 @@ async fn node_reader(ns: Arc<NodeShared>, mut rd: tokio::net::tcp::OwnedReadHalf
             .store(ns.epoch.elapsed().as_millis() as u64, Ordering::Release);
         if let Err(why) = node_frame(&ns, &mut landing, &mut ctl_landing, &h, &body) {
             ns.send(
-                &ns.prio,
+                Lane::Prio,
                 FrameType::Error,
                 0,
                 &ErrorBody {
@@ -777,7 +778,7 @@ async fn node_heartbeat(ns: Arc<NodeShared>, timeout: Duration) {
     let mut tick = tokio::time::interval(HEARTBEAT_INTERVAL);
     loop {
         tick.tick().await;
-        ns.send(&ns.prio, FrameType::Heartbeat, 0, &());
+        ns.send(Lane::Prio, FrameType::Heartbeat, 0, &());
         let last = ns.last_rx.load(Ordering::Acquire);
         let silent =
             Duration::from_millis((ns.epoch.elapsed().as_millis() as u64).saturating_sub(last));
@@ -798,7 +799,7 @@ async fn node_signals(ns: Arc<NodeShared>) {
     };
     if term.recv().await.is_some() {
         ns.send(
-            &ns.prio,
+            Lane::Prio,
             FrameType::Error,
             0,
             &ErrorBody {
@@ -886,13 +887,13 @@ fn serve_control(
             }) {
                 Ok(Some(at)) => {
                     // The bytes, the reply, then the staging bytes go back once streamed.
-                    let _ = ns.main.send(Out::Bulk {
+                    let _ = ns.tx.send(Lane::Main, Out::Bulk {
                         owner: seq,
                         parts: vec![(0, region, at, len)],
                     });
-                    ns.send(&ns.main, FrameType::ControlReply, seq, &ControlReply { result: Ok(0) });
+                    ns.send(Lane::Main, FrameType::ControlReply, seq, &ControlReply { result: Ok(0) });
                     let ns2 = ns.clone();
-                    let _ = ns.main.send(Out::Then(Box::new(move || {
+                    let _ = ns.tx.send(Lane::Main, Out::Then(Box::new(move || {
                         ns2.staging.release(at, len);
                     })));
                     return;
@@ -907,7 +908,7 @@ fn serve_control(
     };
     let result = result.map_err(clip_message);
     ns.send(
-        &ns.main,
+        Lane::Main,
         FrameType::ControlReply,
         seq,
         &ControlReply { result },
