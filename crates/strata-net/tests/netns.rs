@@ -728,7 +728,9 @@ fn mid_task_fault(dir: &Path, fault: Fault) -> Result<(), String> {
     let wa = add_remote_worker(&mut top, spec(ENV_A).heartbeat_timeout(HEARTBEAT))
         .map_err(|e| e.to_string())?
         .id();
-    let wb = add_remote_worker(&mut top, spec(ENV_B).heartbeat_timeout(HEARTBEAT))
+    // Worker B keeps the default heartbeat timeout: only A's link is faulted, and a
+    // loaded machine must not end B's session for a stall.
+    let wb = add_remote_worker(&mut top, spec(ENV_B))
         .map_err(|e| e.to_string())?
         .id();
     let x = top
