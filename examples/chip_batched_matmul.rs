@@ -11,9 +11,7 @@
 use std::error::Error;
 use std::process::ExitCode;
 use std::time::Instant;
-use strata::chip::{
-    ChipConfig, ChipTensor, ChipWorker, CoreArgs, KernelError, RunArgs, TensorCreateInfo,
-};
+use strata::chip::{ChipConfig, ChipTensor, ChipWorker, CoreArgs, RunArgs, TensorCreateInfo};
 use strata::types::{CallConfig, DataType};
 
 const BATCH: u64 = 3;
@@ -51,9 +49,7 @@ fn run() -> Result<String, Box<dyn Error>> {
         let (m, k) = matrix_dims(a.shape()).ok_or("A must be a matrix")?;
         let (k2, n) = matrix_dims(b.shape()).ok_or("B must be a matrix")?;
         if k != k2 || p.numel() != m * n {
-            return Err(KernelError::new(format!(
-                "{m}x{k} @ {k2}x{n} does not fit P"
-            )));
+            return Err(format!("{m}x{k} @ {k2}x{n} does not fit P").into());
         }
         let (a, b) = (a.to_vec(), b.to_vec()); // gathers the strided windows
         let p = p.as_mut_slice().ok_or("P must be contiguous")?;

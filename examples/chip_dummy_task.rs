@@ -20,12 +20,12 @@ const WRITTEN: f32 = 42.0;
 fn run() -> Result<String, Box<dyn Error>> {
     let mut chip = ChipWorker::new(ChipConfig::default())?;
     let write = chip.register_kernel_fn("write_const", |ctx| {
-        ctx.output::<f32>(0)?.set_flat(0, WRITTEN);
+        ctx.output::<f32>(0)?.set_flat(0, WRITTEN)?;
         Ok(())
     })?;
     let copy = chip.register_kernel_fn("copy_first", |ctx| {
-        let v = ctx.input::<f32>(0)?.get_flat(0).ok_or("empty input")?;
-        ctx.output::<f32>(1)?.set_flat(0, v);
+        let v = ctx.input::<f32>(0)?.get_flat(0)?;
+        ctx.output::<f32>(1)?.set_flat(0, v)?;
         Ok(())
     })?;
     let orch = chip.register_orchestration_fn("dummy_task", move |o, args| {
@@ -69,10 +69,7 @@ fn run() -> Result<String, Box<dyn Error>> {
     })?;
     chip.init()?;
 
-    let config = CallConfig {
-        aicpu_thread_num: 2,
-        ..CallConfig::default()
-    };
+    let config = CallConfig::default().with_aicpu_threads(2);
     for case in 1..=4u32 {
         let mut x = vec![UNTOUCHED; LEN as usize];
         let mut y = x.clone();

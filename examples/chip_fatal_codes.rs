@@ -13,31 +13,12 @@ use std::error::Error;
 use std::process::ExitCode;
 use std::time::Duration;
 use strata::chip::{
-    codes, ChipConfig, ChipError, ChipTaskId, ChipWorker, CoreArgs, KernelError, OrchHandle,
-    RunArgs, TensorCreateInfo,
+    codes, ChipConfig, ChipError, ChipTaskId, ChipWorker, CoreArgs, OrchHandle, RunArgs,
+    TensorCreateInfo,
 };
 use strata::types::{CallConfig, DataType, RingOverride};
 
 const LEN: u64 = 128;
-
-/// Every ring sized alike (0 keeps a field's default).
-fn rings(task_window: u64, heap_bytes: u64, dep_pool: u64) -> CallConfig {
-    CallConfig {
-        rings: [RingOverride {
-            task_window,
-            heap_bytes,
-            dep_pool,
-        }; 4],
-        ..CallConfig::default()
-    }
-}
-
-fn timeout(ms: u64) -> CallConfig {
-    CallConfig {
-        timeout_ms: ms,
-        ..CallConfig::default()
-    }
-}
 
 fn run() -> Result<String, Box<dyn Error>> {
     let mut chip = ChipWorker::new(ChipConfig {
@@ -61,9 +42,9 @@ fn run() -> Result<String, Box<dyn Error>> {
         while !ctx.cancelled() {
             std::thread::sleep(Duration::from_micros(200));
         }
-        Err(KernelError::new("cancelled"))
+        Err("cancelled".into())
     })?;
-    let fail = chip.register_kernel_fn("fails", |_| Err(KernelError::new("deliberate failure")))?;
+    let fail = chip.register_kernel_fn("fails", |_| Err("deliberate failure".into()))?;
     let small = TensorCreateInfo::new(DataType::F32, &[16]);
 
     // Every case runs with x (1.0 × 128) and y (0.0 × 128), both INOUT.
@@ -80,7 +61,7 @@ fn run() -> Result<String, Box<dyn Error>> {
     case(
         "scope_deadlock",
         codes::SCOPE_DEADLOCK,
-        rings(4, 0, 0),
+        CallConfig::default().with_rings(RingOverride::default().with_task_window(4)),
         chip.register_orchestration_fn("scope_deadlock", move |o, _| {
             for _ in 0..8 {
                 o.submit_dummy(CoreArgs::new().output_new(small))?;
@@ -92,7 +73,7 @@ fn run() -> Result<String, Box<dyn Error>> {
     case(
         "heap_ring_deadlock",
         codes::HEAP_RING_DEADLOCK,
-        rings(0, 1024, 0),
+        CallConfig::default().with_rings(RingOverride::default().with_heap_bytes(1024)),
         chip.register_orchestration_fn("heap_ring_deadlock", |o, _| {
             o.submit_dummy(
                 CoreArgs::new().output_new(TensorCreateInfo::new(DataType::F32, &[8192])),
@@ -104,7 +85,7 @@ fn run() -> Result<String, Box<dyn Error>> {
     case(
         "flow_control_deadlock",
         codes::FLOW_CONTROL_DEADLOCK,
-        rings(4, 0, 0),
+        CallConfig::default().with_rings(RingOverride::default().with_task_window(4)),
         chip.register_orchestration_fn("flow_control_deadlock", move |o, _| {
             for _ in 0..8 {
                 o.scope_begin()?;
@@ -119,7 +100,7 @@ fn run() -> Result<String, Box<dyn Error>> {
     case(
         "dep_pool_overflow",
         codes::DEP_POOL_OVERFLOW,
-        rings(0, 0, 4),
+        CallConfig::default().with_rings(RingOverride::default().with_dep_pool(4)),
         chip.register_orchestration_fn("dep_pool_overflow", move |o, args| {
             let x = args.tensor(0)?;
             for i in 0..LEN {
@@ -162,7 +143,7 @@ fn run() -> Result<String, Box<dyn Error>> {
     case(
         "tensor_wait_timeout",
         codes::TENSOR_WAIT_TIMEOUT,
-        timeout(1500),
+        CallConfig::default().with_timeout(Duration::from_millis(1500)),
         chip.register_orchestration_fn("tensor_wait_timeout", move |o, args| {
             let x = args.tensor(0)?;
             o.submit_aiv(hang, CoreArgs::new().inout(&x))?;
@@ -175,13 +156,15 @@ fn run() -> Result<String, Box<dyn Error>> {
         codes::EXPLICIT_ORCH_FATAL,
         CallConfig::default(),
         chip.register_orchestration_fn("explicit_fatal", |o, _| {
-            Err(o.report_fatal(codes::EXPLICIT_ORCH_FATAL, "deliberate fatal"))
+            Err(o
+                .report_fatal(codes::EXPLICIT_ORCH_FATAL, "deliberate fatal")
+                .into())
         }),
     )?;
     case(
         "aicore_hang",
         codes::SCHEDULER_TIMEOUT,
-        timeout(200),
+        CallConfig::default().with_timeout(Duration::from_millis(200)),
         chip.register_orchestration_fn("aicore_hang", move |o, args| {
             o.submit_aiv(hang, CoreArgs::new().inout(&args.tensor(0)?))?;
             Ok(())
@@ -200,7 +183,7 @@ fn run() -> Result<String, Box<dyn Error>> {
                 CoreArgs::new().input(&x).input(&x).output(&args.tensor(1)?),
             ) {
                 Ok(_) | Err(ChipError::RunFailed { .. }) => Ok(()),
-                Err(e) => Err(e),
+                Err(e) => Err(e.into()),
             }
         }),
     )?;

@@ -11,16 +11,16 @@
 use std::error::Error;
 use std::process::ExitCode;
 use strata::chip::{
-    ChipConfig, ChipTensor, ChipWorker, CoreArgs, KernelCtx, KernelError, MixedKernels, RunArgs,
+    ChipConfig, ChipTensor, ChipWorker, CoreArgs, KernelCtx, MixedKernels, RunArgs,
 };
-use strata::types::CallConfig;
+use strata::types::{CallConfig, CallbackResult};
 
 /// The matrices are M×M; every vector (and every output slice) has M·M elements.
 const M: u64 = 64;
 const V: u64 = M * M;
 const ITERS: u64 = 4;
 
-type Kernel = Box<dyn Fn(&mut KernelCtx<'_>) -> Result<(), KernelError> + Send + Sync>;
+type Kernel = Box<dyn Fn(&mut KernelCtx<'_>) -> CallbackResult + Send + Sync>;
 
 /// `out(base+2) = op(x(base), y(base+1))` element-wise.
 fn elementwise(base: usize, op: fn(f32, f32) -> f32) -> Kernel {
@@ -29,7 +29,7 @@ fn elementwise(base: usize, op: fn(f32, f32) -> f32) -> Kernel {
         let y = ctx.input::<f32>(base + 1)?;
         let mut out = ctx.output::<f32>(base + 2)?;
         let (Some(x), Some(y), Some(out)) = (x.as_slice(), y.as_slice(), out.as_mut_slice()) else {
-            return Err(KernelError::new("contiguous tensors expected"));
+            return Err("contiguous tensors expected".into());
         };
         for ((o, a), b) in out.iter_mut().zip(x).zip(y) {
             *o = op(*a, *b);
@@ -45,14 +45,14 @@ fn matmul(base: usize) -> Kernel {
         let b = ctx.input::<f32>(base + 1)?;
         let mut c = ctx.output::<f32>(base + 2)?;
         let (&[m, k], &[k2, n]) = (a.shape(), b.shape()) else {
-            return Err(KernelError::new("A and B must be 2-D"));
+            return Err("A and B must be 2-D".into());
         };
         let (m, k, n) = (m as usize, k as usize, n as usize);
         let (Some(a), Some(b), Some(c)) = (a.as_slice(), b.as_slice(), c.as_mut_slice()) else {
-            return Err(KernelError::new("contiguous tensors expected"));
+            return Err("contiguous tensors expected".into());
         };
         if k != k2 as usize || c.len() != m * n {
-            return Err(KernelError::new("shape mismatch"));
+            return Err("shape mismatch".into());
         }
         host_matmul_into(a, b, c, m, k, n);
         Ok(())

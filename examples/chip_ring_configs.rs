@@ -1,7 +1,7 @@
 //! E1b: the vector add under the reference's four ring configurations on one chip — tiny
 //! uniform rings, larger uniform rings, a size per ring, and the defaults. A run's
 //! `CallConfig::rings` resizes the chip's task windows, heap rings and dependency pools
-//! for that run only (0 keeps a field's default).
+//! for that run only (a `None` field keeps the chip's value).
 //!
 //! Run with `cargo run --release --example chip_ring_configs` (or `cargo xtask sim`). Prints
 //! a final line starting with `ok:` and exits non-zero if a result differs from the host
@@ -9,31 +9,27 @@
 
 use std::error::Error;
 use std::process::ExitCode;
-use strata::chip::{ChipConfig, ChipWorker, CoreArgs, KernelError, RunArgs};
+use strata::chip::{ChipConfig, ChipWorker, CoreArgs, RunArgs};
 use strata::types::{CallConfig, RingOverride};
 
 const N: u64 = 128 * 128;
 
 /// Every ring sized alike.
 fn uniform(task_window: u64, heap_bytes: u64, dep_pool: u64) -> CallConfig {
-    CallConfig {
-        rings: [RingOverride {
-            task_window,
-            heap_bytes,
-            dep_pool,
-        }; 4],
-        ..CallConfig::default()
-    }
+    CallConfig::default().with_rings(RingOverride {
+        task_window: Some(task_window),
+        heap_bytes: Some(heap_bytes),
+        dep_pool: Some(dep_pool),
+    })
 }
 
 fn run() -> Result<String, Box<dyn Error>> {
     let mut per_ring = CallConfig::default();
     for (i, ring) in per_ring.rings.iter_mut().enumerate() {
-        *ring = RingOverride {
-            task_window: [128, 64, 32, 16][i],
-            heap_bytes: [8u64, 4, 2, 1][i] << 20,
-            dep_pool: [256, 128, 64, 64][i],
-        };
+        *ring = RingOverride::default()
+            .with_task_window([128, 64, 32, 16][i])
+            .with_heap_bytes([8u64, 4, 2, 1][i] << 20)
+            .with_dep_pool([256, 128, 64, 64][i]);
     }
     let configs = [
         (
@@ -55,7 +51,7 @@ fn run() -> Result<String, Box<dyn Error>> {
         let mut out = ctx.output::<f32>(2)?;
         let (a, b) = (a.as_slice(), b.as_slice());
         let (Some(a), Some(b), Some(out)) = (a, b, out.as_mut_slice()) else {
-            return Err(KernelError::new("vector_add needs contiguous tensors"));
+            return Err("vector_add needs contiguous tensors".into());
         };
         for ((o, x), y) in out.iter_mut().zip(a).zip(b) {
             *o = x + y;

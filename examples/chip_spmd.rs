@@ -18,13 +18,11 @@ use std::process::ExitCode;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use strata::chip::{
-    ChipConfig, ChipWorker, CoreArgs, KernelCtx, KernelError, MixedKernels, RunArgs,
-};
-use strata::types::CallConfig;
+use strata::chip::{ChipConfig, ChipWorker, CoreArgs, KernelCtx, MixedKernels, RunArgs};
+use strata::types::{CallConfig, CallbackResult};
 
 /// Writes `[block_idx, block_num, sub_block_id]` (AIC: the first two) at 16·slot.
-fn where_am_i(ctx: &mut KernelCtx<'_>, slot: u64, is_aic: bool) -> Result<(), KernelError> {
+fn where_am_i(ctx: &mut KernelCtx<'_>, slot: u64, is_aic: bool) -> CallbackResult {
     let out = ctx.shared::<f32>(0)?;
     out.store_flat(16 * slot, ctx.block_idx() as f32);
     out.store_flat(16 * slot + 1, ctx.block_num() as f32);
@@ -113,7 +111,7 @@ fn barrier(blocks: u32) -> Result<(), Box<dyn Error>> {
         let start = Instant::now();
         while arrived.load(Ordering::Acquire) < n {
             if ctx.cancelled() || start.elapsed() > Duration::from_secs(60) {
-                return Err(KernelError::new("barrier: a sibling block never arrived"));
+                return Err("barrier: a sibling block never arrived".into());
             }
             std::thread::yield_now();
         }

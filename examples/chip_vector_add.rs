@@ -11,14 +11,14 @@
 
 use std::error::Error;
 use std::process::ExitCode;
-use strata::chip::{span_tree, ChipConfig, ChipWorker, CoreArgs, KernelCtx, KernelError, RunArgs};
-use strata::types::{CallConfig, CallableDescriptor, CallableKind, ParamDirection};
+use strata::chip::{span_tree, ChipConfig, ChipWorker, CoreArgs, KernelCtx, RunArgs};
+use strata::types::{CallConfig, CallableDescriptor, CallableKind, CallbackResult, ParamDirection};
 
 const ROWS: u64 = 128;
 const COLS: u64 = 128;
 
 /// The kernel: `out(2) = a(0) + b(1)`, element-wise over contiguous tensors.
-fn vector_add(ctx: &mut KernelCtx<'_>) -> Result<(), KernelError> {
+fn vector_add(ctx: &mut KernelCtx<'_>) -> CallbackResult {
     let a = ctx.input::<f32>(0)?;
     let b = ctx.input::<f32>(1)?;
     let mut out = ctx.output::<f32>(2)?;
@@ -26,7 +26,7 @@ fn vector_add(ctx: &mut KernelCtx<'_>) -> Result<(), KernelError> {
     let b = b.as_slice().ok_or("b must be contiguous")?;
     let out = out.as_mut_slice().ok_or("out must be contiguous")?;
     if a.len() != out.len() || b.len() != out.len() {
-        return Err(KernelError::new("a, b and out differ in length"));
+        return Err("a, b and out differ in length".into());
     }
     for ((o, x), y) in out.iter_mut().zip(a).zip(b) {
         *o = x + y;

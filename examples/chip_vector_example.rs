@@ -9,20 +9,18 @@
 
 use std::error::Error;
 use std::process::ExitCode;
-use strata::chip::{
-    ChipConfig, ChipWorker, CoreArgs, KernelCtx, KernelError, RunArgs, TensorCreateInfo,
-};
-use strata::types::{CallConfig, DataType};
+use strata::chip::{ChipConfig, ChipWorker, CoreArgs, KernelCtx, RunArgs, TensorCreateInfo};
+use strata::types::{CallConfig, CallbackResult, DataType};
 
 const N: u64 = 16384;
 
 /// `out(2) = op(x(0), y(1))` element-wise over contiguous f32 tensors.
-fn elementwise(ctx: &mut KernelCtx<'_>, op: fn(f32, f32) -> f32) -> Result<(), KernelError> {
+fn elementwise(ctx: &mut KernelCtx<'_>, op: fn(f32, f32) -> f32) -> CallbackResult {
     let x = ctx.input::<f32>(0)?;
     let y = ctx.input::<f32>(1)?;
     let mut out = ctx.output::<f32>(2)?;
     let (Some(x), Some(y), Some(out)) = (x.as_slice(), y.as_slice(), out.as_mut_slice()) else {
-        return Err(KernelError::new("contiguous tensors expected"));
+        return Err("contiguous tensors expected".into());
     };
     for ((o, a), b) in out.iter_mut().zip(x).zip(y) {
         *o = op(*a, *b);

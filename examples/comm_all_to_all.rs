@@ -13,18 +13,14 @@
 use std::process::ExitCode;
 use strata::chip::ChipConfig;
 use strata::comm::collective_signal_cells;
-use strata::dist::DistConfig;
 use strata::types::{ArgTag, DataType, TaskArgs};
-use strata::{Error, Worker, WorkerConfig};
+use strata::{Error, Worker};
 
 const P: u64 = 4;
 const C: u64 = 64; // elements per chunk
 
 fn run() -> Result<String, Error> {
-    let mut w = Worker::new(
-        3,
-        WorkerConfig::Dist(DistConfig::l3(vec![ChipConfig::default(); P as usize], 0)),
-    )?;
+    let mut w = Worker::l3(vec![ChipConfig::default(); P as usize], 0)?;
     // Rank s's chunk for rank r holds 1000 s + 100 r + i: its origin is readable.
     let xs: Vec<i32> = (0..P)
         .flat_map(|s| {
@@ -66,7 +62,7 @@ fn run() -> Result<String, Error> {
             let have = &got[r * m + s * c..r * m + (s + 1) * c];
             let golden = &xs[s * m + r * c..s * m + (r + 1) * c]; // rank s's chunk for r
             if have != golden {
-                return Err(Error::InvalidArgs(format!(
+                return Err(Error::InvalidArgument(format!(
                     "rank {r}, target chunk {s}: {:?}..., the host golden is {:?}...",
                     &have[..3],
                     &golden[..3]

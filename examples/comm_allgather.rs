@@ -13,18 +13,14 @@
 use std::process::ExitCode;
 use strata::chip::ChipConfig;
 use strata::comm::collective_signal_cells;
-use strata::dist::DistConfig;
 use strata::types::{ArgTag, DataType, TaskArgs};
-use strata::{Error, Worker, WorkerConfig};
+use strata::{Error, Worker};
 
 const P: u64 = 4;
 const M: u64 = 256; // elements each rank contributes
 
 fn run() -> Result<String, Error> {
-    let mut w = Worker::new(
-        3,
-        WorkerConfig::Dist(DistConfig::l3(vec![ChipConfig::default(); P as usize], 0)),
-    )?;
+    let mut w = Worker::l3(vec![ChipConfig::default(); P as usize], 0)?;
     let xs: Vec<f32> = (0..P * M).map(|i| i as f32 * 0.25).collect();
     let x = w.shared_tensor_from(&[P, M], &xs)?;
     // y[r, :] = rank r's whole target (P x M elements).
@@ -60,7 +56,7 @@ fn run() -> Result<String, Error> {
     for (r, target) in got.chunks((P * M) as usize).enumerate() {
         if target != xs.as_slice() {
             let bad = (0..xs.len()).find(|&i| target[i] != xs[i]).unwrap_or(0);
-            return Err(Error::InvalidArgs(format!(
+            return Err(Error::InvalidArgument(format!(
                 "rank {r}: target[{}, {}] = {}, the host golden is {}",
                 bad / M as usize,
                 bad % M as usize,

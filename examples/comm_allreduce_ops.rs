@@ -13,18 +13,14 @@
 use std::process::ExitCode;
 use strata::chip::ChipConfig;
 use strata::comm::{signal_cells, AllreduceAlgo, ReduceOp};
-use strata::dist::DistConfig;
 use strata::types::{ArgTag, DataType, TaskArgs};
-use strata::{Error, Worker, WorkerConfig};
+use strata::{Error, Worker};
 
 const P: u64 = 4;
 const M: u64 = 64; // elements per rank (a multiple of P, as the ring needs)
 
 fn run() -> Result<String, Error> {
-    let mut w = Worker::new(
-        3,
-        WorkerConfig::Dist(DistConfig::l3(vec![ChipConfig::default(); P as usize], 0)),
-    )?;
+    let mut w = Worker::l3(vec![ChipConfig::default(); P as usize], 0)?;
     // Small multiples of 0.5: sums and products are exact in f32 whatever the fold order.
     let xs: Vec<f32> = (0..P * M)
         .map(|i| ((i * 7) % 5) as f32 * 0.5 + 1.0)
@@ -84,7 +80,7 @@ fn run() -> Result<String, Error> {
             let at = (c * P as usize + r) * M as usize;
             let have = &got[at..at + M as usize];
             if have != golden.as_slice() {
-                return Err(Error::InvalidArgs(format!(
+                return Err(Error::InvalidArgument(format!(
                     "{op:?} / {algo:?}: rank {r} holds {:?}..., the host golden is {:?}...",
                     &have[..4],
                     &golden[..4]

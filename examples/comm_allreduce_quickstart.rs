@@ -15,17 +15,13 @@
 use std::process::ExitCode;
 use strata::chip::{ChipConfig, CoreArgs, KernelError};
 use strata::comm::{signal_cells, AllreduceAlgo, Comm, DistributedTensor, ReduceOp};
-use strata::dist::DistConfig;
-use strata::types::{ArgTag, DataType, TaskArgs};
-use strata::{Error, Worker, WorkerConfig};
+use strata::types::{DataType, TaskArgs};
+use strata::{Error, Worker};
 
 const N: u64 = 1024;
 
 fn run() -> Result<String, Error> {
-    let mut w = Worker::new(
-        3,
-        WorkerConfig::Dist(DistConfig::l3(vec![ChipConfig::default(); 2], 0)),
-    )?;
+    let mut w = Worker::l3(vec![ChipConfig::default(); 2], 0)?;
 
     // The kernel each rank runs. Tensor 0 is its input row, tensor 1 its output row;
     // scalars 0..4 name the data window, 4..8 the signal window.
@@ -72,12 +68,12 @@ fn run() -> Result<String, Error> {
         let signal = o.window(&buf, 4 * N, &[cells], DataType::I32)?;
         let mut per_rank = Vec::new();
         for r in 0..2 {
-            let mut a = TaskArgs::new();
-            a.push_tensor(xa.arg_view(xa.view().slice(0, r, r + 1)?, ArgTag::Input)?)?
-                .push_tensor(ya.arg_view(ya.view().slice(0, r, r + 1)?, ArgTag::OutputExisting)?)?
+            let mut a = TaskArgs::new()
+                .input(xa.slice(0, r, r + 1))
+                .output_existing(ya.slice(0, r, r + 1))
                 // The windows as dependencies (the kernel reaches them in place) ...
-                .push_tensor(data.arg(ArgTag::InOut))?
-                .push_tensor(signal.arg(ArgTag::InOut))?;
+                .inout(&data)
+                .inout(&signal);
             // ... and as the scalars the kernel opens them by.
             data.push_to(&mut a)?;
             signal.push_to(&mut a)?;
@@ -96,7 +92,7 @@ fn run() -> Result<String, Error> {
     let golden: Vec<f32> = (1..=N).map(|i| 11.0 * i as f32).collect();
     for (r, row) in got.chunks(N as usize).enumerate() {
         if row != golden.as_slice() {
-            return Err(Error::InvalidArgs(format!(
+            return Err(Error::InvalidArgument(format!(
                 "rank {r} sees {:?}..., the host golden is {:?}...",
                 &row[..3],
                 &golden[..3]

@@ -16,19 +16,15 @@
 use std::process::ExitCode;
 use strata::chip::{ChipConfig, CoreArgs, KernelError};
 use strata::comm::{Comm, DistributedTensor};
-use strata::dist::DistConfig;
 use strata::types::{ArgTag, DataType, TaskArgs};
-use strata::{Error, Worker, WorkerConfig};
+use strata::{Error, Worker};
 
 const P: u64 = 4;
 const M: u64 = 64;
 const CELLS: u64 = 16; // barrier rows 0..P, padded to one cache line
 
 fn run() -> Result<String, Error> {
-    let mut w = Worker::new(
-        3,
-        WorkerConfig::Dist(DistConfig::l3(vec![ChipConfig::default(); P as usize], 0)),
-    )?;
+    let mut w = Worker::l3(vec![ChipConfig::default(); P as usize], 0)?;
     // Tensor 0: this rank's input row; tensor 1: its output row; scalars: the data window,
     // then the signal window.
     let kernel = w.register_kernel("store_barrier_load", |ctx| {
@@ -74,14 +70,11 @@ fn run() -> Result<String, Error> {
         for k in 0..2 {
             let mut per_rank = Vec::new();
             for r in 0..P {
-                let at = |t: &strata::host::SharedTensor| {
-                    t.view().slice(0, k, k + 1)?.slice(1, r, r + 1)
-                };
-                let mut a = TaskArgs::new();
-                a.push_tensor(xa.arg_view(at(&xa)?, ArgTag::Input)?)?
-                    .push_tensor(ya.arg_view(at(&ya)?, ArgTag::OutputExisting)?)?
-                    .push_tensor(data.arg(ArgTag::InOut))?
-                    .push_tensor(signal.arg(ArgTag::InOut))?;
+                let mut a = TaskArgs::new()
+                    .input(xa.window(&[k, r, 0], &[1, 1, M]))
+                    .output_existing(ya.window(&[k, r, 0], &[1, 1, M]))
+                    .inout(&data)
+                    .inout(&signal);
                 data.push_to(&mut a)?;
                 signal.push_to(&mut a)?;
                 per_rank.push(a);
@@ -107,7 +100,7 @@ fn run() -> Result<String, Error> {
             let have = &got[(k * p + r) * m..(k * p + r + 1) * m];
             let golden = &xs[(k * p + (r + 1) % p) * m..(k * p + (r + 1) % p + 1) * m];
             if have != golden {
-                return Err(Error::InvalidArgs(format!(
+                return Err(Error::InvalidArgument(format!(
                     "round {k}, rank {r} loaded {:?}..., rank {}'s row is {:?}...",
                     &have[..3],
                     (r + 1) % p,
@@ -117,7 +110,7 @@ fn run() -> Result<String, Error> {
         }
     }
     if left.iter().any(|&v| v != 0) {
-        return Err(Error::InvalidArgs(format!(
+        return Err(Error::InvalidArgument(format!(
             "the barrier left a tally in the signal buffer: {left:?}"
         )));
     }

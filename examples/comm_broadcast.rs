@@ -12,19 +12,15 @@
 use std::process::ExitCode;
 use strata::chip::ChipConfig;
 use strata::comm::collective_signal_cells;
-use strata::dist::DistConfig;
 use strata::types::{ArgTag, DataType, TaskArgs};
-use strata::{Error, Worker, WorkerConfig};
+use strata::{Error, Worker};
 
 const P: u64 = 4;
 const M: u64 = 1000; // elements per rank
 const ROOT: u32 = 2;
 
 fn run() -> Result<String, Error> {
-    let mut w = Worker::new(
-        3,
-        WorkerConfig::Dist(DistConfig::l3(vec![ChipConfig::default(); P as usize], 0)),
-    )?;
+    let mut w = Worker::l3(vec![ChipConfig::default(); P as usize], 0)?;
     // Row r = 1000 r + i: every rank starts with different data.
     let xs: Vec<i32> = (0..P * M).map(|i| i as i32).collect();
     let x = w.shared_tensor_from(&[P, M], &xs)?;
@@ -57,7 +53,7 @@ fn run() -> Result<String, Error> {
     let golden = &xs[(ROOT as usize) * M as usize..(ROOT as usize + 1) * M as usize];
     for (r, row) in got.chunks(M as usize).enumerate() {
         if row != golden {
-            return Err(Error::InvalidArgs(format!(
+            return Err(Error::InvalidArgument(format!(
                 "rank {r} holds {:?}..., root {ROOT}'s row is {:?}...",
                 &row[..3],
                 &golden[..3]

@@ -13,18 +13,14 @@
 use std::process::ExitCode;
 use strata::chip::ChipConfig;
 use strata::comm::{collective_signal_cells, ReduceOp};
-use strata::dist::DistConfig;
 use strata::types::{ArgTag, DataType, TaskArgs};
-use strata::{Error, Worker, WorkerConfig};
+use strata::{Error, Worker};
 
 const P: u64 = 4;
 const C: u64 = 128; // elements per chunk; each rank holds P chunks
 
 fn run() -> Result<String, Error> {
-    let mut w = Worker::new(
-        3,
-        WorkerConfig::Dist(DistConfig::l3(vec![ChipConfig::default(); P as usize], 0)),
-    )?;
+    let mut w = Worker::l3(vec![ChipConfig::default(); P as usize], 0)?;
     let m = P * C;
     let xs: Vec<i32> = (0..P * m).map(|i| (i % 97) as i32 - 40).collect();
     let x = w.shared_tensor_from(&[P, m], &xs)?;
@@ -67,7 +63,7 @@ fn run() -> Result<String, Error> {
                 xs[r * m + s * c..r * m + (s + 1) * c].to_vec() // unchanged
             };
             if have != golden.as_slice() {
-                return Err(Error::InvalidArgs(format!(
+                return Err(Error::InvalidArgument(format!(
                     "rank {r}, chunk {s}: {:?}..., the host golden is {:?}...",
                     &have[..3],
                     &golden[..3]

@@ -8,17 +8,13 @@
 
 use std::process::ExitCode;
 use strata::chip::{ChipConfig, CoreArgs, KernelError};
-use strata::dist::DistConfig;
-use strata::types::{ArgTag, DataType, TaskArgs};
-use strata::{Error, Worker, WorkerConfig};
+use strata::types::{DataType, TaskArgs};
+use strata::{Error, Worker};
 
 const N: u64 = 1 << 16;
 
 fn run() -> Result<String, Error> {
-    let mut w = Worker::new(
-        3,
-        WorkerConfig::Dist(DistConfig::l3(vec![ChipConfig::default(); 2], 1)),
-    )?;
+    let mut w = Worker::l3(vec![ChipConfig::default(); 2], 1)?;
     let add = w.register_kernel("vadd", |ctx| {
         let a = ctx.input::<f32>(0)?.to_vec();
         let b = ctx.input::<f32>(1)?.to_vec();
@@ -70,16 +66,10 @@ fn run() -> Result<String, Error> {
             .into_iter()
             .enumerate()
         {
-            let mut a = TaskArgs::new();
-            a.push_tensor(x.arg(ArgTag::Input))?
-                .push_tensor(y.arg(ArgTag::Input))?
-                .push_tensor(r.arg(ArgTag::Output))?;
+            let a = TaskArgs::new().input(x).input(y).output(r);
             o.submit_next_level(vadd, &a, chip)?;
         }
-        let mut a = TaskArgs::new();
-        a.push_tensor(r0.arg(ArgTag::Input))?
-            .push_tensor(r1.arg(ArgTag::Input))?
-            .push_tensor(oa.arg(ArgTag::OutputExisting))?;
+        let a = TaskArgs::new().input(&r0).input(&r1).output_existing(&oa);
         o.submit_sub(&sum, &a)?;
         Ok(())
     })?;
@@ -95,7 +85,7 @@ fn run() -> Result<String, Error> {
         .map(|i| inputs[0][i] + inputs[1][i] + inputs[2][i] + inputs[3][i])
         .collect();
     if let Some(i) = (0..N as usize).find(|&i| got[i] != golden[i]) {
-        return Err(Error::InvalidArgs(format!(
+        return Err(Error::InvalidArgument(format!(
             "out[{i}] = {}, the host golden is {}",
             got[i], golden[i]
         )));

@@ -20,10 +20,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 use strata::chip::{CoreArgs, KernelError};
-use strata::dist::DistConfig;
 use strata::host::SharedTensor;
 use strata::types::{ArgTag, DataType, TaskArgs};
-use strata::{Worker, WorkerConfig};
+use strata::Worker;
 use strata_net::daemon::DaemonConfig;
 use strata_net::{add_remote_worker, RemoteSpec, Secret};
 
@@ -95,7 +94,7 @@ fn stop_node(mut n: Node) -> Result<(), String> {
 /// daemon, with this program's arguments), `init` serves instead of returning.
 fn run(addrs: [String; 2], secret: Option<Secret>) -> Result<String, String> {
     let e = |e: strata::Error| e.to_string();
-    let mut top = Worker::new(4, WorkerConfig::Dist(DistConfig::l4(1))).map_err(e)?;
+    let mut top = Worker::l4(1).map_err(e)?;
     let add = top
         .register_kernel("vadd", |ctx| {
             let a = ctx.input::<f32>(0)?.to_vec();

@@ -11,22 +11,18 @@
 
 use std::process::ExitCode;
 use strata::chip::{ChipConfig, CoreArgs, KernelError};
-use strata::dist::DistConfig;
 use strata::host::SharedTensor;
-use strata::types::{ArgTag, DataType, TaskArgs};
-use strata::{Error, Worker, WorkerConfig};
+use strata::types::{DataType, TaskArgs};
+use strata::{Error, Worker};
 
 const N: u64 = 1 << 14;
 
 fn level3() -> Result<Worker, Error> {
-    Worker::new(
-        3,
-        WorkerConfig::Dist(DistConfig::l3(vec![ChipConfig::default(); 2], 1)),
-    )
+    Worker::l3(vec![ChipConfig::default(); 2], 1)
 }
 
 fn run() -> Result<String, Error> {
-    let mut top = Worker::new(4, WorkerConfig::Dist(DistConfig::l4(1)))?;
+    let mut top = Worker::l4(1)?;
     let add = top.register_kernel("vadd", |ctx| {
         let a = ctx.input::<f32>(0)?.to_vec();
         let b = ctx.input::<f32>(1)?.to_vec();
@@ -71,16 +67,10 @@ fn run() -> Result<String, Error> {
             .into_iter()
             .enumerate()
         {
-            let mut a = TaskArgs::new();
-            a.push_tensor(x.with_tag(ArgTag::Input))?
-                .push_tensor(y.with_tag(ArgTag::Input))?
-                .push_tensor(r.arg(ArgTag::Output))?;
+            let a = TaskArgs::new().input(x).input(y).output(r);
             o.submit_next_level(vadd, &a, chip)?;
         }
-        let mut a = TaskArgs::new();
-        a.push_tensor(r0.arg(ArgTag::Input))?
-            .push_tensor(r1.arg(ArgTag::Input))?
-            .push_tensor(t[4].with_tag(ArgTag::OutputExisting))?;
+        let a = TaskArgs::new().input(&r0).input(&r1).output_existing(t[4]);
         o.submit_sub(&sum, &a)?;
         Ok(())
     })?;
@@ -103,11 +93,11 @@ fn run() -> Result<String, Error> {
                 *g += x;
             }
             let t = top.shared_tensor_from(&[N], &v)?;
-            a.push_tensor(t.arg(ArgTag::Input))?;
+            a = a.input(&t);
             inputs.push(t);
         }
         let out = top.shared_tensor(&[N], DataType::F32)?;
-        a.push_tensor(out.arg(ArgTag::OutputExisting))?;
+        a = a.output_existing(&out);
         child_args.push(a);
         child_outs.push(out);
     }
@@ -119,10 +109,10 @@ fn run() -> Result<String, Error> {
         for (a, &worker) in child_args.iter().zip(&children) {
             o.submit_next_level(l3_sum, a, worker)?;
         }
-        let mut a = TaskArgs::new();
-        a.push_tensor(outs[0].arg(ArgTag::Input))?
-            .push_tensor(outs[1].arg(ArgTag::Input))?
-            .push_tensor(tot.arg(ArgTag::OutputExisting))?;
+        let a = TaskArgs::new()
+            .input(&outs[0])
+            .input(&outs[1])
+            .output_existing(&tot);
         o.submit_sub(&sum, &a)?;
         Ok(())
     })?;
@@ -135,7 +125,7 @@ fn run() -> Result<String, Error> {
     top.close()?;
 
     if let Some(i) = (0..N as usize).find(|&i| got[i] != golden[i]) {
-        return Err(Error::InvalidArgs(format!(
+        return Err(Error::InvalidArgument(format!(
             "total[{i}] = {}, the host golden is {}",
             got[i], golden[i]
         )));

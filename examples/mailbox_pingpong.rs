@@ -29,17 +29,20 @@ impl Summer {
 }
 
 impl Handler for Summer {
-    fn task(&mut self, req: &TaskRequest<'_>) -> Result<(), Failure> {
+    fn task(&mut self, req: &TaskRequest<'_>) -> Result<(), FailureReport> {
         let sum: u64 = req.args.scalars().iter().sum();
         self.accumulator().fetch_add(sum, Ordering::Relaxed);
         self.tasks += 1;
         Ok(())
     }
 
-    fn control(&mut self, req: &ControlRequest<'_>) -> Result<ControlReply, Failure> {
+    fn control(&mut self, req: &ControlRequest<'_>) -> Result<ControlReply, FailureReport> {
         match req.command {
             TALLY => Ok(ControlReply::new(self.tasks)),
-            c => Err(Failure::new(codes::UNSUPPORTED, format!("no command {c}"))),
+            c => Err(FailureReport::new(
+                codes::UNSUPPORTED,
+                format!("no command {c}"),
+            )),
         }
     }
 }
@@ -81,10 +84,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let started = Instant::now();
     let mut expected = 0u64;
     for round in 1..=ROUNDS {
-        let mut args = TaskArgs::new();
-        args.push_scalar(round)?.push_scalar(round * 3)?;
+        let args = TaskArgs::new().scalar(round).scalar(round * 3);
         expected += round * 4;
-        let blob = encode_args_blob(&args);
+        let blob = encode_args_blob(&args)?;
         let slot = if round % 2 == 0 {
             TaskSlot::Slot0
         } else {

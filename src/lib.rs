@@ -6,15 +6,35 @@
 //! are inferred from how tasks tag their tensors; every level gives the result of running
 //! its tasks one by one in submit order.
 //!
-//! [`Worker`] is the one facade for every level; the layers are re-exported below.
+//! What a user writes (`docs/guide.md`): a [`Program`] — a signature and an orchestration,
+//! with the kernels, chip orchestrations and sub-worker callbacks it uses —
+//! [compiled](Program::compile) for a [`Target`], then [run once](Compiled::run_once) or
+//! [prepared](Compiled::prepare) into a [`PreparedWorker`] and dispatched many times, with
+//! resident [`DeviceTensor`]s and [`StackedDeviceTensor`]s. [`Worker`] is the lower-level
+//! facade of the engine itself (register, init, submit, close). The layers are re-exported
+//! below; [`prelude`] brings what programs use into scope.
 
+mod error;
+mod handle;
+pub mod prelude;
+mod prepared;
+pub mod program;
+mod tensors;
 mod worker;
 
+pub use error::Error;
+pub use handle::{DispatchHandle, MAX_WAIT};
+pub use prepared::{CopyRange, Prepare, PreparedWorker, Registration};
+pub use program::args::{Arg, IntoArgs, ProgramArgs, ProgramTensor};
+pub use program::{Compiled, Program, Signature, Target};
 pub use strata_chip as chip;
+pub use strata_chip::DeviceTensor;
 pub use strata_comm as comm;
 pub use strata_dist as dist;
 pub use strata_graph as graph;
+pub use strata_graph::FailureKind;
 pub use strata_host as host;
 pub use strata_mailbox as mailbox;
 pub use strata_types as types;
-pub use worker::{Callable, Error, RunHandle, Worker, WorkerConfig};
+pub use tensors::StackedDeviceTensor;
+pub use worker::{Callable, Worker};

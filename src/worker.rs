@@ -1,55 +1,18 @@
-//! The `Worker` facade: one type for every level — a chip (L2), a host with chips and
-//! sub-workers (L3), a host whose children are level-3 workers (L4) — with the same
-//! register / init / submit / run / close lifecycle.
+//! The engine's own facade: one `Worker` type for every level — a chip (L2), a host with
+//! chips and sub-workers (L3), a host whose children are level-3 workers (L4) — with the
+//! register → init → submit / run → close lifecycle. Programs and prepared workers
+//! (`crate::program`, `crate::PreparedWorker`) are built on the same engine; this is the
+//! layer beneath them, for users who register callables themselves.
 
+use crate::error::Error;
+use crate::handle::{DispatchHandle, DispatchState};
 use std::sync::Arc;
-use strata_chip::{ChipConfig, ChipWorker, KernelHandle, OrchHandle, RunArgs, TaskArgsError};
-use strata_dist::{
-    ChildTensor, DistConfig, DistError, DistWorker, HostOrchHandle, Orch, OrchError, SubHandle,
-};
+use strata_chip::TaskArgsError;
+use strata_chip::{ChipConfig, ChipWorker, DeviceTensor, KernelHandle, OrchHandle, RunArgs};
+use strata_dist::{DistConfig, DistWorker, HostOrchHandle, Orch, SubHandle};
 use strata_host::{SharedMemory, SharedTensor};
+use strata_types::CallbackResult;
 use strata_types::{CallConfig, DataType, Element, IdentityMinter, TaskArgs};
-use thiserror::Error;
-
-/// Errors of the facade.
-#[derive(Debug, Error)]
-#[non_exhaustive]
-pub enum Error {
-    /// An error of a level-3/4 worker.
-    #[error(transparent)]
-    Dist(#[from] DistError),
-    /// An error of a chip (level-2 worker).
-    #[error(transparent)]
-    Chip(#[from] strata_chip::ChipError),
-    /// An error of shared memory.
-    #[error(transparent)]
-    Host(#[from] strata_host::HostError),
-    /// Bad task arguments (too many, a view outside its buffer, ...).
-    #[error(transparent)]
-    Types(#[from] strata_types::TypesError),
-    /// An operation this level does not have (and which level does).
-    #[error("{op} is not available on a level-{level} worker: {hint}")]
-    Level {
-        /// The operation.
-        op: &'static str,
-        /// The worker's level.
-        level: u8,
-        /// Where it is available.
-        hint: &'static str,
-    },
-    /// Bad arguments.
-    #[error("{0}")]
-    InvalidArgs(String),
-}
-
-/// Configuration of a [`Worker`] of any level.
-#[derive(Debug, Clone)]
-pub enum WorkerConfig {
-    /// A chip.
-    Chip(ChipConfig),
-    /// A level-3 or level-4 worker.
-    Dist(DistConfig),
-}
 
 /// What a run executes: a chip orchestration (on a level-2 worker) or a host orchestration
 /// (on level 3 and up).
@@ -95,11 +58,10 @@ enum Inner {
 /// [`Worker::submit`] / [`Worker::run`] many times → [`Worker::close`] (also on drop).
 ///
 /// ```no_run
-/// use strata::{Worker, WorkerConfig};
-/// use strata::dist::DistConfig;
+/// use strata::Worker;
 /// use strata::types::{ArgTag, TaskArgs};
 ///
-/// let mut w = Worker::new(3, WorkerConfig::Dist(DistConfig::l3(vec![], 1)))?;
+/// let mut w = Worker::l3(vec![], 1)?; // no chips, one sub-worker
 /// let x = w.shared_tensor_from(&[3], &[1i32, 2, 3])?;
 /// let inc = w.register_sub("inc", |call| {
 ///     let mut t = call.tensor_mut::<i32>(0)?;
@@ -118,85 +80,89 @@ enum Inner {
 /// # Ok::<(), strata::Error>(())
 /// ```
 pub struct Worker {
-    level: u8,
     inner: Inner,
+    runs: u64,
 }
 
 impl std::fmt::Debug for Worker {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Worker")
-            .field("level", &self.level)
+            .field("level", &self.level())
             .finish_non_exhaustive()
     }
 }
 
 impl Worker {
-    /// A worker of `level` (2, 3 or 4) with a matching configuration.
+    /// A level-2 worker: one chip in this process.
     ///
     /// # Errors
-    /// A level that does not match the configuration, or an invalid configuration.
-    pub fn new(level: u8, config: WorkerConfig) -> Result<Self, Error> {
-        let inner = match (level, config) {
-            (2, WorkerConfig::Chip(c)) => Inner::Chip {
-                chip: Box::new(ChipWorker::new(c)?),
+    /// An invalid configuration.
+    pub fn chip(config: ChipConfig) -> Result<Worker, Error> {
+        Ok(Worker {
+            inner: Inner::Chip {
+                chip: Box::new(ChipWorker::new(config)?),
                 shared: SharedMemory::process().clone(),
                 minter: IdentityMinter::new(),
             },
-            (3 | 4, WorkerConfig::Dist(c)) => {
-                if c.level.number() != level {
-                    return Err(Error::InvalidArgs(format!(
-                        "Worker::new({level}, ..) was given a level-{} configuration",
-                        c.level.number()
-                    )));
-                }
-                Inner::Dist(Box::new(DistWorker::new(c)?))
-            }
-            (2, _) => {
-                return Err(Error::InvalidArgs(
-                    "a level-2 worker is a chip: pass WorkerConfig::Chip".into(),
-                ))
-            }
-            (3 | 4, _) => {
-                return Err(Error::InvalidArgs(format!(
-                    "a level-{level} worker needs WorkerConfig::Dist"
-                )))
-            }
-            (l, _) => {
-                return Err(Error::InvalidArgs(format!(
-                    "level {l} does not exist: use 2 (chip), 3 (host) or 4 (hosts of hosts)"
-                )))
-            }
-        };
-        Ok(Worker { level, inner })
+            runs: 0,
+        })
+    }
+
+    /// A level-3 worker with these chips (worker ids `0..chips.len()`) and
+    /// `sub_workers` host sub-workers, with the engine's default settings.
+    ///
+    /// # Errors
+    /// An invalid configuration.
+    pub fn l3(chips: Vec<ChipConfig>, sub_workers: usize) -> Result<Worker, Error> {
+        Worker::with_config(DistConfig::l3(chips, sub_workers))
+    }
+
+    /// A level-4 worker with `sub_workers` host sub-workers; add its level-3 children with
+    /// [`Worker::add_worker`].
+    ///
+    /// # Errors
+    /// An invalid configuration.
+    pub fn l4(sub_workers: usize) -> Result<Worker, Error> {
+        Worker::with_config(DistConfig::l4(sub_workers))
+    }
+
+    /// A level-3 or level-4 worker with every engine setting given (the level is the
+    /// configuration's: `DistConfig::l3` or `DistConfig::l4`).
+    ///
+    /// # Errors
+    /// An invalid configuration.
+    pub fn with_config(config: DistConfig) -> Result<Worker, Error> {
+        Ok(Worker {
+            inner: Inner::Dist(Box::new(DistWorker::new(config)?)),
+            runs: 0,
+        })
     }
 
     /// The level (2, 3 or 4).
     pub fn level(&self) -> u8 {
-        self.level
+        match &self.inner {
+            Inner::Chip { .. } => 2,
+            Inner::Dist(d) => d.level().number(),
+        }
     }
 
     fn dist(&mut self, op: &'static str) -> Result<&mut DistWorker, Error> {
         match &mut self.inner {
             Inner::Dist(d) => Ok(d),
-            Inner::Chip { .. } => Err(Error::Level {
-                op,
-                level: 2,
-                hint: "it is a level-3/4 operation",
-            }),
+            Inner::Chip { .. } => Err(Error::InvalidArgument(format!(
+                "{op} is not available on a level-2 worker (a chip): it is a level-3/4 operation"
+            ))),
         }
     }
 
-    /// Registers a kernel (for this chip, or for the chip children of a level-3 worker).
+    /// Registers a kernel (for this chip, or for the chip children of a level-3 worker;
+    /// on a level-4 worker, for its level-3 children's chips).
     ///
     /// # Errors
-    /// A registration error. (On a level-4 worker, registrations cascade to its level-3
-    /// children.)
+    /// A registration error.
     pub fn register_kernel<F>(&mut self, name: &str, f: F) -> Result<KernelHandle, Error>
     where
-        F: Fn(&mut strata_chip::KernelCtx<'_>) -> Result<(), strata_chip::KernelError>
-            + Send
-            + Sync
-            + 'static,
+        F: Fn(&mut strata_chip::KernelCtx<'_>) -> CallbackResult + Send + Sync + 'static,
     {
         match &mut self.inner {
             Inner::Chip { chip, .. } => Ok(chip.register_kernel_fn(name, f)?),
@@ -210,10 +176,7 @@ impl Worker {
     /// A registration error.
     pub fn register_chip_orchestration<F>(&mut self, name: &str, f: F) -> Result<OrchHandle, Error>
     where
-        F: Fn(
-                &mut strata_chip::ChipOrch,
-                &strata_chip::ChipArgs,
-            ) -> Result<(), strata_chip::ChipError>
+        F: Fn(&mut strata_chip::ChipOrch, &strata_chip::ChipArgs) -> CallbackResult
             + Send
             + Sync
             + 'static,
@@ -230,7 +193,7 @@ impl Worker {
     /// On a level-2 worker.
     pub fn register_orchestration<F>(&mut self, name: &str, f: F) -> Result<HostOrchHandle, Error>
     where
-        F: Fn(&mut Orch<'_>, &TaskArgs) -> Result<(), OrchError> + Send + Sync + 'static,
+        F: Fn(&mut Orch<'_>, &TaskArgs) -> CallbackResult + Send + Sync + 'static,
     {
         Ok(self
             .dist("register_orchestration")?
@@ -243,27 +206,23 @@ impl Worker {
     /// On a level-2 worker.
     pub fn register_sub<F>(&mut self, name: &str, f: F) -> Result<SubHandle, Error>
     where
-        F: Fn(&mut strata_host::SubCall<'_>) -> Result<(), String> + Send + Sync + 'static,
+        F: Fn(&mut strata_host::SubCall<'_>) -> CallbackResult + Send + Sync + 'static,
     {
         Ok(self.dist("register_sub")?.register_sub(name, f))
     }
 
-    /// Adds a level-3 worker as a child of this level-4 worker (before init).
+    /// Adds a level-3 worker as a child of this level-4 worker (before init); returns its
+    /// worker id.
     ///
     /// # Errors
     /// Not a level-4 worker, or a child that is not a new level-3 worker.
     pub fn add_worker(&mut self, child: Worker) -> Result<usize, Error> {
-        let Inner::Dist(c) = child.into_inner() else {
-            return Err(Error::InvalidArgs(
+        let Inner::Dist(c) = child.inner else {
+            return Err(Error::InvalidArgument(
                 "add_worker: the child must be a level-3 worker, not a chip".into(),
             ));
         };
         Ok(self.dist("add_worker")?.add_worker(*c)?)
-    }
-
-    fn into_inner(self) -> Inner {
-        // `Worker` has no Drop of its own; moving the field out is fine.
-        self.inner
     }
 
     /// A zeroed shared tensor every child (and this process) can see, zero-copy. Create
@@ -300,7 +259,7 @@ impl Worker {
     /// Starts the worker (a chip's threads; a host's child processes, then its scheduler).
     ///
     /// # Errors
-    /// See `ChipWorker::init` and `DistWorker::init`.
+    /// A child that fails to start, a fork refused beside other threads, ...
     pub fn init(&mut self) -> Result<(), Error> {
         match &mut self.inner {
             Inner::Chip { chip, .. } => Ok(chip.init()?),
@@ -308,9 +267,9 @@ impl Worker {
         }
     }
 
-    /// Starts a run and returns its handle. On a chip the run executes synchronously (the
-    /// handle is already complete); on level 3 and up the orchestration builds the run on
-    /// this thread and the handle completes when its tasks have.
+    /// Starts a run and returns its handle. On a chip the run executes before this returns
+    /// (the handle is complete); on level 3 and up the orchestration builds the run on this
+    /// thread and the handle completes when its tasks have.
     ///
     /// # Errors
     /// A callable of the wrong kind for the level, and the level's submit errors.
@@ -318,7 +277,7 @@ impl Worker {
         &mut self,
         callable: impl Into<Callable>,
         args: &TaskArgs,
-    ) -> Result<RunHandle, Error> {
+    ) -> Result<DispatchHandle, Error> {
         self.submit_with(callable, args, &CallConfig::default())
     }
 
@@ -331,22 +290,29 @@ impl Worker {
         callable: impl Into<Callable>,
         args: &TaskArgs,
         config: &CallConfig,
-    ) -> Result<RunHandle, Error> {
-        match (&mut self.inner, callable.into()) {
+    ) -> Result<DispatchHandle, Error> {
+        self.runs += 1;
+        let id = self.runs;
+        let state = match (&mut self.inner, callable.into()) {
             (Inner::Chip { chip, shared, .. }, Callable::Chip(h)) => {
-                let result = run_on_chip(chip, shared, &h, args, config);
-                Ok(RunHandle(HandleInner::Done(result)))
+                let outcome = run_on_chip(chip, shared, &h, args, config);
+                DispatchState::finished(id, "chip run".into(), outcome, Vec::new())
             }
             (Inner::Dist(d), Callable::Host(h)) => {
-                Ok(RunHandle(HandleInner::Dist(d.submit_with(&h, args, config)?)))
+                let run = d.submit_with(&h, args, config)?;
+                DispatchState::running(id, "run".into(), run, Vec::new())
             }
-            (Inner::Chip { .. }, Callable::Host(_)) => Err(Error::InvalidArgs(
-                "a level-2 worker (a chip) runs chip orchestrations, not host orchestrations".into(),
-            )),
-            (Inner::Dist(_), Callable::Chip(_)) => Err(Error::InvalidArgs(
+            (Inner::Chip { .. }, Callable::Host(_)) => {
+                return Err(Error::InvalidArgument(
+                    "a level-2 worker (a chip) runs chip orchestrations, not host orchestrations"
+                        .into(),
+                ))
+            }
+            (Inner::Dist(_), Callable::Chip(_)) => return Err(Error::InvalidArgument(
                 "a level-3/4 worker runs host orchestrations; submit chip orchestrations to its chips from inside one (Orch::submit_next_level)".into(),
             )),
-        }
+        };
+        Ok(DispatchHandle::new(Arc::new(state)))
     }
 
     /// [`Worker::submit`] and wait.
@@ -358,12 +324,12 @@ impl Worker {
             // The engine's own `run` waits at once, so its caller drives the scheduler loop
             // and the run's first hand-over wakes nobody.
             (Inner::Dist(d), Callable::Host(h)) => Ok(d.run(&h, args)?),
-            (_, callable) => self.submit(callable, args)?.wait(None),
+            (_, callable) => self.submit(callable, args)?.result(None),
         }
     }
 
     /// Allocates a tensor in the device memory of chip `worker` of a level-3 worker (a
-    /// level-2 worker's device memory is managed through [`Worker::chip`]).
+    /// level-2 worker's device memory is managed through [`Worker::chip_worker`]).
     ///
     /// # Errors
     /// A worker id that is not a chip, an allocation failure, a run in flight.
@@ -372,7 +338,7 @@ impl Worker {
         worker: usize,
         shape: &[u64],
         dtype: DataType,
-    ) -> Result<ChildTensor, Error> {
+    ) -> Result<DeviceTensor, Error> {
         Ok(self
             .dist("alloc_child_tensor")?
             .alloc_child_tensor(worker, shape, dtype)?)
@@ -382,7 +348,7 @@ impl Worker {
     ///
     /// # Errors
     /// A double free, a run in flight.
-    pub fn free(&mut self, t: ChildTensor) -> Result<(), Error> {
+    pub fn free(&mut self, t: DeviceTensor) -> Result<(), Error> {
         Ok(self.dist("free")?.free(t)?)
     }
 
@@ -390,7 +356,7 @@ impl Worker {
     ///
     /// # Errors
     /// Size mismatch, a freed tensor, a run in flight.
-    pub fn copy_to(&mut self, dst: &ChildTensor, src: &SharedTensor) -> Result<(), Error> {
+    pub fn copy_to(&mut self, dst: &DeviceTensor, src: &SharedTensor) -> Result<(), Error> {
         Ok(self.dist("copy_to")?.copy_to(dst, src)?)
     }
 
@@ -398,7 +364,7 @@ impl Worker {
     ///
     /// # Errors
     /// As [`Worker::copy_to`].
-    pub fn copy_from(&mut self, dst: &SharedTensor, src: &ChildTensor) -> Result<(), Error> {
+    pub fn copy_from(&mut self, dst: &SharedTensor, src: &DeviceTensor) -> Result<(), Error> {
         Ok(self.dist("copy_from")?.copy_from(dst, src)?)
     }
 
@@ -413,8 +379,19 @@ impl Worker {
         }
     }
 
+    /// `(free, total)` bytes of chip `worker`'s emulated card (on a chip: its own).
+    ///
+    /// # Errors
+    /// A worker that is not a chip, a run in flight.
+    pub fn device_memory_info(&mut self, worker: usize) -> Result<(u64, u64), Error> {
+        match &mut self.inner {
+            Inner::Chip { chip, .. } => Ok(chip.device_memory_info()?),
+            Inner::Dist(d) => Ok(d.device_memory_info(worker)?),
+        }
+    }
+
     /// The chip of a level-2 worker (its full API: device memory, swimlanes, ...).
-    pub fn chip(&mut self) -> Option<&mut ChipWorker> {
+    pub fn chip_worker(&mut self) -> Option<&mut ChipWorker> {
         match &mut self.inner {
             Inner::Chip { chip, .. } => Some(chip),
             Inner::Dist(_) => None,
@@ -432,7 +409,7 @@ impl Worker {
     /// Shuts the worker down (idempotent; also on drop).
     ///
     /// # Errors
-    /// See `ChipWorker::close` and `DistWorker::close`.
+    /// Children that ended abnormally, a chip that failed to stop.
     pub fn close(&mut self) -> Result<(), Error> {
         match &mut self.inner {
             Inner::Chip { chip, .. } => Ok(chip.close()?),
@@ -460,67 +437,14 @@ fn run_on_chip(
     };
     let mut run = converted.map_err(|e| match e {
         TaskArgsError::Shared { index, message } => {
-            Error::InvalidArgs(format!("tensor argument {index}: {message}"))
+            Error::InvalidArgument(format!("tensor argument {index}: {message}"))
         }
         TaskArgsError::Device { source, .. } => source.into(),
-        TaskArgsError::HostLocal { index } => Error::InvalidArgs(format!(
+        TaskArgsError::HostLocal { index } => Error::InvalidArgument(format!(
             "tensor argument {index}: use a SharedTensor (Worker::shared_tensor) for host data"
         )),
-        other => Error::InvalidArgs(other.to_string()),
+        other => Error::InvalidArgument(other.to_string()),
     })?;
     chip.run(h, &mut run, config)?;
     Ok(())
-}
-
-/// The same error again, for a second wait on a finished level-2 run (whose errors are
-/// only ever chip, argument and type errors).
-fn replay(e: &Error) -> Error {
-    match e {
-        Error::Chip(c) => Error::Chip(c.clone()),
-        Error::Types(t) => Error::Types(t.clone()),
-        other => Error::InvalidArgs(other.to_string()),
-    }
-}
-
-enum HandleInner {
-    Done(Result<(), Error>),
-    Dist(strata_dist::RunHandle),
-}
-
-/// A run of any level (see [`Worker::submit`]).
-pub struct RunHandle(HandleInner);
-
-impl std::fmt::Debug for RunHandle {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("RunHandle")
-    }
-}
-
-impl RunHandle {
-    /// Whether the run finished.
-    pub fn is_done(&self) -> bool {
-        match &self.0 {
-            HandleInner::Done(_) => true,
-            HandleInner::Dist(h) => h.is_done(),
-        }
-    }
-
-    /// Waits for the run (at most `timeout`, or forever).
-    ///
-    /// # Errors
-    /// The run's first error; a timeout (the run goes on; wait again).
-    pub fn wait(&mut self, timeout: Option<std::time::Duration>) -> Result<(), Error> {
-        match &mut self.0 {
-            HandleInner::Done(r) => r.as_ref().map(|_| ()).map_err(replay),
-            HandleInner::Dist(h) => Ok(h.wait(timeout)?),
-        }
-    }
-
-    /// Waits for the run without a timeout.
-    ///
-    /// # Errors
-    /// The run's first error.
-    pub fn result(mut self) -> Result<(), Error> {
-        self.wait(None)
-    }
 }

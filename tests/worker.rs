@@ -6,7 +6,7 @@ use strata::dist::DistConfig;
 use strata::host::{ExecMode, SharedTensor};
 use strata::types::{ArgTag, BufferDesc, BufferLocation, DataType, IdentityMinter, TaskArgs};
 use strata::types::{TensorArg, TensorView};
-use strata::{Callable, Error, Worker, WorkerConfig};
+use strata::{Callable, Error, Worker};
 
 fn tensors(ts: &[TensorArg]) -> TaskArgs {
     let mut a = TaskArgs::new();
@@ -54,7 +54,7 @@ fn ramp(w: &Worker, n: u64, k: f32) -> (SharedTensor, Vec<f32>) {
 
 #[test]
 fn a_level_2_worker_runs_chip_orchestrations_on_shared_tensors() {
-    let mut w = Worker::new(2, WorkerConfig::Chip(ChipConfig::default())).unwrap();
+    let mut w = Worker::chip(ChipConfig::default()).unwrap();
     assert_eq!(w.level(), 2);
     let (_, vadd) = register_vadd(&mut w);
     let (a, av) = ramp(&w, 300, 1.0);
@@ -72,10 +72,10 @@ fn a_level_2_worker_runs_chip_orchestrations_on_shared_tensors() {
         )
         .unwrap();
     assert!(h.is_done(), "a chip run is synchronous");
-    h.result().unwrap();
+    h.result(None).unwrap();
     let golden: Vec<f32> = av.iter().zip(&bv).map(|(x, y)| x + y).collect();
     assert_eq!(out.to_vec::<f32>().unwrap(), golden);
-    assert!(w.chip().is_some() && w.dist_worker().is_none());
+    assert!(w.chip_worker().is_some() && w.dist_worker().is_none());
     w.close().unwrap();
 }
 
@@ -83,7 +83,7 @@ fn a_level_2_worker_runs_chip_orchestrations_on_shared_tensors() {
 fn a_level_3_worker_sums_two_chips_on_a_sub_worker() {
     let n = 512;
     let cfg = DistConfig::l3(vec![ChipConfig::default(); 2], 1).with_exec_mode(ExecMode::Threads);
-    let mut w = Worker::new(3, WorkerConfig::Dist(cfg)).unwrap();
+    let mut w = Worker::with_config(cfg).unwrap();
     let (_, vadd) = register_vadd(&mut w);
     let sum = w
         .register_sub("sum", |call| {
@@ -132,11 +132,7 @@ fn a_level_3_worker_sums_two_chips_on_a_sub_worker() {
 
 #[test]
 fn a_level_4_worker_drives_two_level_3_workers() {
-    let mut top = Worker::new(
-        4,
-        WorkerConfig::Dist(DistConfig::l4(0).with_exec_mode(ExecMode::Threads)),
-    )
-    .unwrap();
+    let mut top = Worker::with_config(DistConfig::l4(0).with_exec_mode(ExecMode::Threads)).unwrap();
     let (_, vadd) = register_vadd(&mut top);
     let l3_vadd = top
         .register_orchestration("l3_vadd", move |o, a| {
@@ -151,11 +147,7 @@ fn a_level_4_worker_drives_two_level_3_workers() {
         })
         .unwrap();
     for _ in 0..2 {
-        let child = Worker::new(
-            3,
-            WorkerConfig::Dist(DistConfig::l3(vec![ChipConfig::default()], 0)),
-        )
-        .unwrap();
+        let child = Worker::l3(vec![ChipConfig::default()], 0).unwrap();
         top.add_worker(child).unwrap();
     }
     let (a, av) = ramp(&top, 64, 2.0);
@@ -189,24 +181,26 @@ fn a_level_4_worker_drives_two_level_3_workers() {
 
 #[test]
 fn mismatched_levels_and_callables_are_typed_errors() {
-    let chip = || WorkerConfig::Chip(ChipConfig::default());
-    let l3 = || WorkerConfig::Dist(DistConfig::l3(vec![], 1).with_exec_mode(ExecMode::Threads));
+    // Each level has its constructor; a configuration a level cannot have is refused.
+    let mut bad = DistConfig::l4(0);
+    bad.chips = vec![ChipConfig::default()];
     assert!(
-        matches!(Worker::new(3, chip()), Err(Error::InvalidArgs(m)) if m.contains("WorkerConfig::Dist"))
+        matches!(Worker::with_config(bad), Err(Error::Config(m)) if m.contains("level-3")),
+        "chips on a level-4 worker"
     );
+    let bad = ChipConfig {
+        aiv_cores: 100,
+        ..ChipConfig::default()
+    };
     assert!(
-        matches!(Worker::new(2, l3()), Err(Error::InvalidArgs(m)) if m.contains("WorkerConfig::Chip"))
-    );
-    assert!(
-        matches!(Worker::new(4, l3()), Err(Error::InvalidArgs(m)) if m.contains("level-3 configuration"))
-    );
-    assert!(
-        matches!(Worker::new(7, l3()), Err(Error::InvalidArgs(m)) if m.contains("does not exist"))
+        matches!(Worker::chip(bad), Err(Error::Config(_))),
+        "a chip with 100 AIV cores"
     );
 
     // A host orchestration on a chip, a chip orchestration on a host.
-    let mut w2 = Worker::new(2, chip()).unwrap();
-    let mut w3 = Worker::new(3, l3()).unwrap();
+    let mut w2 = Worker::chip(ChipConfig::default()).unwrap();
+    let mut w3 =
+        Worker::with_config(DistConfig::l3(vec![], 1).with_exec_mode(ExecMode::Threads)).unwrap();
     let (_, vadd) = register_vadd(&mut w2);
     let host = w3.register_orchestration("noop", |_, _| Ok(())).unwrap();
     w2.init().unwrap();
@@ -236,9 +230,10 @@ fn mismatched_levels_and_callables_are_typed_errors() {
     // Level-specific operations name the level that has them.
     assert!(matches!(
         w2.alloc_child_tensor(0, &[4], DataType::F32),
-        Err(Error::Level { level: 2, .. })
+        Err(Error::InvalidArgument(m)) if m.contains("level-2 worker")
     ));
-    let child = Worker::new(3, l3()).unwrap();
+    let child =
+        Worker::with_config(DistConfig::l3(vec![], 1).with_exec_mode(ExecMode::Threads)).unwrap();
     assert!(
         w3.add_worker(child).is_err(),
         "only a level-4 worker takes children"

@@ -14,9 +14,10 @@ use strata_dist::{ControlCommand, COPY_PAYLOAD_BYTES};
 use strata_host::SubRegistry;
 use strata_mailbox::layout::CONTROL_PAYLOAD_CAPACITY;
 use strata_mailbox::{
-    encode_args_blob, AssumeAlive, Child, ControlReply, ControlRequest, EncodedConfig, Failure,
-    FrameId, FrameIdentity, Handler, MailboxError, MailboxState, Parent, PublishHook, PublishKind,
-    ServeOptions, TaskPhase, TaskPublication, TaskRequest, TaskSlot, WaitOptions,
+    encode_args_blob, AssumeAlive, Child, ControlReply, ControlRequest, EncodedConfig,
+    FailureReport, FrameId, FrameIdentity, Handler, MailboxError, MailboxState, Parent,
+    PublishHook, PublishKind, ServeOptions, TaskPhase, TaskPublication, TaskRequest, TaskSlot,
+    WaitOptions,
 };
 use strata_types::wire::{decode_args, decode_config, encode_config, CALL_CONFIG_WIRE_BYTES};
 use strata_types::{ArgLimits, CallConfig, CallableId, TaskArgs};
@@ -34,8 +35,11 @@ pub fn args_blob(data: &[u8]) {
             for t in args.tensors() {
                 let _ = t.view.byte_span();
             }
-            let again = decode_args(&encode_args_blob(&args), limits)
-                .expect("a decoded argument list re-encodes to a valid blob");
+            let again = decode_args(
+                &encode_args_blob(&args).expect("decoded arguments re-encode"),
+                limits,
+            )
+            .expect("a decoded argument list re-encodes to a valid blob");
             assert_eq!(again, args, "argument blob does not round-trip");
         }
     }
@@ -50,7 +54,7 @@ pub fn call_config(data: &[u8]) {
     bytes[..n].copy_from_slice(&data[..n]);
     if let Ok(config) = decode_config(&bytes) {
         let mut again = [0u8; CALL_CONFIG_WIRE_BYTES];
-        encode_config(&config, &mut again);
+        encode_config(&config, &mut again).expect("a decoded config re-encodes");
         assert_eq!(
             decode_config(&again).expect("a decoded config re-encodes to a valid one"),
             config,
@@ -192,9 +196,7 @@ pub fn mailbox_parent(data: &[u8]) {
         return;
     };
     let config = EncodedConfig::default();
-    let mut args = TaskArgs::new();
-    let _ = args.push_scalar(3u64);
-    let blob = encode_args_blob(&args);
+    let blob = encode_args_blob(&TaskArgs::new().scalar(3u64)).expect("one scalar encodes");
     with_mailbox(|mb| {
         let _guard = armed();
         let now = WaitOptions::new()
@@ -261,12 +263,12 @@ pub fn mailbox_parent(data: &[u8]) {
 struct EchoHandler;
 
 impl Handler for EchoHandler {
-    fn task(&mut self, req: &TaskRequest<'_>) -> Result<(), Failure> {
-        let _ = (req.args.tensors().len(), req.config.timeout_ms);
+    fn task(&mut self, req: &TaskRequest<'_>) -> Result<(), FailureReport> {
+        let _ = (req.args.tensors().len(), req.config.timeout);
         Ok(())
     }
 
-    fn control(&mut self, req: &ControlRequest<'_>) -> Result<ControlReply, Failure> {
+    fn control(&mut self, req: &ControlRequest<'_>) -> Result<ControlReply, FailureReport> {
         Ok(ControlReply {
             result: req.arg0,
             payload: req.payload.to_vec(),

@@ -67,6 +67,12 @@ const BENCHES: &[Bench] = &[
         what: "L3 engine: one-task run round trip to a forked child vs a raw cache-line ping-pong; µs per task for chain / fan / wavefront sub-task DAGs (Process and Threads); init + close",
     },
     Bench {
+        name: "program",
+        package: "strata",
+        target: "program",
+        what: "the execution API: a 64 MiB weight upload staged and from inherited memory vs memcpy; the first dispatch cold vs prewarmed; PreparedWorker::call vs DistWorker::run round trip",
+    },
+    Bench {
         name: "allreduce",
         package: "strata-dist",
         target: "allreduce",

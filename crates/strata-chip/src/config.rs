@@ -137,7 +137,7 @@ pub struct ChipConfig {
     /// Size of the device memory arena (virtual; pages are committed when touched).
     pub device_memory_bytes: u64,
     /// How long a dispatched kernel may run without finishing before it is declared stuck
-    /// (SCHEDULER_TIMEOUT, 100). A run's [`CallConfig::timeout_ms`] overrides it. The same
+    /// (SCHEDULER_TIMEOUT, 100). A run's [`CallConfig::timeout`] overrides it. The same
     /// budget bounds an orchestration that makes no progress.
     pub kernel_timeout: Duration,
     /// How long `get_tensor_data`/`set_tensor_data` wait for producers (TENSOR_WAIT_TIMEOUT, 8).
@@ -162,6 +162,10 @@ pub struct ChipConfig {
     /// thread that calls `run`. See [`OrchestratorPlacement`]; the default (`Auto`) is the
     /// orchestrator thread, except in a chip process of the level-3 engine.
     pub orchestrator: OrchestratorPlacement,
+    /// Builds the run arenas (ring heaps in device memory, the graph's task windows and
+    /// dependency pools) for this call configuration's ring sizing at `init`, so the first
+    /// run with a matching sizing does not; see [`crate::ChipWorker::prewarm`].
+    pub prewarm: Option<CallConfig>,
 }
 
 /// Which thread runs a chip orchestration (`ChipConfig::orchestrator`).
@@ -226,6 +230,7 @@ impl Default for ChipConfig {
             chip_id: 0,
             print_strace: false,
             orchestrator: OrchestratorPlacement::Auto,
+            prewarm: None,
         }
     }
 }
@@ -294,6 +299,9 @@ impl ChipConfig {
                 return bad(format!("{name} = 0 (must be positive)"));
             }
         }
+        if let Some(p) = &self.prewarm {
+            self.effective_rings(p)?;
+        }
         Ok(())
     }
 
@@ -302,7 +310,7 @@ impl ChipConfig {
         self.aic_cores + self.aiv_cores
     }
 
-    /// The ring sizing of one run: this configuration with `call`'s non-zero overrides.
+    /// The ring sizing of one run: this configuration with `call`'s overrides.
     ///
     /// # Errors
     /// [`ChipError::InvalidConfig`] with [`CallConfig::validate`]'s message.
@@ -314,15 +322,9 @@ impl ChipConfig {
             .map_err(|e| ChipError::InvalidConfig(e.to_string()))?;
         let mut rings = self.rings;
         for (r, o) in rings.iter_mut().zip(call.rings.iter()) {
-            if o.task_window != 0 {
-                r.task_window = o.task_window;
-            }
-            if o.heap_bytes != 0 {
-                r.heap_bytes = o.heap_bytes;
-            }
-            if o.dep_pool != 0 {
-                r.dep_pool = o.dep_pool;
-            }
+            r.task_window = o.task_window.unwrap_or(r.task_window);
+            r.heap_bytes = o.heap_bytes.unwrap_or(r.heap_bytes);
+            r.dep_pool = o.dep_pool.unwrap_or(r.dep_pool);
         }
         for (i, r) in rings.iter().enumerate() {
             r.validate(i)?;

@@ -227,10 +227,6 @@ pub enum ChipError {
         /// The requested type.
         want: strata_types::DataType,
     },
-    /// The emulator has no device memory query.
-    #[error("device_memory_info is not available on the emulator (there is no physical device); use committed_device_memory() for this chip's allocator")]
-    DeviceMemoryInfoUnavailable,
-
     /// Bad run arguments (host side, before anything runs).
     #[error("invalid run arguments: {0}")]
     InvalidRunArgs(String),
@@ -262,7 +258,7 @@ pub enum ChipError {
         message: String,
     },
     /// A kernel did not finish within the run's timeout (SCHEDULER_TIMEOUT, 100).
-    #[error("kernel {kernel:?} (task {task}, block {block}) made no progress on core {core} for {} ms: SCHEDULER_TIMEOUT (100, running-stalled); the core is taken out of service and its kernel was asked to stop (KernelCtx::cancelled). Raise CallConfig::timeout_ms or ChipConfig::kernel_timeout if the kernel is just slow", .after.as_millis())]
+    #[error("kernel {kernel:?} (task {task}, block {block}) made no progress on core {core} for {} ms: SCHEDULER_TIMEOUT (100, running-stalled); the core is taken out of service and its kernel was asked to stop (KernelCtx::cancelled). Raise CallConfig::timeout or ChipConfig::kernel_timeout if the kernel is just slow", .after.as_millis())]
     KernelTimeout {
         /// The kernel's registered name.
         kernel: String,

@@ -48,7 +48,7 @@ pub use config::{
     EXIT_ORCHESTRATION_STALLED, MAX_AIC_CORES, MAX_AIV_CORES, MAX_DEVICE_MEMORY_BYTES,
     REFERENCE_DEP_POOL, REFERENCE_RING_HEAP_BYTES, REFERENCE_TASK_WINDOW,
 };
-pub use device::arena::{SharedTensor, TensorMut, TensorRef};
+pub use device::arena::AtomicView;
 pub use device::memory::{DevicePtr, DeviceTensor, DEVICE_ALIGN};
 pub use error::{codes, ChipError, KernelError};
 pub use host::args::{CopyOffsets, RunArgs, TensorInit};

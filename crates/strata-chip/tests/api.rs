@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use strata_chip::*;
 use strata_types::{
-    ArgTag, CallConfig, CallableDescriptor, CallableKind, DataType, ParamDirection,
+    ArgTag, CallConfig, CallableDescriptor, CallableKind, CallbackResult, DataType, ParamDirection,
 };
 
 fn cfg() -> ChipConfig {
@@ -16,7 +16,7 @@ fn cfg() -> ChipConfig {
     }
 }
 
-fn copy_kernel(ctx: &mut KernelCtx) -> Result<(), KernelError> {
+fn copy_kernel(ctx: &mut KernelCtx) -> CallbackResult {
     let a = ctx.input::<f32>(0)?;
     let mut o = ctx.output::<f32>(1)?;
     o.as_mut_slice()
@@ -234,11 +234,6 @@ const MISUSE_CASES: &[MisuseCase] = &[
         expect: |e| matches!(e, ChipError::ForeignHandle { .. }),
     },
     MisuseCase {
-        name: "device memory info of an emulated chip",
-        call: |m| m.chip.device_memory_info().map(drop),
-        expect: |e| matches!(e, ChipError::DeviceMemoryInfoUnavailable),
-    },
-    MisuseCase {
         name: "zero-sized malloc",
         call: |m| m.chip.malloc(0).map(drop),
         expect: |e| matches!(e, ChipError::ZeroSizedAlloc),
@@ -295,6 +290,33 @@ fn committed_memory_tracks_allocations() {
     assert!(c1 >= c0 + 100_000);
     chip.free(p).unwrap();
     assert_eq!(chip.committed_device_memory().unwrap(), c0);
+}
+
+#[test]
+fn device_memory_info_models_the_cards_capacity() {
+    // A 512 MiB card (room for the default ring heaps); its first 64 KiB are a guard.
+    let mut chip = ChipWorker::new(ChipConfig {
+        device_memory_bytes: 1 << 29,
+        ..cfg()
+    })
+    .unwrap();
+    chip.init().unwrap();
+    let (free0, total) = chip.device_memory_info().unwrap();
+    assert_eq!(total, 1 << 29);
+    assert_eq!(free0, (1 << 29) - 64 * 1024);
+    // 1000 bytes take one 1024-byte block.
+    let a = chip.malloc(1000).unwrap();
+    assert_eq!(chip.device_memory_info().unwrap(), (free0 - 1024, total));
+    // What is left can be taken in one piece, and then nothing more.
+    let rest = chip.malloc(free0 - 1024).unwrap();
+    assert_eq!(chip.device_memory_info().unwrap(), (0, total));
+    assert!(matches!(
+        chip.malloc(1),
+        Err(ChipError::OutOfDeviceMemory { capacity, .. }) if capacity == 1 << 29
+    ));
+    chip.free(a).unwrap();
+    chip.free(rest).unwrap();
+    assert_eq!(chip.device_memory_info().unwrap(), (free0, total));
 }
 
 #[test]
@@ -469,18 +491,28 @@ fn kernel_access_rules_are_enforced() {
     })
     .unwrap();
     let wrong_type = chip
-        .register_kernel_fn("wrong_type", |ctx| ctx.input::<i32>(0).map(|_| ()))
+        .register_kernel_fn("wrong_type", |ctx| {
+            ctx.input::<i32>(0)?;
+            Ok(())
+        })
         .unwrap();
     let read_output = chip
-        .register_kernel_fn("read_output", |ctx| ctx.input::<f32>(1).map(|_| ()))
+        .register_kernel_fn("read_output", |ctx| {
+            ctx.input::<f32>(1)?;
+            Ok(())
+        })
         .unwrap();
     let write_input = chip
-        .register_kernel_fn("write_input", |ctx| ctx.output::<f32>(0).map(|_| ()))
+        .register_kernel_fn("write_input", |ctx| {
+            ctx.output::<f32>(0)?;
+            Ok(())
+        })
         .unwrap();
     let twice = chip
         .register_kernel_fn("twice", |ctx| {
             let _a = ctx.output::<f32>(1)?;
-            ctx.output::<f32>(1).map(|_| ())
+            ctx.output::<f32>(1)?;
+            Ok(())
         })
         .unwrap();
     let blocks_exclusive = chip
@@ -492,17 +524,17 @@ fn kernel_access_rules_are_enforced() {
         })
         .unwrap();
     let nodep = chip
-        .register_kernel_fn("nodep", |ctx| ctx.shared::<f32>(0).map(|_| ()))
+        .register_kernel_fn("nodep", |ctx| {
+            ctx.shared::<f32>(0)?;
+            Ok(())
+        })
         .unwrap();
-    let which = |o: &mut ChipOrch,
-                 k: KernelHandle,
-                 args: &ChipArgs,
-                 blocks: u32|
-     -> Result<(), ChipError> {
-        let (a, b) = (args.tensor(0)?, args.tensor(1)?);
-        o.submit_aiv(k, CoreArgs::new().input(&a).output(&b).block_num(blocks))?;
-        Ok(())
-    };
+    let which =
+        |o: &mut ChipOrch, k: KernelHandle, args: &ChipArgs, blocks: u32| -> CallbackResult {
+            let (a, b) = (args.tensor(0)?, args.tensor(1)?);
+            o.submit_aiv(k, CoreArgs::new().input(&a).output(&b).block_num(blocks))?;
+            Ok(())
+        };
     let mut orchs = vec![];
     for (k, blocks) in [
         (wrong_type, 1),
@@ -651,8 +683,11 @@ fn invalid_call_config_is_rejected_with_the_reference_message() {
     chip.init().unwrap();
     // (what is changed in a run's CallConfig, words of the error)
     let bad_calls: [(Change<CallConfig>, &str); 2] = [
-        (|c| c.rings[2].task_window = 100, "ring 2 task_window = 100"),
-        (|c| c.rings[0].heap_bytes = 10, ">= 1024"),
+        (
+            |c| c.rings[2].task_window = Some(100),
+            "ring 2 task_window = 100",
+        ),
+        (|c| c.rings[0].heap_bytes = Some(10), ">= 1024"),
     ];
     for (change, want) in bad_calls {
         let mut c = CallConfig::default();
@@ -692,7 +727,7 @@ fn swimlane_records_every_invocation_and_exports_chrome_json() {
     chip.init().unwrap();
     let dir = std::env::temp_dir().join(format!("strata-chip-swim-{}", std::process::id()));
     let c = CallConfig {
-        swimlane: 1,
+        swimlane: true,
         output_prefix: Some(dir.to_string_lossy().into_owned()),
         ..CallConfig::default()
     };
@@ -751,10 +786,7 @@ fn a_kernel_that_ignores_cancellation_does_not_hang_run_or_close() {
         })
         .unwrap();
     chip.init().unwrap();
-    let c = CallConfig {
-        timeout_ms: 100,
-        ..CallConfig::default()
-    };
+    let c = CallConfig::default().with_timeout(Duration::from_millis(100));
     let e = chip.run(&hang, &mut RunArgs::new(), &c).unwrap_err();
     assert!(
         matches!(e, ChipError::KernelTimeout { ref kernel, .. } if kernel == "stuck"),
@@ -785,7 +817,7 @@ fn a_cooperative_kernel_is_cancelled_and_its_core_returns_to_service() {
             while !ctx.cancelled() {
                 std::thread::sleep(Duration::from_millis(1));
             }
-            Err(KernelError::new("stopped"))
+            Err("stopped".into())
         })
         .unwrap();
     let noop = chip.register_kernel_fn("noop", |_| Ok(())).unwrap();
@@ -803,10 +835,7 @@ fn a_cooperative_kernel_is_cancelled_and_its_core_returns_to_service() {
         })
         .unwrap();
     chip.init().unwrap();
-    let c = CallConfig {
-        timeout_ms: 100,
-        ..CallConfig::default()
-    };
+    let c = CallConfig::default().with_timeout(Duration::from_millis(100));
     let e = chip.run(&o1, &mut RunArgs::new(), &c).unwrap_err();
     assert_eq!(e.code(), Some(codes::SCHEDULER_TIMEOUT), "{e}");
     // The core comes back once its kernel noticed the cancellation.
@@ -836,10 +865,7 @@ fn a_stuck_orchestration_makes_the_chip_unusable_without_hanging() {
         })
         .unwrap();
     chip.init().unwrap();
-    let c = CallConfig {
-        timeout_ms: 50,
-        ..CallConfig::default()
-    };
+    let c = CallConfig::default().with_timeout(Duration::from_millis(50));
     let e = chip.run(&orch, &mut RunArgs::new(), &c).unwrap_err();
     assert_eq!(e.code(), Some(codes::SCHEDULER_TIMEOUT), "{e}");
     assert!(matches!(
@@ -899,7 +925,7 @@ fn orchestration_errors_and_panics_are_reported() {
     let mut chip = ChipWorker::new(cfg()).unwrap();
     let err = chip
         .register_orchestration_fn("err", |_, _| {
-            Err(ChipError::InvalidRunArgs("custom".into()))
+            Err(ChipError::InvalidRunArgs("custom".into()).into())
         })
         .unwrap();
     let panics = chip
@@ -956,7 +982,7 @@ fn empty_and_busy_runs_interleave_with_their_own_reports() {
         .unwrap();
     chip.init().unwrap();
     let swim = CallConfig {
-        swimlane: 1,
+        swimlane: true,
         ..CallConfig::default()
     };
     for round in 0..50u32 {
@@ -1096,4 +1122,43 @@ fn a_many_block_task_longer_than_the_stall_budget_is_not_a_stall() {
         .unwrap();
     assert_eq!(blocks.load(Ordering::SeqCst), 96);
     chip.close().unwrap();
+}
+
+#[test]
+fn task_args_with_a_recorded_invalid_argument_are_refused_before_anything_is_mapped() {
+    use strata_types::{
+        ArgSlot, BufferDesc, BufferLocation, IdentityMinter, TaskArgs, TensorView, TypesError,
+    };
+    let chip = ChipWorker::new(cfg()).unwrap();
+    // SAFETY: the descriptor is never mapped: the conversion refuses the arguments first.
+    let buf = unsafe {
+        BufferDesc::from_parts(
+            IdentityMinter::new().mint(),
+            64,
+            BufferLocation::HostShared {
+                region: 1,
+                offset: 0,
+            },
+        )
+    };
+    let view = TensorView::contiguous(DataType::F32, &[16]).unwrap();
+    let whole = strata_types::BufferView::new(buf, view).unwrap();
+    let args = TaskArgs::new().input(whole).output(whole.slice(0, 8, 20));
+    let mapped = std::cell::Cell::new(0);
+    // SAFETY: `map_shared` returns no pointer (it is not even called).
+    let got = unsafe {
+        RunArgs::from_task_args(&args, &chip, None, |_, _, _| {
+            mapped.set(mapped.get() + 1);
+            Err("not mapped".into())
+        })
+    };
+    match got {
+        Err(TaskArgsError::Invalid(TypesError::InvalidArgument { slot, reason })) => {
+            assert_eq!(slot, ArgSlot::Tensor(1));
+            assert!(matches!(*reason, TypesError::RangeOutOfBounds { .. }));
+        }
+        Err(e) => panic!("expected TaskArgsError::Invalid, got {e}"),
+        Ok(_) => panic!("arguments with a recorded error were accepted"),
+    }
+    assert_eq!(mapped.get(), 0);
 }

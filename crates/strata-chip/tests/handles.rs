@@ -210,12 +210,14 @@ fn arguments_with_different_keys_over_the_same_bytes_are_refused() {
     let orch = chip
         .register_orchestration_fn("reuse", move |o: &mut ChipOrch, _| {
             let ci = [TensorCreateInfo::new(DataType::F32, &[256]).with_initial_value(1.0f32)];
-            let first = o.scope(|o| o.alloc_tensors(&ci)?.get(0))?;
+            let first = o.scope(|o| Ok(o.alloc_tensors(&ci)?.get(0)?))?;
             for _ in 0..64 {
-                let next = o.scope(|o| o.alloc_tensors(&ci)?.get(0))?;
+                let next = o.scope(|o| Ok(o.alloc_tensors(&ci)?.get(0)?))?;
                 if next.buffer_addr() == first.buffer_addr() {
                     f.fetch_add(1, Ordering::SeqCst);
-                    o.scope(|o| o.submit_aiv(probe, CoreArgs::new().inout(&first).input(&next)))?;
+                    o.scope(|o| {
+                        Ok(o.submit_aiv(probe, CoreArgs::new().inout(&first).input(&next))?)
+                    })?;
                     return Ok(());
                 }
             }

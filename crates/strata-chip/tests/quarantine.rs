@@ -105,10 +105,7 @@ fn memory_an_abandoned_kernel_may_write_is_quarantined_until_it_returns() {
     let mut host = vec![0f32; N as usize];
     let mut a = RunArgs::new();
     a.inout(&mut host, &[N]).device(&resident, ArgTag::InOut);
-    let timeout = CallConfig {
-        timeout_ms: 100,
-        ..CallConfig::default()
-    };
+    let timeout = CallConfig::default().with_timeout(Duration::from_millis(100));
     let e = chip.run(&hang, &mut a, &timeout).unwrap_err();
     assert!(matches!(e, ChipError::KernelTimeout { .. }), "{e}");
     assert_eq!(chip.lost_cores().len(), 1);

@@ -25,7 +25,7 @@ fn chip_with_swimlane() -> (ChipWorker, OrchHandle) {
 
 fn swimlane_into(dir: &std::path::Path) -> CallConfig {
     CallConfig {
-        swimlane: 1,
+        swimlane: true,
         output_prefix: Some(dir.to_string_lossy().into_owned()),
         ..CallConfig::default()
     }

@@ -89,9 +89,10 @@ impl RankContext {
 /// [`Comm::window`] to open the [`DistributedTensor`]s it was given.
 ///
 /// ```no_run
-/// use strata_chip::{KernelCtx, KernelError};
+/// use strata_chip::KernelCtx;
 /// use strata_comm::{Comm, DistributedTensor, ReduceOp, AllreduceAlgo};
-/// fn allreduce_kernel(ctx: &mut KernelCtx) -> Result<(), KernelError> {
+/// use strata_types::CallbackResult;
+/// fn allreduce_kernel(ctx: &mut KernelCtx) -> CallbackResult {
 ///     let comm = Comm::from_kernel(ctx)?;
 ///     let data = comm.window(&DistributedTensor::from_scalars(&ctx.scalars()[0..])?)?;
 ///     let signal = comm.window(&DistributedTensor::from_scalars(&ctx.scalars()[4..])?)?;

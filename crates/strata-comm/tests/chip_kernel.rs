@@ -6,11 +6,11 @@ mod common;
 
 use common::*;
 use std::sync::Arc;
-use strata_chip::{ChipConfig, ChipWorker, CoreArgs, KernelCtx, KernelError, RunArgs};
+use strata_chip::{ChipConfig, ChipWorker, CoreArgs, KernelCtx, RunArgs};
 use strata_comm::*;
-use strata_types::{CallConfig, DataType};
+use strata_types::{CallConfig, CallbackResult, DataType};
 
-fn allreduce_kernel(ctx: &mut KernelCtx) -> Result<(), KernelError> {
+fn allreduce_kernel(ctx: &mut KernelCtx) -> CallbackResult {
     let comm = Comm::from_kernel(ctx)?;
     let data = comm.window(&DistributedTensor::from_scalars(ctx.scalars())?)?;
     let signal = comm.window(&DistributedTensor::from_scalars(
@@ -26,12 +26,10 @@ fn allreduce_kernel(ctx: &mut KernelCtx) -> Result<(), KernelError> {
     Ok(())
 }
 
-fn no_comm_kernel(ctx: &mut KernelCtx) -> Result<(), KernelError> {
+fn no_comm_kernel(ctx: &mut KernelCtx) -> CallbackResult {
     match Comm::from_kernel(ctx) {
         Err(CommError::NoCommContext) => Ok(()),
-        other => Err(KernelError::new(format!(
-            "expected NoCommContext, got {other:?}"
-        ))),
+        other => Err(format!("expected NoCommContext, got {other:?}").into()),
     }
 }
 

@@ -220,7 +220,7 @@ fn l3_start() -> L3 {
     let ra = res.clone();
     // Scalars: bytes, iters, warmup, algorithm code.
     let orch = w.register_orchestration("bench.allreduce", move |o, a| {
-        let s = |i: usize| a.scalar::<u64>(i).ok_or("missing scalar");
+        let s = |i: usize| a.scalar_at::<u64>(i).ok_or("missing scalar");
         let (bytes, iters, warmup, algo) = (s(0)?, s(1)?, s(2)?, s(3)?);
         let sig_off = bytes.div_ceil(4096) * 4096;
         let buf = o.alloc_window_buffer(sig_off + SIGNAL_BYTES)?;
@@ -258,10 +258,7 @@ fn l3_loop(l3: &mut L3, bytes: u64, iters: u64, warmup: u64, algo: AllreduceAlgo
         a.push_scalar_bits(v).expect("scalar");
     }
     l3.res.write(&[0u64; 8]).expect("reset");
-    let cfg = CallConfig {
-        timeout_ms: KERNEL_TIMEOUT.as_millis() as u64,
-        ..CallConfig::default()
-    };
+    let cfg = CallConfig::default().with_timeout(KERNEL_TIMEOUT);
     l3.w.run_with(&l3.orch, &a, &cfg)
         .unwrap_or_else(|e| panic!("allreduce run ({bytes} B, {algo:?}): {e}"));
     let v = l3.res.to_vec::<u64>().expect("res");

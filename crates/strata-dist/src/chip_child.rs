@@ -7,7 +7,7 @@ use crate::control::{ControlCommand, ControlDecodeError, CopyDirection};
 use std::sync::Arc;
 use strata_chip::{ChipConfig, ChipWorker, OrchHandle, RunArgs};
 use strata_host::{ChildEnv, ChildProgram, SharedMemory};
-use strata_mailbox::{codes, ControlReply, ControlRequest, Failure, Handler, TaskRequest};
+use strata_mailbox::{codes, ControlReply, ControlRequest, FailureReport, Handler, TaskRequest};
 use strata_types::TaskArgs;
 
 /// A chip child: hosts one `ChipWorker` (created and started inside the child, after the
@@ -72,12 +72,12 @@ struct ChipHandler {
     worker: u32,
 }
 
-fn bad(msg: impl Into<String>) -> Failure {
-    Failure::new(codes::BAD_REQUEST, msg)
+fn bad(msg: impl Into<String>) -> FailureReport {
+    FailureReport::new(codes::BAD_REQUEST, msg)
 }
 
 impl ChipHandler {
-    fn run_args(&self, args: &TaskArgs) -> Result<RunArgs<'static>, Failure> {
+    fn run_args(&self, args: &TaskArgs) -> Result<RunArgs<'static>, FailureReport> {
         let shared = &self.shared;
         // SAFETY: `ptr` checks that each view's whole span lies in a region mapped in this
         // process (mappings live as long as the process); the engine dispatched this task
@@ -96,15 +96,15 @@ impl ChipHandler {
 }
 
 impl Handler for ChipHandler {
-    fn task(&mut self, req: &TaskRequest<'_>) -> Result<(), Failure> {
+    fn task(&mut self, req: &TaskRequest<'_>) -> Result<(), FailureReport> {
         let mut run = self.run_args(req.args)?;
         self.chip
             .run(&OrchHandle::from_id(req.callable), &mut run, req.config)
             .map(|_| ())
-            .map_err(|e| Failure::new(e.code().unwrap_or(codes::FAILED), e.to_string()))
+            .map_err(|e| FailureReport::new(e.code().unwrap_or(codes::FAILED), e.to_string()))
     }
 
-    fn control(&mut self, req: &ControlRequest<'_>) -> Result<ControlReply, Failure> {
+    fn control(&mut self, req: &ControlRequest<'_>) -> Result<ControlReply, FailureReport> {
         serve_chip_control(&self.chip, &self.shared, req)
     }
 }
@@ -115,7 +115,7 @@ impl Handler for ChipHandler {
 /// public (hidden) so the fuzz harness (`fuzz/`) drives the same code with hostile bytes.
 ///
 /// # Errors
-/// The [`Failure`] the child reports: [`codes::UNSUPPORTED`] for an unknown command,
+/// The [`FailureReport`] the child reports: [`codes::UNSUPPORTED`] for an unknown command,
 /// [`codes::BAD_REQUEST`] for a malformed or out-of-bounds one, [`codes::FAILED`] for a
 /// chip error.
 #[doc(hidden)]
@@ -123,10 +123,10 @@ pub fn serve_chip_control(
     chip: &ChipWorker,
     shared: &SharedMemory,
     req: &ControlRequest<'_>,
-) -> Result<ControlReply, Failure> {
-    let fail = |e: strata_chip::ChipError| Failure::new(codes::FAILED, e.to_string());
+) -> Result<ControlReply, FailureReport> {
+    let fail = |e: strata_chip::ChipError| FailureReport::new(codes::FAILED, e.to_string());
     let command = ControlCommand::from_request(req).map_err(|e| match e {
-        ControlDecodeError::UnknownCommand(c) => Failure::new(
+        ControlDecodeError::UnknownCommand(c) => FailureReport::new(
             codes::UNSUPPORTED,
             format!("chip children do not support control command {c}"),
         ),
@@ -155,6 +155,11 @@ pub fn serve_chip_control(
                     "copy of {len} bytes at byte {dev_offset} of a {size}-byte allocation at {addr:#x} leaves the allocation"
                 )));
             }
+            if direction == CopyDirection::FromDevice && shared.is_read_only(region) {
+                return Err(bad(format!(
+                    "copy from the device into shared-memory region {region}, which was handed over read-only"
+                )));
+            }
             let host = shared
                 .ptr(region, offset, len)
                 .map_err(|e| bad(e.to_string()))?;
@@ -175,11 +180,17 @@ pub fn serve_chip_control(
         ControlCommand::CommittedBytes => Ok(ControlReply::new(
             chip.committed_device_memory().map_err(fail)?,
         )),
+        ControlCommand::FreeBytes => Ok(ControlReply::new(
+            chip.device_memory_info().map_err(fail)?.0,
+        )),
     }
 }
 
 /// The allocation that starts at device address `addr`: its pointer and size.
-fn chip_allocation(chip: &ChipWorker, addr: u64) -> Result<(strata_chip::DevicePtr, u64), Failure> {
+fn chip_allocation(
+    chip: &ChipWorker,
+    addr: u64,
+) -> Result<(strata_chip::DevicePtr, u64), FailureReport> {
     let view = strata_types::TensorView::contiguous(strata_types::DataType::U8, &[1])
         .map_err(|e| bad(e.to_string()))?;
     let t = chip

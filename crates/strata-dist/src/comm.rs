@@ -18,15 +18,16 @@ use crate::config::WindowLifetime;
 use crate::error::DistError;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
-use strata_chip::{ChipError, CoreArgs, KernelCtx, KernelError, OrchHandle};
+use strata_chip::{CoreArgs, KernelCtx, KernelError, OrchHandle};
 use strata_comm::{
     AllreduceAlgo, BufferPlacement, Comm, CommAllocator, CommArena, CommError, CommStats,
     DistributedTensor, Domain, ReduceOp, WindowBuffer,
 };
 use strata_graph::RunId;
 use strata_types::{
-    ArgTag, BufferDesc, BufferIdentity, BufferLocation, CallableDescriptor, CallableKind, DataType,
-    Element, IdentityMinter, TaskArgs, TensorArg, TensorView,
+    ArgTag, BufferDesc, BufferIdentity, BufferLocation, CallableDescriptor, CallableKind,
+    CallbackResult, DataType, Element, IdentityMinter, IntoTensorArg, TaskArgs, TensorArg,
+    TensorView, TypesError,
 };
 
 impl From<CommError> for DistError {
@@ -376,6 +377,14 @@ impl WindowTensor {
     }
 }
 
+/// The tensor on every rank ([`WindowTensor::arg`]), for [`strata_types::TaskArgs`]'
+/// chaining methods.
+impl IntoTensorArg for &WindowTensor {
+    fn into_tensor_arg(self, tag: ArgTag) -> Result<TensorArg, TypesError> {
+        Ok(self.arg(tag))
+    }
+}
+
 // ----- builtin chip orchestrations and kernels --------------------------------------------
 
 fn tensor_at(ctx: &KernelCtx<'_>, i: usize) -> Result<DistributedTensor, KernelError> {
@@ -394,7 +403,7 @@ fn forward(
     registry: &mut strata_chip::Registry,
     name: &str,
     tensor_tag: Option<ArgTag>,
-    kernel: impl Fn(&mut KernelCtx<'_>) -> Result<(), KernelError> + Send + Sync + 'static,
+    kernel: impl Fn(&mut KernelCtx<'_>) -> CallbackResult + Send + Sync + 'static,
 ) -> Result<OrchHandle, DistError> {
     let k = registry.register_kernel(
         CallableDescriptor::new(CallableKind::Kernel, format!("strata.comm.{name}")),
@@ -414,7 +423,7 @@ fn forward(
                 core.scalar_bits(a.scalar::<u64>(i)?);
             }
             o.submit_aiv(k, &core)?;
-            Ok::<(), ChipError>(())
+            Ok(())
         },
     )?)
 }
@@ -429,7 +438,7 @@ fn stage_typed<T: Element>(
     ctx: &mut KernelCtx<'_>,
     w: &strata_comm::Window<'_>,
     into_window: bool,
-) -> Result<(), KernelError> {
+) -> CallbackResult {
     if into_window {
         let data = ctx.input::<T>(0)?.to_vec();
         w.write(w.rank(), 0, &data)?;
@@ -439,14 +448,12 @@ fn stage_typed<T: Element>(
         let zero: T = unsafe { std::mem::zeroed() };
         let mut tmp = vec![zero; out.numel()];
         w.read(w.rank(), 0, &mut tmp)?;
-        for (i, v) in tmp.into_iter().enumerate() {
-            out.set_flat(i as u64, v);
-        }
+        out.copy_from_slice(&tmp)?;
     }
     Ok(())
 }
 
-fn stage_kernel(ctx: &mut KernelCtx<'_>, into_window: bool) -> Result<(), KernelError> {
+fn stage_kernel(ctx: &mut KernelCtx<'_>, into_window: bool) -> CallbackResult {
     let t = tensor_at(ctx, 0)?;
     let comm = Comm::from_kernel(ctx)?;
     let w = comm.window(&t)?;
@@ -454,7 +461,7 @@ fn stage_kernel(ctx: &mut KernelCtx<'_>, into_window: bool) -> Result<(), Kernel
         ($($t:ty => $d:ident),*) => {
             match t.dtype() {
                 $(DataType::$d => stage_typed::<$t>(ctx, &w, into_window),)*
-                other => Err(KernelError::new(format!("staging {other} windows is not supported"))),
+                other => Err(format!("staging {other} windows is not supported").into()),
             }
         };
     }

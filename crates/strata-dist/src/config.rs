@@ -62,8 +62,8 @@ pub struct DistConfig {
     /// becomes unusable. Too large for an `Instant`: no deadline.
     pub control_timeout: Duration,
     /// The deadline of a task on a sub-worker or a next-level level-3 worker, from its
-    /// dispatch, when its [`strata_types::CallConfig::timeout_ms`] is 0; a non-zero
-    /// `timeout_ms` replaces it for those tasks. On a chip, `timeout_ms` bounds each
+    /// dispatch, when its [`strata_types::CallConfig::timeout`] is `None`; a call's
+    /// `timeout` replaces it for those tasks. On a chip, `timeout` bounds each
     /// kernel (the chip enforces it) and this is the backstop for the whole chip task. A
     /// task past its deadline fails with a timeout naming the child
     /// ([`strata_graph::FailureKind::Timeout`]), its dependents are poisoned, and the
@@ -82,6 +82,11 @@ pub struct DistConfig {
     pub comm_wait_timeout: Duration,
     /// Whether window buffers live for one run (default) or are kept across runs.
     pub windows: WindowLifetime,
+    /// Bytes of shared memory (created at `init`, committed lazily, used in two halves)
+    /// through which copies between ordinary host memory and chip tensors travel
+    /// ([`crate::DistWorker::copy_bytes_to`]); 0: no staging (such copies must use a
+    /// shared tensor or an adopted mapping). An even number of bytes, at most 1 GiB.
+    pub staging_bytes: u64,
 }
 
 /// [`DistConfig::control_timeout`]'s default: 30 s (a control request moves at most one
@@ -90,6 +95,10 @@ pub const DEFAULT_CONTROL_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// [`DistConfig::task_timeout`]'s default: 10 minutes.
 pub const DEFAULT_TASK_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// [`DistConfig::staging_bytes`]'s default: 8 MiB (two 4 MiB halves, enough to keep a
+/// copy's two processes busy at memory speed).
+pub const DEFAULT_STAGING_BYTES: u64 = 8 << 20;
 
 /// How long window buffers live.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -123,6 +132,7 @@ impl DistConfig {
             comm_arena_bytes: 256 << 20,
             comm_wait_timeout: Duration::from_secs(5),
             windows: WindowLifetime::PerRun,
+            staging_bytes: DEFAULT_STAGING_BYTES,
         }
     }
 
@@ -196,6 +206,13 @@ impl DistConfig {
                 "comm_arena_bytes = {} (must be a multiple of 4096 and at least {min_arena}: the header and domain table need {} bytes)",
                 self.comm_arena_bytes,
                 strata_comm::layout::DATA_OFFSET
+            )));
+        }
+        if self.staging_bytes % 2 != 0 || self.staging_bytes > 1 << 30 {
+            return Err(DistError::InvalidConfig(format!(
+                "staging_bytes = {} (must be even and at most 1 GiB = {}; 0 disables staging)",
+                self.staging_bytes,
+                1u64 << 30
             )));
         }
         if self.comm_wait_timeout.is_zero() {

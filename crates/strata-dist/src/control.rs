@@ -12,9 +12,11 @@
 //! | [`ControlCommand::Copy`] to the device | 3 | byte offset in the allocation | device address, region, offset, length (4 × `u64` LE) |
 //! | [`ControlCommand::Copy`] from the device | 4 | as 3 | as 3 |
 //! | [`ControlCommand::CommittedBytes`] | 5 | 0 | empty |
+//! | [`ControlCommand::FreeBytes`] | 6 | 0 | empty |
 //!
 //! The reply is the result word: the device address for `Allocate`, the bytes the chip's
-//! allocator holds for `CommittedBytes`, 0 otherwise.
+//! allocator holds for `CommittedBytes`, the bytes it could still hand out for
+//! `FreeBytes`, 0 otherwise.
 
 use strata_mailbox::ControlRequest;
 
@@ -59,6 +61,9 @@ pub enum ControlCommand {
     },
     /// How many bytes the chip's device allocator holds; the reply is that count.
     CommittedBytes,
+    /// How many bytes the chip's emulated card could still hand out; the reply is that
+    /// count (its capacity is the parent's `ChipConfig::device_memory_bytes`).
+    FreeBytes,
 }
 
 /// Payload bytes of a [`ControlCommand::Copy`].
@@ -71,6 +76,7 @@ mod word {
     pub(super) const COPY_TO_DEVICE: u64 = 3;
     pub(super) const COPY_FROM_DEVICE: u64 = 4;
     pub(super) const COMMITTED_BYTES: u64 = 5;
+    pub(super) const FREE_BYTES: u64 = 6;
 }
 
 /// Why a control frame does not decode to a [`ControlCommand`].
@@ -121,6 +127,7 @@ impl ControlCommand {
                 (command, dev_offset, Some([addr, region, offset, len]))
             }
             ControlCommand::CommittedBytes => (word::COMMITTED_BYTES, 0, None),
+            ControlCommand::FreeBytes => (word::FREE_BYTES, 0, None),
         };
         let len = match words {
             Some(w) => {
@@ -202,6 +209,11 @@ impl ControlCommand {
                 no_arg()?;
                 Ok(ControlCommand::CommittedBytes)
             }
+            word::FREE_BYTES => {
+                expect_len(0)?;
+                no_arg()?;
+                Ok(ControlCommand::FreeBytes)
+            }
             other => Err(ControlDecodeError::UnknownCommand(other)),
         }
     }
@@ -220,6 +232,7 @@ impl ControlCommand {
                 ..
             } => "copy from device",
             ControlCommand::CommittedBytes => "committed bytes",
+            ControlCommand::FreeBytes => "free bytes",
         }
     }
 }
@@ -234,6 +247,7 @@ mod tests {
             ControlCommand::Allocate { bytes: u64::MAX },
             ControlCommand::Free { addr: 0x1000 },
             ControlCommand::CommittedBytes,
+            ControlCommand::FreeBytes,
         ];
         for direction in [CopyDirection::ToDevice, CopyDirection::FromDevice] {
             v.push(ControlCommand::Copy {
@@ -304,7 +318,7 @@ mod tests {
                 })
             );
         }
-        for command in [1, 2, 5] {
+        for command in [1, 2, 5, 6] {
             assert_eq!(
                 ControlCommand::from_request(&req(command, 0, &[0; 8])),
                 Err(ControlDecodeError::PayloadLength {
@@ -314,12 +328,11 @@ mod tests {
                 })
             );
         }
-        assert_eq!(
-            ControlCommand::from_request(&req(5, 1, &[])),
-            Err(ControlDecodeError::UnexpectedArgument {
-                command: 5,
-                arg0: 1
-            })
-        );
+        for command in [5, 6] {
+            assert_eq!(
+                ControlCommand::from_request(&req(command, 1, &[])),
+                Err(ControlDecodeError::UnexpectedArgument { command, arg0: 1 })
+            );
+        }
     }
 }

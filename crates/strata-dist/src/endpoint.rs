@@ -14,7 +14,7 @@ use crate::control::ControlCommand;
 use std::sync::Arc;
 use std::time::Instant;
 use strata_host::{Children, Doorbell, ExecMode, HostError, Lane, SharedMemory};
-use strata_mailbox::{Failure, MailboxError, TaskPublication, TaskSlot};
+use strata_mailbox::{FailureReport, MailboxError, TaskPublication, TaskSlot};
 
 /// What a child is (its kind travels with its endpoint; the scheduler never guesses it
 /// from a label).
@@ -59,7 +59,7 @@ pub enum EndpointError {
 }
 
 /// What a task frame's completion says: `Ok` or the child's failure (code and message).
-pub type TaskOutcome = Result<(), Failure>;
+pub type TaskOutcome = Result<(), FailureReport>;
 
 /// One child as the scheduler sees it: up to two tasks in flight (one per task frame,
 /// [`TaskSlot`]), control requests while it holds none, liveness and its kind.

@@ -3,10 +3,6 @@
 use strata_graph::{Failure, GraphError};
 use thiserror::Error;
 
-/// The error an orchestration function returns: anything that converts into a boxed error
-/// (a [`DistError`] from a failed submit, or the user's own).
-pub type OrchError = Box<dyn std::error::Error + Send + Sync + 'static>;
-
 /// What went wrong in a worker. Every variant says what and, where there is one, how to fix.
 #[derive(Debug, Error)]
 #[non_exhaustive]
@@ -30,6 +26,16 @@ pub enum DistError {
     /// Invalid task arguments (what was wrong and how to fix it).
     #[error("{0}")]
     InvalidArgs(String),
+    /// An argument a [`strata_types::TaskArgs`] chaining method recorded as invalid
+    /// ([`strata_types::TypesError::InvalidArgument`], naming it), reported by the submit
+    /// before anything was published.
+    #[error("invalid task arguments{}: {error}", .member.map(|m| format!(" of group member {m}")).unwrap_or_default())]
+    BadArgument {
+        /// The group member whose arguments hold it (`None` outside a group).
+        member: Option<usize>,
+        /// Which argument, and what was wrong with it.
+        error: strata_types::TypesError,
+    },
     /// A tensor argument whose descriptor names no live buffer of this worker: a
     /// [`crate::RunTensor`] kept from another run or from a scope that ended, a window
     /// tensor whose buffer was freed, a freed chip tensor, or a forged descriptor (one
@@ -68,10 +74,10 @@ pub enum DistError {
     /// child's message.
     #[error("{0}")]
     TaskFailed(Failure),
-    /// The orchestration function returned an error; the run's unstarted tasks were
-    /// cancelled.
+    /// The orchestration function returned an error (its own, boxed: downcast it to
+    /// recover its type); the run's unstarted tasks were cancelled.
     #[error("orchestration failed: {0}")]
-    Orchestration(OrchError),
+    Orchestration(strata_types::BoxError),
     /// `RunHandle::wait` timed out; the run goes on (wait again later).
     #[error("RunHandle::wait() timed out after {0:?}; the run is still in flight")]
     WaitTimeout(std::time::Duration),

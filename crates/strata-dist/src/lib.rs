@@ -42,17 +42,20 @@ mod worker;
 
 pub use comm::WindowTensor;
 pub use config::{
-    DistConfig, Level, WindowLifetime, DEFAULT_CONTROL_TIMEOUT, DEFAULT_TASK_TIMEOUT,
+    DistConfig, Level, WindowLifetime, DEFAULT_CONTROL_TIMEOUT, DEFAULT_STAGING_BYTES,
+    DEFAULT_TASK_TIMEOUT,
 };
 pub use control::{ControlCommand, ControlDecodeError, CopyDirection, COPY_PAYLOAD_BYTES};
+pub use ctx::CopyPath;
 pub use endpoint::{
     ChildKind, Endpoint, EndpointError, NodeContext, RemoteChild, RemoteContext, TaskOutcome,
 };
-pub use error::{DistError, OrchError};
+pub use error::DistError;
 pub use orch::Orch;
 pub use registry::{HostOrchFn, HostOrchHandle, NextLevelCallable, SubHandle};
+pub use strata_chip::DeviceTensor;
 pub use strata_comm::{AllreduceAlgo, CommStats, Domain, ReduceOp, WindowBuffer};
-pub use tensor::{ChildTensor, RunTensor};
+pub use tensor::RunTensor;
 pub use worker::{DistWorker, RunHandle};
 
 /// Entry points for the fuzz harness (`fuzz/`): the exact code a child runs on bytes its

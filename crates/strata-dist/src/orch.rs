@@ -3,19 +3,20 @@
 
 use crate::ctx::Ctx;
 use crate::endpoint::ChildKind;
-use crate::error::{DistError, OrchError};
+use crate::error::DistError;
 use crate::registry::{NextLevelCallable, Programs, SubHandle};
 use crate::task::{DistTask, Member, Route, Target};
-use crate::tensor::{ChildTensor, RunTensor};
+use crate::tensor::RunTensor;
 use std::collections::HashMap;
 use std::sync::Arc;
+use strata_chip::DeviceTensor;
 use strata_graph::{Access, BufferKey, KeySpace, Orchestrator, ReadyTask, RunId, TaskSpec};
 use strata_host::SharedTensor;
 use strata_mailbox::EncodedConfig;
 use strata_types::wire::encode_args;
 use strata_types::{
-    BufferDesc, BufferIdentity, BufferLocation, CallConfig, DataType, TaskArgs, TensorArg,
-    TensorView,
+    BufferDesc, BufferIdentity, BufferLocation, CallConfig, CallbackResult, DataType, TaskArgs,
+    TensorArg, TensorView,
 };
 
 mod windows;
@@ -61,6 +62,20 @@ impl std::fmt::Debug for Orch<'_> {
             .field("run", &self.run)
             .finish_non_exhaustive()
     }
+}
+
+/// The argument a [`TaskArgs`] chaining method recorded as invalid, as the submit's error
+/// (before anything is published).
+pub(crate) fn check_args(args: &TaskArgs, member: Option<usize>) -> Result<(), DistError> {
+    args.check()
+        .map_err(|error| DistError::BadArgument { member, error })
+}
+
+fn check_group_args(args: &[TaskArgs]) -> Result<(), DistError> {
+    for (m, a) in args.iter().enumerate() {
+        check_args(a, Some(m))?;
+    }
+    Ok(())
 }
 
 /// Ready tasks are handed to the scheduler in batches of this many (or at once when it is
@@ -364,7 +379,8 @@ impl<'w> Orch<'w> {
     /// host orchestration to a level-3 child of a level-4 worker.
     ///
     /// # Errors
-    /// An unknown worker id, a callable of the wrong kind or not registered, a tensor the
+    /// [`DistError::BadArgument`] for an argument `args`' builder recorded as invalid; an
+    /// unknown worker id, a callable of the wrong kind or not registered, a tensor the
     /// worker cannot see (private host memory, another chip's device memory, a freed
     /// device tensor), and every error of the graph (fail-fast: a task of the run already
     /// failed → [`DistError::TaskFailed`] with the run's first error).
@@ -388,6 +404,7 @@ impl<'w> Orch<'w> {
         worker: usize,
         config: Option<&CallConfig>,
     ) -> Result<(), DistError> {
+        check_args(args, None)?;
         let callable = callable.into();
         self.check_next(worker, &callable, "submit_next_level")?;
         let mut acc = Vec::with_capacity(args.tensors().len());
@@ -418,6 +435,7 @@ impl<'w> Orch<'w> {
         args: &[TaskArgs],
         workers: &[usize],
     ) -> Result<(), DistError> {
+        check_group_args(args)?;
         let callable = callable.into();
         if args.len() != workers.len() || args.is_empty() {
             return Err(DistError::InvalidArgs(format!(
@@ -475,9 +493,11 @@ impl<'w> Orch<'w> {
     /// Submits a sub-worker task: `callable` runs on any idle sub-worker with `args`.
     ///
     /// # Errors
-    /// No sub-workers, an unregistered callable, a tensor a sub-worker cannot see, and the
+    /// [`DistError::BadArgument`] for an argument `args`' builder recorded as invalid; no
+    /// sub-workers, an unregistered callable, a tensor a sub-worker cannot see, and the
     /// graph's errors (fail-fast included).
     pub fn submit_sub(&mut self, callable: &SubHandle, args: &TaskArgs) -> Result<(), DistError> {
+        check_args(args, None)?;
         self.check_sub(callable)?;
         let mut acc = Vec::with_capacity(args.tensors().len());
         let mut uses = Vec::new();
@@ -504,6 +524,7 @@ impl<'w> Orch<'w> {
         callable: &SubHandle,
         args: &[TaskArgs],
     ) -> Result<(), DistError> {
+        check_group_args(args)?;
         self.check_sub(callable)?;
         if args.is_empty() || args.len() > self.ctx.n_subs {
             return Err(DistError::InvalidArgs(format!(
@@ -557,14 +578,15 @@ impl<'w> Orch<'w> {
         Ok(())
     }
 
-    /// Runs `f` inside a nested scope.
+    /// Runs `f` inside a nested scope. Like the orchestration itself, `f` returns a
+    /// [`CallbackResult`], so `?` works on any error.
     ///
     /// # Errors
-    /// `f`'s error, or a scope error.
+    /// `f`'s error, or a scope error (a boxed [`DistError`]).
     pub fn scope<R>(
         &mut self,
-        f: impl FnOnce(&mut Orch<'w>) -> Result<R, OrchError>,
-    ) -> Result<R, OrchError> {
+        f: impl FnOnce(&mut Orch<'w>) -> CallbackResult<R>,
+    ) -> CallbackResult<R> {
         self.scope_begin()?;
         let r = f(self);
         self.scope_end()?;
@@ -647,7 +669,7 @@ impl<'w> Orch<'w> {
         worker: usize,
         shape: &[u64],
         dtype: DataType,
-    ) -> Result<ChildTensor, DistError> {
+    ) -> Result<DeviceTensor, DistError> {
         self.control_gate("alloc_child_tensor")?;
         self.ctx.alloc_child_tensor(worker, shape, dtype)
     }
@@ -656,7 +678,7 @@ impl<'w> Orch<'w> {
     ///
     /// # Errors
     /// A tensor already freed or of another worker, or control after a submit.
-    pub fn free(&mut self, t: ChildTensor) -> Result<(), DistError> {
+    pub fn free(&mut self, t: DeviceTensor) -> Result<(), DistError> {
         self.control_gate("free")?;
         self.ctx.free_child_tensor(t)
     }
@@ -665,7 +687,7 @@ impl<'w> Orch<'w> {
     ///
     /// # Errors
     /// Size mismatch, a dead allocation, or control after a submit.
-    pub fn copy_to(&mut self, dst: &ChildTensor, src: &SharedTensor) -> Result<(), DistError> {
+    pub fn copy_to(&mut self, dst: &DeviceTensor, src: &SharedTensor) -> Result<(), DistError> {
         self.control_gate("copy_to")?;
         self.ctx
             .copy(dst, src, crate::control::CopyDirection::ToDevice)
@@ -675,7 +697,7 @@ impl<'w> Orch<'w> {
     ///
     /// # Errors
     /// As [`Orch::copy_to`].
-    pub fn copy_from(&mut self, dst: &SharedTensor, src: &ChildTensor) -> Result<(), DistError> {
+    pub fn copy_from(&mut self, dst: &SharedTensor, src: &DeviceTensor) -> Result<(), DistError> {
         self.control_gate("copy_from")?;
         self.ctx
             .copy(src, dst, crate::control::CopyDirection::FromDevice)

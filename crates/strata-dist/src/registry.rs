@@ -5,14 +5,16 @@
 //! callables by digest in the tables they inherited; function pointers and closures never
 //! cross a process boundary and nothing is serialized.
 
-use crate::error::{DistError, OrchError};
+use crate::error::DistError;
 use crate::orch::Orch;
 use std::collections::HashMap;
 use std::sync::Arc;
-use strata_types::{CallableDescriptor, CallableId, CallableKind, TaskArgs};
+use strata_types::{CallableDescriptor, CallableId, CallableKind, CallbackResult, TaskArgs};
 
-/// A host orchestration: builds a run on the worker that runs it.
-pub type HostOrchFn = Arc<dyn Fn(&mut Orch<'_>, &TaskArgs) -> Result<(), OrchError> + Send + Sync>;
+/// A host orchestration: builds a run on the worker that runs it. Its error (any error,
+/// boxed) cancels the run's unstarted tasks and is returned as
+/// [`DistError::Orchestration`](crate::DistError::Orchestration).
+pub type HostOrchFn = Arc<dyn Fn(&mut Orch<'_>, &TaskArgs) -> CallbackResult + Send + Sync>;
 
 /// A registered host orchestration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -32,6 +34,15 @@ impl HostOrchHandle {
     pub fn from_id(id: CallableId) -> Self {
         HostOrchHandle { id }
     }
+
+    /// The handle a host orchestration registered under `name` has (on any worker: the
+    /// digest depends on the name alone); using it where nothing is registered under that
+    /// name is an error then.
+    pub fn named(name: &str) -> HostOrchHandle {
+        HostOrchHandle {
+            id: CallableDescriptor::new(CallableKind::HostOrchestration, name).digest(),
+        }
+    }
 }
 
 /// A registered sub-worker callable.
@@ -44,6 +55,15 @@ impl SubHandle {
     /// Its digest.
     pub fn id(&self) -> CallableId {
         self.id
+    }
+
+    /// The handle a sub-worker callable registered under `name` has (the digest depends
+    /// on the name alone); submitting it where nothing is registered under that name is an
+    /// error then.
+    pub fn named(name: &str) -> SubHandle {
+        SubHandle {
+            id: strata_host::SubRegistry::id_of(name),
+        }
     }
 }
 
@@ -117,11 +137,11 @@ impl std::fmt::Debug for Programs {
 
 impl Programs {
     pub(crate) fn register_host(&mut self, name: &str, f: HostOrchFn) -> HostOrchHandle {
-        let id = CallableDescriptor::new(CallableKind::HostOrchestration, name).digest();
+        let h = HostOrchHandle::named(name);
         // The same name again replaces the function (as for sub callables): the handle
         // stays valid.
-        self.host.insert(id, (Arc::from(name), f));
-        HostOrchHandle { id }
+        self.host.insert(h.id, (Arc::from(name), f));
+        h
     }
 
     /// Adds everything `other` has that `self` lacks (a parent's programs cascading into

@@ -24,11 +24,14 @@
 use crate::control::ControlCommand;
 use crate::endpoint::{AnyEndpoint, ChildKind, Endpoint, EndpointError, LocalEndpoint};
 use crate::task::{DistTask, Route, Target};
+use crate::worker::CHIP_FAILED_BELOW;
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
-use strata_graph::{Claimed, Failure, FailureKind, ReadyTask, RunId, Scheduler, TaskRef};
+use strata_graph::{
+    Claimed, Failure, FailureKind, Origin, ReadyTask, RunId, Scheduler, TaskRef, WorkerClass,
+};
 use strata_host::{Children, Doorbell, HostError, SharedMemory};
 use strata_mailbox::{EncodedConfig, FrameIdentity, MailboxError, TaskPublication, TaskSlot};
 use strata_sync::{Broken, Driven, DriverSeat, SeatWaker, Turn};
@@ -685,11 +688,33 @@ impl<E: Endpoint> SchedLoop<E> {
         }
     }
 
+    /// Where a failure on `lane` happened: the lane's kind of worker and index — or, for a
+    /// level-3 child reporting that one of its chips failed ([`CHIP_FAILED_BELOW`]), a chip.
+    fn origin(&self, lane: usize, failure: &Failure) -> Origin {
+        let (class, index) = match self.endpoints[lane].kind() {
+            ChildKind::Chip => (WorkerClass::Chip, lane),
+            ChildKind::Worker if failure.code() == CHIP_FAILED_BELOW => (WorkerClass::Chip, lane),
+            ChildKind::Worker => (WorkerClass::Worker, lane),
+            ChildKind::Sub => (WorkerClass::SubWorker, lane - self.n_next),
+        };
+        Origin {
+            class,
+            index: index as u32,
+        }
+    }
+
     /// Completes what `lane` ran in frame `slot`.
     fn finish(&mut self, lane: usize, slot: TaskSlot, outcome: Result<(), Failure>) {
         let Some(f) = self.lanes[lane].frames[slot.index()].take() else {
             return;
         };
+        let outcome = outcome.map_err(|failure| match failure.origin() {
+            Some(_) => failure,
+            None => {
+                let origin = self.origin(lane, &failure);
+                failure.with_origin(origin)
+            }
+        });
         // Before the graph hears of it: a caller that sees the run done may copy the
         // tensors at once.
         for &r in &f.uses {
@@ -853,18 +878,15 @@ impl<E: Endpoint> SchedLoop<E> {
         ControlFailure::Unresponsive { message, after }
     }
 
-    /// The budget of a task on `lane`: its call configuration's `timeout_ms` on a sub or
-    /// level-3 worker (the worker's `task_timeout` when 0); on a chip, `timeout_ms` bounds
-    /// each kernel (the chip enforces it) and `task_timeout` is the backstop.
+    /// The budget of a task on `lane`: its call configuration's `timeout` on a sub or
+    /// level-3 worker (the worker's `task_timeout` when `None`); on a chip, `timeout`
+    /// bounds each kernel (the chip enforces it) and `task_timeout` is the backstop.
     #[inline]
     fn task_budget(&self, lane: usize, config: &EncodedConfig) -> Duration {
         if self.endpoints[lane].kind() == ChildKind::Chip {
             return self.task_timeout;
         }
-        match strata_types::wire::config_timeout_ms(config.as_bytes()) {
-            0 => self.task_timeout,
-            ms => Duration::from_millis(ms),
-        }
+        strata_types::wire::config_timeout(config.as_bytes()).unwrap_or(self.task_timeout)
     }
 
     fn run_controls(&mut self) -> bool {

@@ -10,17 +10,17 @@ use crate::ctx::Ctx;
 use crate::endpoint::{
     AnyEndpoint, ChildKind, Endpoint, LocalEndpoint, NodeContext, RemoteChild, RemoteContext,
 };
-use crate::error::{DistError, OrchError};
+use crate::error::DistError;
 use crate::orch::Orch;
 use crate::registry::{HostOrchHandle, Programs, SubHandle};
 use crate::sched::{Driver, Link, PassFault, SchedExit, SchedLoop, BROKEN_CHECK};
 use crate::task::DistTask;
-use crate::tensor::ChildTensor;
 use nested::NestedChild;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+use strata_chip::DeviceTensor;
 use strata_graph::{
     graph, Failure, FailureKind, GraphConfig, Orchestrator, RingConfig, RunId, RunPhase, RunWaiter,
     RING_COUNT,
@@ -30,7 +30,8 @@ use strata_host::{
 };
 use strata_mailbox::EncodedConfig;
 use strata_types::{
-    CallConfig, CallableDescriptor, CallableKind, DataType, Element, IdentityMinter, TaskArgs,
+    CallConfig, CallableDescriptor, CallableKind, CallbackResult, DataType, Element,
+    IdentityMinter, TaskArgs,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,6 +74,8 @@ struct Runtime {
     heap_leases: Vec<strata_host::RegionLease>,
     /// The comm arena's region, returned (or quarantined) likewise.
     comm_lease: Option<strata_host::RegionLease>,
+    /// The staging region's lease (copies between ordinary host memory and chips).
+    _staging_lease: Option<strata_host::RegionLease>,
 }
 
 /// An L3 (or L4) worker: host orchestrations that dispatch chip orchestrations to chip
@@ -181,16 +184,45 @@ impl DistWorker {
     /// Registers a host orchestration.
     pub fn register_orchestration<F>(&mut self, name: &str, f: F) -> HostOrchHandle
     where
-        F: Fn(&mut Orch<'_>, &TaskArgs) -> Result<(), OrchError> + Send + Sync + 'static,
+        F: Fn(&mut Orch<'_>, &TaskArgs) -> CallbackResult + Send + Sync + 'static,
     {
         self.programs.register_host(name, Arc::new(f))
+    }
+
+    /// [`DistWorker::register_orchestration`] for an already shared function.
+    pub fn register_orchestration_fn(
+        &mut self,
+        name: &str,
+        f: crate::HostOrchFn,
+    ) -> HostOrchHandle {
+        self.programs.register_host(name, f)
+    }
+
+    /// [`DistWorker::register_sub`] for an already shared function.
+    pub fn register_sub_fn(&mut self, name: &str, f: strata_host::SubFn) -> SubHandle {
+        SubHandle {
+            id: self.programs.subs.register(name, f),
+        }
+    }
+
+    /// Adds every kernel and chip orchestration of `registry` (one built apart, e.g. by a
+    /// program) that this worker's chip registry lacks; a digest already registered keeps
+    /// its function.
+    ///
+    /// # Errors
+    /// Too many kernels or orchestrations for a chip.
+    pub fn register_chip_callables(
+        &mut self,
+        registry: &strata_chip::Registry,
+    ) -> Result<(), DistError> {
+        Ok(self.programs.chip.absorb(registry)?)
     }
 
     /// Registers a sub-worker callable: a closure (it may capture state) run by a host
     /// sub-worker child. Children are forked after registration and find it by digest.
     pub fn register_sub<F>(&mut self, name: &str, f: F) -> SubHandle
     where
-        F: Fn(&mut strata_host::SubCall<'_>) -> Result<(), String> + Send + Sync + 'static,
+        F: Fn(&mut strata_host::SubCall<'_>) -> CallbackResult + Send + Sync + 'static,
     {
         SubHandle {
             id: self.programs.subs.register(name, Arc::new(f)),
@@ -207,10 +239,7 @@ impl DistWorker {
         f: F,
     ) -> Result<strata_chip::KernelHandle, DistError>
     where
-        F: Fn(&mut strata_chip::KernelCtx<'_>) -> Result<(), strata_chip::KernelError>
-            + Send
-            + Sync
-            + 'static,
+        F: Fn(&mut strata_chip::KernelCtx<'_>) -> CallbackResult + Send + Sync + 'static,
     {
         Ok(self
             .programs
@@ -228,10 +257,7 @@ impl DistWorker {
         f: F,
     ) -> Result<strata_chip::OrchHandle, DistError>
     where
-        F: Fn(
-                &mut strata_chip::ChipOrch,
-                &strata_chip::ChipArgs,
-            ) -> Result<(), strata_chip::ChipError>
+        F: Fn(&mut strata_chip::ChipOrch, &strata_chip::ChipArgs) -> CallbackResult
             + Send
             + Sync
             + 'static,
@@ -396,6 +422,17 @@ impl DistWorker {
             arena = Some(a);
             comm_lease = Some(lease);
         }
+        // Staging for copies between ordinary host memory and chip memory: shared memory
+        // every chip child maps (created before the fork), used in two halves.
+        let mut staging_lease = None;
+        let mut staging = None;
+        if cfg.level == Level::L3 && !cfg.chips.is_empty() && cfg.staging_bytes > 0 {
+            let lease = self
+                .shared
+                .lease_region(cfg.staging_bytes as usize, "staging")?;
+            staging = Some((lease.id(), cfg.staging_bytes / 2));
+            staging_lease = Some(lease);
+        }
         let visible_regions = self.shared.regions() as u64;
 
         let mut programs: Vec<Box<dyn ChildProgram>> = Vec::new();
@@ -529,6 +566,12 @@ impl DistWorker {
             shared: self.shared.clone(),
             comm,
             minter: self.minter.clone(),
+            staging,
+            device_capacity: if cfg.level == Level::L3 {
+                cfg.chips.iter().map(|c| c.device_memory_bytes).collect()
+            } else {
+                Vec::new()
+            },
             child_tensors: Mutex::new(HashMap::new()),
         });
         Ok(Runtime {
@@ -543,6 +586,7 @@ impl DistWorker {
             mailbox_bases,
             heap_leases,
             comm_lease,
+            _staging_lease: staging_lease,
         })
     }
 
@@ -619,7 +663,8 @@ impl DistWorker {
     /// submit waits for the oldest.
     ///
     /// # Errors
-    /// The worker is not ready or unusable; an unregistered orchestration; the
+    /// [`DistError::BadArgument`] for an argument `args`' builder recorded as invalid; the
+    /// worker is not ready or unusable; an unregistered orchestration; the
     /// orchestration's own error ([`DistError::Orchestration`], after its started tasks
     /// finished and the rest were cancelled).
     pub fn submit(
@@ -657,6 +702,7 @@ impl DistWorker {
         waits: bool,
         nested: bool,
     ) -> Result<RunHandle, DistError> {
+        crate::orch::check_args(args, None)?;
         let rt = self.runtime("submit")?;
         let f = rt
             .programs
@@ -717,7 +763,10 @@ impl DistWorker {
                 })
             }
             Err(e) => {
-                let failure = Failure::new(FailureKind::Cancelled, format!("orchestration: {e}"));
+                let failure = Failure::new(
+                    FailureKind::Cancelled,
+                    format!("orchestration: {}", strata_types::error_chain(&*e)),
+                );
                 rt.graph.fail_run(failure)?;
                 ctx.link.nudge();
                 // The run fence: tasks already running finish before the error returns.
@@ -800,7 +849,7 @@ impl DistWorker {
         worker: usize,
         shape: &[u64],
         dtype: DataType,
-    ) -> Result<ChildTensor, DistError> {
+    ) -> Result<DeviceTensor, DistError> {
         self.idle_control("alloc_child_tensor")?
             .alloc_child_tensor(worker, shape, dtype)
     }
@@ -809,7 +858,7 @@ impl DistWorker {
     ///
     /// # Errors
     /// A run in flight, a double free.
-    pub fn free(&mut self, t: ChildTensor) -> Result<(), DistError> {
+    pub fn free(&mut self, t: DeviceTensor) -> Result<(), DistError> {
         self.idle_control("free")?.free_child_tensor(t)
     }
 
@@ -817,7 +866,7 @@ impl DistWorker {
     ///
     /// # Errors
     /// A run in flight, size mismatch, a freed tensor.
-    pub fn copy_to(&mut self, dst: &ChildTensor, src: &SharedTensor) -> Result<(), DistError> {
+    pub fn copy_to(&mut self, dst: &DeviceTensor, src: &SharedTensor) -> Result<(), DistError> {
         self.idle_control("copy_to")?
             .copy(dst, src, crate::control::CopyDirection::ToDevice)
     }
@@ -826,9 +875,55 @@ impl DistWorker {
     ///
     /// # Errors
     /// As [`DistWorker::copy_to`].
-    pub fn copy_from(&mut self, dst: &SharedTensor, src: &ChildTensor) -> Result<(), DistError> {
+    pub fn copy_from(&mut self, dst: &SharedTensor, src: &DeviceTensor) -> Result<(), DistError> {
         self.idle_control("copy_from")?
             .copy(src, dst, crate::control::CopyDirection::FromDevice)
+    }
+
+    /// Copies `src` — ordinary host memory, created any time — into chip tensor `dst`
+    /// from its byte `dst_offset` on (outside any run). The bytes go through the worker's
+    /// staging memory in chunks ([`DistConfig::staging_bytes`]), or in place — no staging
+    /// copy — if `src` lies in a shared mapping adopted before `init`
+    /// ([`strata_host::SharedMemory::adopt_region`]). Returns which way they went.
+    ///
+    /// # Errors
+    /// A run in flight; `dst` not a live chip tensor of this worker; `dst_offset +
+    /// src.len()` past the end of `dst` (checked without overflow); no staging memory.
+    pub fn copy_bytes_to(
+        &mut self,
+        dst: &DeviceTensor,
+        dst_offset: u64,
+        src: &[u8],
+    ) -> Result<crate::CopyPath, DistError> {
+        self.idle_control("copy_to")?
+            .copy_bytes_to_device(dst, dst_offset, src)
+    }
+
+    /// Copies `dst.len()` bytes of chip tensor `src`, from its byte `src_offset` on, into
+    /// `dst` — ordinary host memory (outside any run); staged, or in place into a writable
+    /// adopted mapping (one adopted read-only is refused).
+    ///
+    /// # Errors
+    /// As [`DistWorker::copy_bytes_to`]; a read-only adopted destination.
+    pub fn copy_bytes_from(
+        &mut self,
+        dst: &mut [u8],
+        src: &DeviceTensor,
+        src_offset: u64,
+    ) -> Result<crate::CopyPath, DistError> {
+        self.idle_control("copy_from")?
+            .copy_bytes_from_device(src, src_offset, dst)
+    }
+
+    /// `(free, total)` bytes of chip `worker`'s emulated card: `total` its configured
+    /// capacity (`ChipConfig::device_memory_bytes`), `free` what its allocator could still
+    /// hand out. Emulated figures (see `ChipWorker::device_memory_info`).
+    ///
+    /// # Errors
+    /// A run in flight, a worker that is not a chip.
+    pub fn device_memory_info(&mut self, worker: usize) -> Result<(u64, u64), DistError> {
+        self.idle_control("device_memory_info")?
+            .device_memory_info(worker)
     }
 
     /// Bytes chip `worker`'s allocator holds.
@@ -851,7 +946,7 @@ impl DistWorker {
     /// a range that leaves the tensor or the region; a worker that is not a chip.
     pub fn copy_range(
         &mut self,
-        t: &ChildTensor,
+        t: &DeviceTensor,
         dev_offset: u64,
         region: u64,
         offset: u64,
@@ -1118,6 +1213,8 @@ impl DistWorker {
             if let Some(lease) = rt.comm_lease.take() {
                 self.shared.quarantine(lease);
             }
+            // A control copy runs on the child's serving thread, never in a task, so a
+            // detached task cannot be writing the staging region; it is returned as usual.
             // The abandoned tasks' tensors stay in use for good: host copies refuse and
             // their pages are never discarded.
         } else {
@@ -1155,6 +1252,11 @@ impl Drop for DistWorker {
         let _ = self.close();
     }
 }
+
+/// The mailbox failure code a level-3 child reports when the task failed because one of
+/// its chips did, so the parent attributes it to a chip too
+/// ([`strata_graph::WorkerClass::Chip`]).
+pub(crate) const CHIP_FAILED_BELOW: i32 = 0x4348_4950; // "CHIP"
 
 /// The least grace `close` gives the children to exit once the scheduler stopped (or
 /// `close_grace`, if shorter), however much of `close_grace` the runs took.

@@ -228,10 +228,7 @@ fn the_fence_of_a_failed_orchestration_ends_at_the_stuck_tasks_deadline() -> Out
     let t0 = Instant::now();
     // A per-task deadline given by the call configuration (the worker's default is
     // minutes).
-    let config = strata_types::CallConfig {
-        timeout_ms: 500,
-        ..Default::default()
-    };
+    let config = strata_types::CallConfig::default().with_timeout(Duration::from_millis(500));
     let got = w.submit_with(&orch, &TaskArgs::new(), &config);
     let took = t0.elapsed();
     let fired = dog.disarm();

@@ -10,7 +10,7 @@ use strata_comm::{Comm, DistributedTensor, NotifyOp, StoreOp, WaitCmp};
 use strata_dist::*;
 use strata_host::SharedTensor;
 use strata_testkit::*;
-use strata_types::{ArgTag, DataType, TaskArgs, TensorArg};
+use strata_types::{ArgTag, CallbackResult, DataType, TaskArgs, TensorArg};
 
 fn l3(chips: usize) -> DistConfig {
     let mut c = DistConfig::l3(vec![ChipConfig::default(); chips], 0);
@@ -23,7 +23,7 @@ fn l3(chips: usize) -> DistConfig {
 fn register(
     w: &mut DistWorker,
     name: &str,
-    kernel: impl Fn(&mut KernelCtx<'_>) -> Result<(), KernelError> + Send + Sync + 'static,
+    kernel: impl Fn(&mut KernelCtx<'_>) -> CallbackResult + Send + Sync + 'static,
 ) -> Result<OrchHandle, String> {
     let k = w.register_kernel(name, kernel).ctx("kernel")?;
     w.register_chip_orchestration(name, move |o, a| {
@@ -400,7 +400,7 @@ fn rank_identity_on_the_world_and_on_a_sub_domain() -> Outcome {
         d.read(d.rank(), 0, &mut y)?;
         let world = comm.world_rank();
         if d.world_rank_of(d.rank())? != world {
-            return Err(KernelError::new("domain rank does not map to this chip"));
+            return Err("domain rank does not map to this chip".into());
         }
         let out = ctx.output::<f32>(1)?;
         let mut out = out;
@@ -496,8 +496,8 @@ fn host_level_collectives_match_host_goldens() -> Outcome {
         let ops = ReduceOp::ALL;
         let (xa, ya, ga) = (x.clone(), ys.clone(), gathered.clone());
         let orch = w.register_orchestration("collectives", move |o, a| {
-            let algo =
-                AllreduceAlgo::from_code(a.scalar::<u64>(0).ok_or("algo")?).ok_or("algo code")?;
+            let algo = AllreduceAlgo::from_code(a.scalar_at::<u64>(0).ok_or("algo")?)
+                .ok_or("algo code")?;
             let row = |t: &SharedTensor, r: u64| -> Result<TensorArg, DistError> {
                 Ok(t.arg_view(t.view().slice(0, r, r + 1)?, ArgTag::Input)?)
             };

@@ -22,7 +22,7 @@ mod common;
 use common::*;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
-use strata_chip::{ChipConfig, CoreArgs, KernelError, OrchHandle};
+use strata_chip::{ChipConfig, CoreArgs, OrchHandle};
 use strata_dist::*;
 use strata_host::ExecMode;
 use strata_types::{ArgTag, CallConfig, DataType, TaskArgs};
@@ -238,7 +238,7 @@ fn chip_task(
     let k = w
         .register_kernel(name, move |ctx| {
             let fault: u64 = ctx.scalar(0)?;
-            body(fault).map_err(KernelError::new)
+            Ok(body(fault)?)
         })
         .ctx("kernel")?;
     w.register_chip_orchestration(name, move |o, a| {
@@ -303,7 +303,7 @@ impl Rig {
                 let wf = words.clone();
                 let faulty = w.register_sub("faulty", move |call| {
                     let fault = call.scalar::<u64>(0).ok_or("no fault code")?;
-                    faulty_body(&wf, fault)
+                    Ok(faulty_body(&wf, fault)?)
                 });
                 let wi = words.clone();
                 let indep = chip_task(&mut w, "independent", move |_| independent_body(&wi))?;
@@ -321,7 +321,7 @@ impl Rig {
                 let wg = words.clone();
                 let grand = w.register_sub("grand", move |call| {
                     let fault = call.scalar::<u64>(0).ok_or("no fault code")?;
-                    faulty_body(&wg, fault)
+                    Ok(faulty_body(&wg, fault)?)
                 });
                 let wf = words.clone();
                 // SIGKILL, SIGSTOP and the loop hit the level-3 process while its own
@@ -329,7 +329,7 @@ impl Rig {
                 // must not outlive it. The other faults happen in the level-3 process's
                 // orchestration itself.
                 let faulty = w.register_orchestration("faulty", move |o, a| {
-                    let fault = a.scalar::<u64>(0).ok_or("no fault code")?;
+                    let fault = a.scalar_at::<u64>(0).ok_or("no fault code")?;
                     match Fault::from_code(fault) {
                         Some(Fault::Kill | Fault::Stop | Fault::Loop) => {
                             o.submit_sub(&grand, &args(&[], &[fault]))?;
@@ -394,10 +394,7 @@ fn exercise(rig: &mut Rig, kind: Kind, fault: Fault) -> Result<Measured, String>
     // A level-3 child passes its run's configuration on to its own tasks, so the nested
     // runs keep the default and meet the level-4 worker's backstop instead.
     let config = if fault.needs_deadline() && kind != Kind::Nested {
-        CallConfig {
-            timeout_ms: TASK_DEADLINE.as_millis() as u64,
-            ..CallConfig::default()
-        }
+        CallConfig::default().with_timeout(TASK_DEADLINE)
     } else {
         CallConfig::default()
     };

@@ -154,16 +154,13 @@ fn a_stalled_chip_orchestration_ends_its_process_and_fails_the_run_naming_it() -
         .register_chip_orchestration("fine", |_, _| Ok(()))
         .ctx("chip orch")?;
     let orch = w.register_orchestration("stall", move |o, a| {
-        let target = a.scalar::<u64>(0).ok_or("scalar")? as usize;
+        let target = a.scalar_at::<u64>(0).ok_or("scalar")? as usize;
         o.submit_next_level(fine, &TaskArgs::new(), 1 - target)?;
         o.submit_next_level(spin, &TaskArgs::new(), target)?;
         Ok(())
     });
     w.init().ctx("init")?;
-    let cfg = CallConfig {
-        timeout_ms: 50,
-        ..CallConfig::default()
-    };
+    let cfg = CallConfig::default().with_timeout(Duration::from_millis(50));
     let t0 = Instant::now();
     let err = w
         .run_with(&orch, &args(&[], &[0]), &cfg)

@@ -17,7 +17,7 @@ mod common;
 
 use common::*;
 use std::time::Instant;
-use strata_chip::{CoreArgs, KernelError};
+use strata_chip::CoreArgs;
 use strata_dist::*;
 use strata_host::ExecMode;
 use strata_types::{ArgTag, DataType, TaskArgs};
@@ -116,9 +116,7 @@ fn soak(tasks: u64, runs: u64) -> Outcome {
     // Two chip tasks per run, the rest a chain of sub tasks.
     let chain = per_run - 2;
     let mut w = DistWorker::new(l3_config(ExecMode::Process, 2, 1)).ctx("new")?;
-    let empty = w
-        .register_kernel("empty", |_| Ok::<(), KernelError>(()))
-        .ctx("kernel")?;
+    let empty = w.register_kernel("empty", |_| Ok(())).ctx("kernel")?;
     let chip_empty = w
         .register_chip_orchestration("empty", move |o, _| {
             o.submit_aiv(empty, &CoreArgs::new())?;

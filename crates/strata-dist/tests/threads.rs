@@ -86,7 +86,7 @@ fn random_programs_start_in_submission_order_on_every_worker() -> Outcome {
             .collect()
     }
     let orch = w.register_orchestration("random", move |o, a| {
-        let seed: u64 = a.scalar(0).ok_or("the seed is scalar 0")?;
+        let seed: u64 = a.scalar_at(0).ok_or("the seed is scalar 0")?;
         for (label, workers) in program(seed).iter().enumerate() {
             let spin = (seed + label as u64) % 7 * 20;
             let member = |w: usize| {

@@ -14,12 +14,12 @@ pub fn e6_dummy_task(config: ChipConfig) -> Result<WorkloadReport, WorkloadError
     let mut chip = ChipWorker::new(config)?;
     let write = chip.register_kernel_fn("write_const", |ctx| {
         let mut t = ctx.output::<f32>(0)?;
-        t.set_flat(0, 42.0);
+        t.set_flat(0, 42.0)?;
         Ok(())
     })?;
     let copy = chip.register_kernel_fn("copy_first", |ctx| {
-        let v = ctx.input::<f32>(0)?.get_flat(0).ok_or("empty input")?;
-        ctx.output::<f32>(1)?.set_flat(0, v);
+        let v = ctx.input::<f32>(0)?.get_flat(0)?;
+        ctx.output::<f32>(1)?.set_flat(0, v)?;
         Ok(())
     })?;
     let orch = chip.register_orchestration_fn("dummy_task", move |o, args| {
@@ -60,10 +60,7 @@ pub fn e6_dummy_task(config: ChipConfig) -> Result<WorkloadReport, WorkloadError
         }
         Ok(())
     })?;
-    let cfg = CallConfig {
-        aicpu_thread_num: 2,
-        ..CallConfig::default()
-    };
+    let cfg = CallConfig::default().with_aicpu_threads(2);
     chip.init()?;
     let mut rep = WorkloadReport::default();
     for case in 1..=4u32 {

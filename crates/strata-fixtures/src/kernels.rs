@@ -2,26 +2,23 @@
 //! the host matmul their goldens use.
 
 use strata_chip::{KernelCtx, KernelError};
+use strata_types::CallbackResult;
 
 /// `out = a + b` over args `base`, `base+1` (inputs) and `base+2` (output), any shape.
 pub fn add_kernel(
     base: usize,
-) -> impl Fn(&mut KernelCtx<'_>) -> Result<(), KernelError> + Send + Sync + 'static {
+) -> impl Fn(&mut KernelCtx<'_>) -> CallbackResult + Send + Sync + 'static {
     move |ctx| binary(ctx, base, |x, y| x + y)
 }
 
 /// `out = a * b` over args `base..base+3`.
 pub fn mul_kernel(
     base: usize,
-) -> impl Fn(&mut KernelCtx<'_>) -> Result<(), KernelError> + Send + Sync + 'static {
+) -> impl Fn(&mut KernelCtx<'_>) -> CallbackResult + Send + Sync + 'static {
     move |ctx| binary(ctx, base, |x, y| x * y)
 }
 
-fn binary(
-    ctx: &mut KernelCtx<'_>,
-    base: usize,
-    op: impl Fn(f32, f32) -> f32,
-) -> Result<(), KernelError> {
+fn binary(ctx: &mut KernelCtx<'_>, base: usize, op: impl Fn(f32, f32) -> f32) -> CallbackResult {
     let a = ctx.input::<f32>(base)?;
     let b = ctx.input::<f32>(base + 1)?;
     let mut out = ctx.output::<f32>(base + 2)?;
@@ -32,7 +29,8 @@ fn binary(
                 a.len(),
                 b.len(),
                 o.len()
-            )));
+            ))
+            .into());
         }
         for ((o, x), y) in o.iter_mut().zip(a).zip(b) {
             *o = op(*x, *y);
@@ -41,16 +39,16 @@ fn binary(
     }
     let (av, bv) = (a.to_vec(), b.to_vec());
     if av.len() != out.numel() || bv.len() != out.numel() {
-        return Err(KernelError::new("length mismatch"));
+        return Err("length mismatch".into());
     }
     for i in 0..av.len() {
-        out.set_flat(i as u64, op(av[i], bv[i]));
+        out.set_flat(i as u64, op(av[i], bv[i]))?;
     }
     Ok(())
 }
 
 /// `out(1) = in(0) + scalar 0 (f32)`.
-pub fn add_scalar_kernel(ctx: &mut KernelCtx<'_>) -> Result<(), KernelError> {
+pub fn add_scalar_kernel(ctx: &mut KernelCtx<'_>) -> CallbackResult {
     let s: f32 = ctx.scalar(0)?;
     let a = ctx.input::<f32>(0)?;
     let mut out = ctx.output::<f32>(1)?;
@@ -69,7 +67,7 @@ pub fn add_scalar_kernel(ctx: &mut KernelCtx<'_>) -> Result<(), KernelError> {
 /// `C(base+2) = A(base) @ B(base+1)`; 2-D views, or 1-D views read as square matrices.
 pub fn matmul_kernel(
     base: usize,
-) -> impl Fn(&mut KernelCtx<'_>) -> Result<(), KernelError> + Send + Sync + 'static {
+) -> impl Fn(&mut KernelCtx<'_>) -> CallbackResult + Send + Sync + 'static {
     move |ctx| {
         let a = ctx.input::<f32>(base)?;
         let b = ctx.input::<f32>(base + 1)?;
@@ -90,7 +88,8 @@ pub fn matmul_kernel(
             return Err(KernelError::new(format!(
                 "shape mismatch {m}x{k} @ {k2}x{n} -> {}",
                 c.numel()
-            )));
+            ))
+            .into());
         }
         let av = a.to_vec();
         let bv = b.to_vec();

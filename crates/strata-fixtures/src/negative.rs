@@ -7,7 +7,7 @@ use crate::kernels::add_kernel;
 use crate::support::{check_close, WorkloadError};
 use std::time::Duration;
 use strata_chip::*;
-use strata_types::{CallConfig, DataType, RingOverride};
+use strata_types::{CallConfig, CallbackResult, DataType, RingOverride};
 
 /// Elements of each host tensor a case runs with.
 const LEN: u64 = 128;
@@ -40,7 +40,7 @@ pub struct NegativeCase {
     /// Case name (as in the reference's `runtime_fatal_codes`).
     pub name: &'static str,
     /// The chip orchestration the case runs.
-    pub orchestration: fn(&mut ChipOrch, &ChipArgs, CaseKernels) -> Result<(), ChipError>,
+    pub orchestration: fn(&mut ChipOrch, &ChipArgs, CaseKernels) -> CallbackResult,
     /// The call configuration of its run.
     pub call: fn() -> CallConfig,
     /// Its host arguments.
@@ -62,23 +62,13 @@ pub struct NegativeOutcome {
     pub error: String,
 }
 
-/// Every ring sized alike; 0 keeps a field's default.
-fn rings(task_window: u64, heap_bytes: u64, dep_pool: u64) -> CallConfig {
-    CallConfig {
-        rings: [RingOverride {
-            task_window,
-            heap_bytes,
-            dep_pool,
-        }; 4],
-        ..CallConfig::default()
-    }
+/// Every ring with the same override.
+fn rings(ring: RingOverride) -> CallConfig {
+    CallConfig::default().with_rings(ring)
 }
 
 fn timeout(ms: u64) -> CallConfig {
-    CallConfig {
-        timeout_ms: ms,
-        ..CallConfig::default()
-    }
+    CallConfig::default().with_timeout(Duration::from_millis(ms))
 }
 
 fn out16() -> TensorCreateInfo {
@@ -86,7 +76,7 @@ fn out16() -> TensorCreateInfo {
 }
 
 /// Eight live outputs in a task window of four, none retired before the scope ends.
-fn scope_deadlock(o: &mut ChipOrch, _: &ChipArgs, _: CaseKernels) -> Result<(), ChipError> {
+fn scope_deadlock(o: &mut ChipOrch, _: &ChipArgs, _: CaseKernels) -> CallbackResult {
     for _ in 0..8 {
         o.submit_dummy(CoreArgs::new().output_new(out16()))?;
     }
@@ -94,13 +84,13 @@ fn scope_deadlock(o: &mut ChipOrch, _: &ChipArgs, _: CaseKernels) -> Result<(), 
 }
 
 /// One output larger than a 1 KiB heap ring.
-fn heap_ring_deadlock(o: &mut ChipOrch, _: &ChipArgs, _: CaseKernels) -> Result<(), ChipError> {
+fn heap_ring_deadlock(o: &mut ChipOrch, _: &ChipArgs, _: CaseKernels) -> CallbackResult {
     o.submit_dummy(CoreArgs::new().output_new(TensorCreateInfo::new(DataType::F32, &[8192])))?;
     Ok(())
 }
 
 /// Nested scopes that keep more tasks live than the window holds.
-fn flow_control_deadlock(o: &mut ChipOrch, _: &ChipArgs, _: CaseKernels) -> Result<(), ChipError> {
+fn flow_control_deadlock(o: &mut ChipOrch, _: &ChipArgs, _: CaseKernels) -> CallbackResult {
     for _ in 0..8 {
         o.scope_begin()?;
         for _ in 0..3 {
@@ -111,7 +101,7 @@ fn flow_control_deadlock(o: &mut ChipOrch, _: &ChipArgs, _: CaseKernels) -> Resu
 }
 
 /// A reader of 128 live producers against a dependency pool of four.
-fn dep_pool_overflow(o: &mut ChipOrch, args: &ChipArgs, _: CaseKernels) -> Result<(), ChipError> {
+fn dep_pool_overflow(o: &mut ChipOrch, args: &ChipArgs, _: CaseKernels) -> CallbackResult {
     let x = args.tensor(0)?;
     for i in 0..LEN {
         // Producers that own a created tensor stay live (retained by the scope).
@@ -125,17 +115,13 @@ fn dep_pool_overflow(o: &mut ChipOrch, args: &ChipArgs, _: CaseKernels) -> Resul
     Ok(())
 }
 
-fn invalid_args(o: &mut ChipOrch, _: &ChipArgs, _: CaseKernels) -> Result<(), ChipError> {
+fn invalid_args(o: &mut ChipOrch, _: &ChipArgs, _: CaseKernels) -> CallbackResult {
     o.submit_dummy(CoreArgs::new().set_dependencies(&[ChipTaskId::INVALID; 4]))?;
     Ok(())
 }
 
 /// More blocks started together than the chip has cores.
-fn require_sync_start_invalid(
-    o: &mut ChipOrch,
-    args: &ChipArgs,
-    k: CaseKernels,
-) -> Result<(), ChipError> {
+fn require_sync_start_invalid(o: &mut ChipOrch, args: &ChipArgs, k: CaseKernels) -> CallbackResult {
     o.submit_aiv(
         k.add,
         CoreArgs::new()
@@ -147,31 +133,29 @@ fn require_sync_start_invalid(
 }
 
 /// The orchestration reads a tensor whose producer never finishes.
-fn tensor_wait_timeout(o: &mut ChipOrch, args: &ChipArgs, k: CaseKernels) -> Result<(), ChipError> {
+fn tensor_wait_timeout(o: &mut ChipOrch, args: &ChipArgs, k: CaseKernels) -> CallbackResult {
     let x = args.tensor(0)?;
     o.submit_aiv(k.hang, CoreArgs::new().inout(&x))?;
     let _: f32 = o.get_tensor_data(&x, &[0])?;
     Ok(())
 }
 
-fn explicit_fatal(o: &mut ChipOrch, _: &ChipArgs, _: CaseKernels) -> Result<(), ChipError> {
+fn explicit_fatal(o: &mut ChipOrch, _: &ChipArgs, _: CaseKernels) -> CallbackResult {
     let e = o.report_fatal(codes::EXPLICIT_ORCH_FATAL, "deliberate fatal");
     // Later calls are no-ops that return the latched error.
     let again = o.submit_dummy(&CoreArgs::new());
     if !matches!(again, Err(ChipError::Fatal { code: 9, .. })) {
-        return Err(ChipError::Internal(
-            "API call after a fatal was not a no-op".into(),
-        ));
+        return Err(ChipError::Internal("API call after a fatal was not a no-op".into()).into());
     }
-    Err(e)
+    Err(e.into())
 }
 
-fn aicore_hang(o: &mut ChipOrch, args: &ChipArgs, k: CaseKernels) -> Result<(), ChipError> {
+fn aicore_hang(o: &mut ChipOrch, args: &ChipArgs, k: CaseKernels) -> CallbackResult {
     o.submit_aiv(k.hang, CoreArgs::new().inout(&args.tensor(0)?))?;
     Ok(())
 }
 
-fn kernel_failure(o: &mut ChipOrch, args: &ChipArgs, k: CaseKernels) -> Result<(), ChipError> {
+fn kernel_failure(o: &mut ChipOrch, args: &ChipArgs, k: CaseKernels) -> CallbackResult {
     let x = args.tensor(0)?;
     o.submit_aiv(k.fail, CoreArgs::new().inout(&x))?;
     // Downstream of the failure: poisoned, never runs.
@@ -182,7 +166,7 @@ fn kernel_failure(o: &mut ChipOrch, args: &ChipArgs, k: CaseKernels) -> Result<(
     .map(|_| ())
     .or_else(|e| match e {
         ChipError::RunFailed { .. } => Ok(()),
-        e => Err(e),
+        e => Err(e.into()),
     })
 }
 
@@ -191,7 +175,7 @@ pub const NEGATIVE_CASES: &[NegativeCase] = &[
     NegativeCase {
         name: "scope_deadlock",
         orchestration: scope_deadlock,
-        call: || rings(4, 0, 0),
+        call: || rings(RingOverride::default().with_task_window(4)),
         args: CaseArgs::None,
         code: codes::SCOPE_DEADLOCK,
         mentions: &[],
@@ -199,7 +183,7 @@ pub const NEGATIVE_CASES: &[NegativeCase] = &[
     NegativeCase {
         name: "heap_ring_deadlock",
         orchestration: heap_ring_deadlock,
-        call: || rings(0, 1024, 0),
+        call: || rings(RingOverride::default().with_heap_bytes(1024)),
         args: CaseArgs::None,
         code: codes::HEAP_RING_DEADLOCK,
         mentions: &["ring 0", "heap_bytes"],
@@ -207,7 +191,7 @@ pub const NEGATIVE_CASES: &[NegativeCase] = &[
     NegativeCase {
         name: "flow_control_deadlock",
         orchestration: flow_control_deadlock,
-        call: || rings(4, 0, 0),
+        call: || rings(RingOverride::default().with_task_window(4)),
         args: CaseArgs::None,
         code: codes::FLOW_CONTROL_DEADLOCK,
         mentions: &["task_window = 4"],
@@ -215,7 +199,7 @@ pub const NEGATIVE_CASES: &[NegativeCase] = &[
     NegativeCase {
         name: "dep_pool_overflow",
         orchestration: dep_pool_overflow,
-        call: || rings(0, 0, 4),
+        call: || rings(RingOverride::default().with_dep_pool(4)),
         args: CaseArgs::X,
         code: codes::DEP_POOL_OVERFLOW,
         mentions: &["dep_pool = 4"],
@@ -315,9 +299,9 @@ pub fn negative_suite(mut config: ChipConfig) -> Result<Vec<NegativeOutcome>, Wo
             while !ctx.cancelled() {
                 std::thread::sleep(Duration::from_micros(200));
             }
-            Err(KernelError::new("cancelled"))
+            Err("cancelled".into())
         })?,
-        fail: chip.register_kernel_fn("fails", |_| Err(KernelError::new("deliberate failure")))?,
+        fail: chip.register_kernel_fn("fails", |_| Err("deliberate failure".into()))?,
     };
     let mut orchestrations = Vec::with_capacity(NEGATIVE_CASES.len());
     for case in NEGATIVE_CASES {

@@ -5,12 +5,12 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use strata_chip::*;
-use strata_types::CallConfig;
+use strata_types::{CallConfig, CallbackResult};
 
 fn spmd_writer(
     slot_of: fn(&KernelCtx<'_>) -> u64,
     aic: bool,
-) -> impl Fn(&mut KernelCtx<'_>) -> Result<(), KernelError> + Send + Sync + 'static {
+) -> impl Fn(&mut KernelCtx<'_>) -> CallbackResult + Send + Sync + 'static {
     move |ctx| {
         let out = ctx.shared::<f32>(0)?;
         let base = 16 * slot_of(ctx);
@@ -131,7 +131,7 @@ pub fn spmd_barrier(config: ChipConfig, blocks: u32) -> Result<WorkloadReport, W
         let t = Instant::now();
         while arr.load(Ordering::Acquire) < n {
             if ctx.cancelled() || t.elapsed() > Duration::from_secs(60) {
-                return Err(KernelError::new("barrier: a sibling block never arrived"));
+                return Err("barrier: a sibling block never arrived".into());
             }
             std::thread::yield_now();
         }

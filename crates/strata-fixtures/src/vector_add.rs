@@ -65,21 +65,20 @@ pub fn e1_vector_add(config: ChipConfig) -> Result<WorkloadReport, WorkloadError
 /// The four ring configurations of E1b: `{window 16, heap 1 MiB, dep 64}`, `{128, 8 MiB,
 /// 256}`, per-ring `{[128,64,32,16], [8,4,2,1] MiB, [256,128,64,64]}`, and defaults.
 pub fn e1b_ring_configs() -> Vec<CallConfig> {
-    let all = |w, h, d| CallConfig {
-        rings: [RingOverride {
-            task_window: w,
-            heap_bytes: h,
-            dep_pool: d,
-        }; 4],
-        ..CallConfig::default()
+    let all = |w, h, d| {
+        CallConfig::default().with_rings(
+            RingOverride::default()
+                .with_task_window(w)
+                .with_heap_bytes(h)
+                .with_dep_pool(d),
+        )
     };
     let mut per_ring = CallConfig::default();
     for (i, r) in per_ring.rings.iter_mut().enumerate() {
-        *r = RingOverride {
-            task_window: [128, 64, 32, 16][i],
-            heap_bytes: [8u64, 4, 2, 1][i] << 20,
-            dep_pool: [256, 128, 64, 64][i],
-        };
+        *r = RingOverride::default()
+            .with_task_window([128, 64, 32, 16][i])
+            .with_heap_bytes([8u64, 4, 2, 1][i] << 20)
+            .with_dep_pool([256, 128, 64, 64][i]);
     }
     vec![
         all(16, 1 << 20, 64),

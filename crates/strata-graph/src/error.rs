@@ -39,6 +39,30 @@ struct FailureInner {
     kind: FailureKind,
     code: i32,
     message: String,
+    origin: Option<Origin>,
+}
+
+/// What kind of worker a task ran on, as the engine that dispatched it knows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WorkerClass {
+    /// A chip: its kernels or its chip orchestration, whether the chip is a child of this
+    /// engine or of a worker below it.
+    Chip,
+    /// A host sub-worker running a callback.
+    SubWorker,
+    /// A whole next-level worker (a level-3 worker under a level-4 one) that failed as a
+    /// whole: it died, or its orchestration failed.
+    Worker,
+}
+
+/// Where a failure happened: the class of worker and its index among its engine's
+/// children of that kind (next-level worker id, or sub-worker index).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Origin {
+    /// What kind of worker.
+    pub class: WorkerClass,
+    /// Its index.
+    pub index: u32,
 }
 
 impl Failure {
@@ -53,7 +77,27 @@ impl Failure {
             kind,
             code,
             message: message.into(),
+            origin: None,
         }))
+    }
+
+    /// The same failure, saying where it happened.
+    pub fn with_origin(self, origin: Origin) -> Self {
+        let inner = Arc::try_unwrap(self.0).unwrap_or_else(|shared| FailureInner {
+            kind: shared.kind,
+            code: shared.code,
+            message: shared.message.clone(),
+            origin: shared.origin,
+        });
+        Failure(Arc::new(FailureInner {
+            origin: Some(origin),
+            ..inner
+        }))
+    }
+
+    /// Where it happened, if the engine that reported it knows.
+    pub fn origin(&self) -> Option<Origin> {
+        self.0.origin
     }
 
     /// The kind.

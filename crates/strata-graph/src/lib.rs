@@ -71,7 +71,7 @@ mod loom_tests;
 
 pub use access::{Access, AddressDomain, BufferKey, KeySpace, Placement};
 pub use core::ReadyTask;
-pub use error::{DeadlockCause, Failure, FailureKind, GraphError};
+pub use error::{DeadlockCause, Failure, FailureKind, GraphError, Origin, WorkerClass};
 pub use footprint::{Footprint, Overlap};
 pub use orchestrator::{graph, GraphConfig, Orchestrator, RunWaiter, Submitted, TaskSpec};
 pub use ring::{ring_for_depth, HeapSlab, RingConfig, HEAP_ALIGN, RING_COUNT};

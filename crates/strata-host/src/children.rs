@@ -12,8 +12,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use strata_mailbox::release_foreign_mailboxes;
 use strata_mailbox::{
-    AssumeAlive, Child, ChildProcess, ControlReply, ControlRequest, Failure, FrameId, Handler,
-    Liveness, Mailbox, MailboxError, MailboxState, Parent, PublishHook, ServeOptions,
+    AssumeAlive, Child, ChildProcess, ControlReply, ControlRequest, FailureReport, FrameId,
+    Handler, Liveness, Mailbox, MailboxError, MailboxState, Parent, PublishHook, ServeOptions,
     TaskCompletion, TaskPublication, TaskSlot, WaitOptions,
 };
 
@@ -1287,18 +1287,18 @@ fn run_child(
 ) -> i32 {
     let mut child = Child::with_parent(mailbox, env.parent_pid).with_options(serve);
     if let Err(message) = setup {
-        let _ = child.init_failed(&Failure::new(INIT_FAILED_CODE, message));
+        let _ = child.init_failed(&FailureReport::new(INIT_FAILED_CODE, message));
         return exit_codes::START_FAILED;
     }
     let mut handler = match catch_unwind(AssertUnwindSafe(|| program.start(&env))) {
         Ok(Ok(h)) => h,
         Ok(Err(message)) => {
-            let _ = child.init_failed(&Failure::new(INIT_FAILED_CODE, message));
+            let _ = child.init_failed(&FailureReport::new(INIT_FAILED_CODE, message));
             return exit_codes::START_FAILED;
         }
         Err(payload) => {
             let message = format!("panicked: {}", panic_message(&*payload));
-            let _ = child.init_failed(&Failure::new(INIT_FAILED_CODE, message));
+            let _ = child.init_failed(&FailureReport::new(INIT_FAILED_CODE, message));
             return exit_codes::START_PANICKED;
         }
     };

@@ -166,6 +166,15 @@ pub enum HostError {
         /// Tasks in flight that name it.
         tasks: u32,
     },
+    /// Memory handed to [`crate::SharedMemory::adopt_region`] that is not (all) mapped
+    /// `MAP_SHARED` in this process.
+    #[error("cannot adopt {label} as shared memory: {reason}")]
+    NotShared {
+        /// The label it was offered under.
+        label: String,
+        /// What is wrong and how to fix it.
+        reason: String,
+    },
     /// A byte range that leaves its region.
     #[error("bytes [{offset}, {offset} + {len}) are outside shared-memory region {region} of {region_len} bytes")]
     OutOfBounds {

@@ -31,7 +31,7 @@
 //! use std::sync::atomic::{AtomicU64, Ordering};
 //! use strata_host::*;
 //! use strata_mailbox::{encode_args_blob, EncodedConfig, FrameIdentity, TaskPublication, TaskSlot};
-//! use strata_types::{ArgTag, IdentityMinter, TaskArgs};
+//! use strata_types::{IdentityMinter, TaskArgs};
 //!
 //! // Before the children start: shared tensors and registered closures.
 //! let mem = SharedMemory::new();
@@ -52,9 +52,8 @@
 //!     vec![Box::new(SubProgram::new(registry).with_index(0))];
 //! let mut children = Children::spawn(&mem, programs, SpawnOptions::new(ExecMode::Threads))?;
 //!
-//! let mut args = TaskArgs::new();
-//! args.push_tensor(data.arg(ArgTag::InOut))?;
-//! let blob = encode_args_blob(&args);
+//! let args = TaskArgs::new().inout(&data);
+//! let blob = encode_args_blob(&args)?;
 //! let config = EncodedConfig::default();
 //! let id = FrameIdentity { run_id: 1, lease_slot: 0, lease_generation: 1, dispatch_id: 1 };
 //! let task = TaskPublication::run(double, id, &config, &blob);
@@ -67,7 +66,6 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-mod access;
 mod children;
 mod doorbell;
 mod error;
@@ -75,7 +73,6 @@ mod shm;
 mod sub;
 mod tensor;
 
-pub use access::{TensorIter, TensorMut, TensorRef};
 pub use children::{
     exit_codes, other_threads, ChildEnv, ChildProgram, ChildReport, Children, ExecMode, Lane,
     ShutdownReport, SpawnOptions, ABORT_GRACE, DROP_GRACE, INIT_FAILED_CODE,

@@ -17,8 +17,24 @@ use strata_types::BufferIdentity;
 /// are committed lazily, on first touch.
 #[derive(Debug)]
 pub(crate) struct Mapping {
-    map: MmapRaw,
+    map: Backing,
 }
+
+/// What a region's bytes are: a memfd mapping of the runtime's own, or memory the caller
+/// mapped `MAP_SHARED` and handed over ([`SharedMemory::adopt_region`]), which the
+/// runtime neither unmaps nor discards.
+#[derive(Debug)]
+enum Backing {
+    Owned(MmapRaw),
+    Adopted { ptr: *mut u8 },
+}
+
+// SAFETY: an adopted mapping is a plain address range; `adopt_region`'s contract keeps it
+// mapped while the region is reachable, and every access through it is as (un)synchronised
+// as through an owned mapping (the callers of `SharedMemory::ptr` take care).
+unsafe impl Send for Backing {}
+// SAFETY: as above; the type holds no interior state of its own.
+unsafe impl Sync for Backing {}
 
 impl Mapping {
     /// A zeroed mapping of `len > 0` bytes; `label` names the memfd
@@ -43,23 +59,70 @@ impl Mapping {
         // privileges) cannot truncate the pages out from under the tree's mappings.
         strata_mailbox::seal_size(&file)?;
         let map = MmapOptions::new().len(len).map_raw(&file)?;
-        Ok(Mapping { map })
+        Ok(Mapping {
+            map: Backing::Owned(map),
+        })
     }
 
-    /// The first byte (page-aligned).
+    /// The first byte (page-aligned for the runtime's own mappings).
     pub(crate) fn ptr(&self) -> *mut u8 {
-        self.map.as_mut_ptr()
-    }
-
-    /// Gives the pages back to the kernel; the mapping stays and reads as zeros.
-    fn discard_pages(&self) {
-        // SAFETY: the range is exactly this mapping. MADV_REMOVE frees the memfd's backing
-        // pages (later accesses see fresh zero pages), so nothing dangles; callers only
-        // discard regions no task uses any more.
-        unsafe {
-            libc::madvise(self.ptr().cast(), self.map.len(), libc::MADV_REMOVE);
+        match &self.map {
+            Backing::Owned(m) => m.as_mut_ptr(),
+            Backing::Adopted { ptr } => *ptr,
         }
     }
+
+    /// Gives the pages back to the kernel; the mapping stays and reads as zeros. Memory
+    /// the caller handed over is the caller's: left as it is.
+    fn discard_pages(&self) {
+        if let Backing::Owned(m) = &self.map {
+            // SAFETY: the range is exactly this mapping. MADV_REMOVE frees the memfd's
+            // backing pages (later accesses see fresh zero pages), so nothing dangles;
+            // callers only discard regions no task uses any more.
+            unsafe {
+                libc::madvise(m.as_mut_ptr().cast(), m.len(), libc::MADV_REMOVE);
+            }
+        }
+    }
+}
+
+/// Whether every byte of `[start, start + len)` lies in `MAP_SHARED` mappings of this
+/// process (`/proc/self/maps`: a `s` in the permissions column): `Err` says what is not.
+fn check_map_shared(start: usize, len: usize) -> Result<(), String> {
+    let end = start
+        .checked_add(len)
+        .ok_or_else(|| format!("{start:#x} + {len} overflows the address space"))?;
+    let maps = std::fs::read_to_string("/proc/self/maps")
+        .map_err(|e| format!("cannot read /proc/self/maps: {e}"))?;
+    let mut covered = start;
+    for line in maps.lines() {
+        let mut cols = line.split_whitespace();
+        let (Some(range), Some(perms)) = (cols.next(), cols.next()) else {
+            continue;
+        };
+        let Some((lo, hi)) = range.split_once('-') else {
+            continue;
+        };
+        let (Ok(lo), Ok(hi)) = (usize::from_str_radix(lo, 16), usize::from_str_radix(hi, 16))
+        else {
+            continue;
+        };
+        if hi <= covered || lo > covered {
+            continue;
+        }
+        if !perms.contains('s') {
+            return Err(format!(
+                "bytes from {covered:#x} lie in a private mapping ({perms} {range}); a child forked later would see a copy-on-write snapshot, not this memory: map it MAP_SHARED (a shared file mapping) or use a SharedTensor"
+            ));
+        }
+        covered = hi;
+        if covered >= end {
+            return Ok(());
+        }
+    }
+    Err(format!(
+        "bytes from {covered:#x} to {end:#x} are not mapped in this process"
+    ))
 }
 
 /// In use.
@@ -95,6 +158,8 @@ struct Region {
     uses: AtomicU64,
     /// The identity of the [`crate::SharedTensor`] that owns the region, if one does.
     tensor: OnceLock<BufferIdentity>,
+    /// Adopted read-only ([`SharedMemory::adopt_region`]): no copy may write it.
+    read_only: bool,
     /// The process that created it. Only that process discards its pages or reuses it:
     /// the memfd is shared with every forked descendant, and a child dropping its copy of
     /// a tensor or worker must not pull the memory out from under its parent.
@@ -152,6 +217,8 @@ pub struct SharedMemory {
     chunks: Box<[OnceLock<Chunk>]>,
     /// Returned leases, ready for reuse.
     pool: Mutex<Vec<u64>>,
+    /// Regions adopted from the caller's own mappings ([`SharedMemory::adopt_region`]).
+    adopted: Mutex<Vec<u64>>,
 }
 
 /// A fixed block of region slots, each written once; chunks are allocated on demand so
@@ -166,6 +233,7 @@ impl Default for SharedMemory {
             count: AtomicUsize::new(0),
             chunks: (0..CHUNKS).map(|_| OnceLock::new()).collect(),
             pool: Mutex::new(Vec::new()),
+            adopted: Mutex::new(Vec::new()),
         }
     }
 }
@@ -244,11 +312,130 @@ impl SharedMemory {
             state: AtomicU8::new(LIVE),
             uses: AtomicU64::new(0),
             tensor: OnceLock::new(),
+            read_only: false,
             creator: std::process::id(),
         }));
         // Publish the slot only once it is filled.
         self.count.store(i + 1, Ordering::Release);
         Ok(i as u64 + 1)
+    }
+
+    /// Adopts `len` bytes at `ptr`, memory this process mapped `MAP_SHARED` itself (a
+    /// shared file mapping, say), as a region: children forked afterwards inherit the
+    /// mapping at the same address, so the engine can read or write it in place — no
+    /// staging copy. The runtime never unmaps it or discards its pages; a `read_only`
+    /// region refuses every write the engine would make into it
+    /// ([`SharedMemory::is_read_only`]). Returns the region's id.
+    ///
+    /// ```
+    /// use strata_host::SharedMemory;
+    /// let mem = SharedMemory::new();
+    /// // A shared file mapping (MAP_SHARED).
+    /// let path = std::env::temp_dir().join(format!("adopt-doc-{}", std::process::id()));
+    /// let file = std::fs::OpenOptions::new().read(true).write(true).create(true).open(&path)?;
+    /// std::fs::remove_file(&path)?;
+    /// file.set_len(8192)?;
+    /// // SAFETY: nobody else maps or truncates the (unlinked) file.
+    /// let mut shared = unsafe { memmap2::MmapMut::map_mut(&file)? };
+    /// shared[..4].copy_from_slice(&[1, 2, 3, 4]);
+    /// // A private (copy-on-write) mapping is refused.
+    /// let mut private = memmap2::MmapOptions::new().len(4096).map_anon()?;
+    /// // SAFETY: the mapping is not adopted (the call fails).
+    /// assert!(unsafe { mem.adopt_region(private.as_mut_ptr(), 4096, "private", false) }.is_err());
+    /// // SAFETY: `shared` stays mapped until the region is released below.
+    /// let r = unsafe { mem.adopt_region(shared.as_mut_ptr(), 8192, "weights", true)? };
+    /// assert!(mem.is_read_only(r));
+    /// // SAFETY: nothing writes the first 4 bytes meanwhile.
+    /// let first = unsafe { std::slice::from_raw_parts(mem.ptr(r, 0, 4)?, 4) };
+    /// assert_eq!(first, &[1, 2, 3, 4]);
+    /// assert_eq!(mem.region_containing(shared.as_ptr() as usize + 100, 8), Some((r, 100)));
+    /// mem.release_region(r)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Safety
+    /// `[ptr, ptr + len)` must stay mapped (and not be remapped) until the region is
+    /// released ([`SharedMemory::release_region`]) and no task that names it is in flight
+    /// any more ([`SharedMemory::task_uses`] is 0).
+    ///
+    /// # Errors
+    /// [`HostError::NotShared`] if any byte of the range is not in a `MAP_SHARED` mapping
+    /// of this process (a private or copy-on-write mapping would be a frozen snapshot in
+    /// a child); [`HostError::EmptyRegion`]; [`HostError::SharedMemoryFrozen`] and a full
+    /// table as for [`SharedMemory::create_region`].
+    pub unsafe fn adopt_region(
+        &self,
+        ptr: *mut u8,
+        len: usize,
+        label: &str,
+        read_only: bool,
+    ) -> Result<u64, HostError> {
+        if len == 0 {
+            return Err(HostError::EmptyRegion {
+                label: label.to_owned(),
+            });
+        }
+        check_map_shared(ptr as usize, len).map_err(|reason| HostError::NotShared {
+            label: label.to_owned(),
+            reason,
+        })?;
+        let _guard = self.lock();
+        if self.is_frozen() {
+            return Err(HostError::SharedMemoryFrozen {
+                label: label.to_owned(),
+                bytes: len,
+            });
+        }
+        let i = self.count.load(Ordering::Relaxed);
+        if i >= CHUNK * CHUNKS {
+            return Err(HostError::RegionCreate {
+                label: label.to_owned(),
+                bytes: len,
+                source: std::io::Error::other("the shared-memory table is full"),
+            });
+        }
+        let chunk =
+            self.chunks[i / CHUNK].get_or_init(|| (0..CHUNK).map(|_| OnceLock::new()).collect());
+        let _ = chunk[i % CHUNK].set(Arc::new(Region {
+            map: Mapping {
+                map: Backing::Adopted { ptr },
+            },
+            len,
+            label: label.to_owned(),
+            state: AtomicU8::new(LIVE),
+            uses: AtomicU64::new(0),
+            tensor: OnceLock::new(),
+            read_only,
+            creator: std::process::id(),
+        }));
+        self.count.store(i + 1, Ordering::Release);
+        let id = i as u64 + 1;
+        self.adopted
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(id);
+        Ok(id)
+    }
+
+    /// Whether region `region` was adopted read-only (false for an unknown region).
+    pub fn is_read_only(&self, region: u64) -> bool {
+        self.with_region(region, |r| r.read_only).unwrap_or(false)
+    }
+
+    /// The live adopted region ([`SharedMemory::adopt_region`]) that holds all of
+    /// `[addr, addr + len)`, and the range's offset in it.
+    pub fn region_containing(&self, addr: usize, len: usize) -> Option<(u64, u64)> {
+        let end = addr.checked_add(len)?;
+        let adopted = self.adopted.lock().unwrap_or_else(PoisonError::into_inner);
+        adopted.iter().find_map(|&id| {
+            self.with_region(id, |r| {
+                let base = r.map.ptr() as usize;
+                let live = r.state.load(Ordering::Acquire) == LIVE;
+                (live && addr >= base && end <= base + r.len).then(|| (id, (addr - base) as u64))
+            })
+            .ok()
+            .flatten()
+        })
     }
 
     /// Closes the table: later [`SharedMemory::create_region`] calls fail. Idempotent.

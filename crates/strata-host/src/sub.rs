@@ -1,6 +1,5 @@
 //! Host sub-workers: registered closures, found in children by digest.
 
-use crate::access::{dtype_compatible, TensorMut, TensorRef};
 use crate::children::{panic_message, ChildEnv, ChildProgram};
 use crate::error::HostError;
 use crate::shm::SharedMemory;
@@ -8,10 +7,11 @@ use std::cell::Cell;
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
-use strata_mailbox::{Failure, Handler, TaskRequest};
+use strata_mailbox::{FailureReport, Handler, TaskRequest};
 use strata_types::{
-    ArgTag, BufferLocation, CallConfig, CallableDescriptor, CallableId, CallableKind, Element,
-    Scalar, TaskArgs, TensorView,
+    error_chain, ArgTag, BufferLocation, CallConfig, CallableDescriptor, CallableId, CallableKind,
+    CallbackResult, DataType, Element, Scalar, TaskArgs, TensorMut, TensorRef, TensorView,
+    ViewLender, ViewLoan,
 };
 
 /// A host sub-worker callable: a closure that gets the task's arguments.
@@ -20,12 +20,15 @@ use strata_types::{
 /// `Arc<AtomicU64>`, constants — is in the child's copy of memory (inherited by `fork`,
 /// shared by a thread); nothing is serialized. In process mode, state the closure
 /// changes stays in that child (each sub-worker process has its own copy).
-pub type SubFn = Arc<dyn Fn(&mut SubCall<'_>) -> Result<(), String> + Send + Sync>;
+///
+/// Its error (any error, boxed) fails the task; it crosses the process boundary as its
+/// message and the messages of its `source()` chain ([`strata_types::error_chain`]).
+pub type SubFn = Arc<dyn Fn(&mut SubCall<'_>) -> CallbackResult + Send + Sync>;
 
 /// Error codes of sub-worker task failures (positive, as `strata_mailbox::codes`
 /// recommends).
 pub mod sub_codes {
-    /// The closure returned `Err(message)`.
+    /// The closure returned an error.
     pub const FAILED: i32 = 1;
     /// The closure panicked.
     pub const PANICKED: i32 = 2;
@@ -121,7 +124,7 @@ impl SubRegistry {
     /// [`SubRegistry::register`] for a plain closure.
     pub fn register_fn<F>(&mut self, name: &str, f: F) -> CallableId
     where
-        F: Fn(&mut SubCall<'_>) -> Result<(), String> + Send + Sync + 'static,
+        F: Fn(&mut SubCall<'_>) -> CallbackResult + Send + Sync + 'static,
     {
         self.register(name, Arc::new(f))
     }
@@ -147,7 +150,7 @@ impl SubRegistry {
     /// [`HostError::DuplicateCallable`].
     pub fn try_register_fn<F>(&mut self, name: &str, f: F) -> Result<CallableId, HostError>
     where
-        F: Fn(&mut SubCall<'_>) -> Result<(), String> + Send + Sync + 'static,
+        F: Fn(&mut SubCall<'_>) -> CallbackResult + Send + Sync + 'static,
     {
         self.try_register(name, Arc::new(f))
     }
@@ -178,6 +181,30 @@ impl SubRegistry {
     }
 }
 
+/// Whether elements of `tensor` may be accessed as `T` (same type; `u8` also reads
+/// `bool` tensors, whose bytes are 0 or 1).
+pub(crate) fn dtype_compatible<T: Element>(tensor: DataType) -> bool {
+    T::DTYPE == tensor || (tensor == DataType::Bool && T::DTYPE == DataType::U8)
+}
+
+/// The borrow state of one argument within a call: 0 free, `n > 0` shared by `n` views,
+/// -1 borrowed mutably. A view releases its borrow on drop ([`ViewLender`]).
+#[derive(Debug, Default)]
+struct ArgBorrow(Cell<i32>);
+
+/// The token of a shared view; an exclusive one releases with [`EXCLUSIVE`].
+const SHARED: u64 = 0;
+const EXCLUSIVE: u64 = 1;
+
+impl ViewLender for ArgBorrow {
+    fn release(&self, token: u64) {
+        match token {
+            SHARED => self.0.set(self.0.get() - 1),
+            _ => self.0.set(0),
+        }
+    }
+}
+
 /// One tensor argument mapped into this process.
 #[derive(Debug, Clone, Copy)]
 struct Mapped {
@@ -199,10 +226,23 @@ impl Mapped {
 /// What a sub-worker closure sees: the task's arguments, with typed zero-copy access to
 /// its tensor arguments in shared memory.
 ///
-/// Tensor views borrow-check each other within the call (see the aliasing contract on
-/// [`TensorRef`]): [`SubCall::tensor_mut`] is refused while an argument whose bytes
-/// overlap is borrowed, [`SubCall::tensor`] while an overlapping argument is borrowed
-/// mutably. Views of non-overlapping arguments can be held at the same time:
+/// The views ([`strata_types::TensorRef`], [`strata_types::TensorMut`]) reach bytes in
+/// shared memory that other processes of the worker tree can also reach. Two rules keep
+/// every access race-free:
+///
+/// * **Between tasks, the engine orders conflicting accesses.** A task that writes a
+///   tensor (OUTPUT, OUTPUT_EXISTING, INOUT) does not run while an earlier task that reads
+///   or writes overlapping bytes is still running, and vice versa. Arguments tagged NO_DEP
+///   are not tracked, so the safe [`SubCall::tensor`] refuses them; only the `unsafe`
+///   [`SubCall::tensor_untracked`] reads one, and ordering it is then the caller's
+///   responsibility. The host's own copies ([`crate::SharedTensor::to_vec`], `write`)
+///   refuse with [`HostError::Busy`] while a task that names the tensor is in flight.
+/// * **Within one task, the call checks borrows.** [`SubCall::tensor_mut`] is refused
+///   while any argument whose bytes overlap it is borrowed, [`SubCall::tensor`] while an
+///   overlapping argument is borrowed mutably (the check compares byte spans, so two
+///   interleaved but disjoint strided views count as overlapping; take them one after the
+///   other); a view releases its borrow when it drops. Views of non-overlapping arguments
+///   can be held at the same time:
 ///
 /// ```
 /// use strata_host::SubRegistry;
@@ -214,14 +254,15 @@ impl Mapped {
 ///     let b = call.tensor::<f32>(1)?;
 ///     let mut out = call.tensor_mut::<f32>(2)?;
 ///     let values: Vec<f32> = a.iter().zip(b.iter()).map(|(x, y)| alpha * x + y).collect();
-///     out.copy_from_slice(&values)
+///     out.copy_from_slice(&values)?;
+///     Ok(())
 /// });
 /// ```
 pub struct SubCall<'a> {
     args: &'a TaskArgs,
     config: &'a CallConfig,
     tensors: &'a [Mapped],
-    borrows: &'a [Cell<i32>],
+    borrows: &'a [ArgBorrow],
     worker: usize,
     name: &'a str,
 }
@@ -249,7 +290,7 @@ impl SubCall<'_> {
 
     /// Scalar `i` as `S`, if present.
     pub fn scalar<S: Scalar>(&self, i: usize) -> Option<S> {
-        self.args.scalar(i)
+        self.args.scalar_at(i)
     }
 
     /// Number of tensor arguments.
@@ -342,21 +383,27 @@ impl SubCall<'_> {
 
     fn shared_view<T: Element>(&self, i: usize, m: &Mapped) -> Result<TensorRef<'_, T>, String> {
         for (j, other) in self.tensors.iter().enumerate() {
-            if self.borrows[j].get() < 0 && m.overlaps(other) {
+            if self.borrows[j].0.get() < 0 && m.overlaps(other) {
                 return Err(format!(
                     "tensor argument {i} overlaps tensor argument {j}, which is borrowed mutably; drop that TensorMut first"
                 ));
             }
         }
         let cell = &self.borrows[i];
-        cell.set(cell.get() + 1);
+        cell.0.set(cell.0.get() + 1);
         // SAFETY: the view lies inside the buffer, which lies inside its mapped region
         // (both checked when the call was built); the start is aligned for T and T has
         // the view's element size (checked by `mapped`); no overlapping argument is
         // borrowed mutably, and the shared count now registered keeps it so until the
         // view drops. Other tasks are excluded by the engine's ordering of tracked
         // arguments (`tensor`) or by the caller's promise (`tensor_untracked`).
-        Ok(unsafe { TensorRef::new(m.base as *mut u8, m.view, Some(cell)) })
+        Ok(unsafe {
+            TensorRef::new(
+                m.base as *const u8,
+                m.view,
+                Some(ViewLoan::new(cell, SHARED)),
+            )
+        })
     }
 
     /// A mutable view of tensor argument `i`, typed as `T`. Only OUTPUT, INOUT and
@@ -378,7 +425,7 @@ impl SubCall<'_> {
             ));
         }
         for (j, other) in self.tensors.iter().enumerate() {
-            if self.borrows[j].get() != 0 && m.overlaps(other) {
+            if self.borrows[j].0.get() != 0 && m.overlaps(other) {
                 return Err(if j == i {
                     format!("tensor argument {i} is borrowed already; drop that view first")
                 } else {
@@ -389,11 +436,17 @@ impl SubCall<'_> {
             }
         }
         let cell = &self.borrows[i];
-        cell.set(-1);
+        cell.0.set(-1);
         // SAFETY: as in `tensor`; in addition no overlapping argument (including this
         // one) is borrowed at all, and the exclusive mark keeps it so until the view
         // drops.
-        Ok(unsafe { TensorMut::new(m.base as *mut u8, m.view, Some(cell)) })
+        Ok(unsafe {
+            TensorMut::new(
+                m.base as *mut u8,
+                m.view,
+                Some(ViewLoan::new(cell, EXCLUSIVE)),
+            )
+        })
     }
 }
 
@@ -402,9 +455,10 @@ impl SubCall<'_> {
 /// For each task it resolves the digest (unknown → failure `"sub_worker N: callable
 /// sha256:… not registered"`), maps every tensor argument through the worker's
 /// [`SharedMemory`] (a host-local or device buffer is a failure that says to use a
-/// `SharedTensor`), and runs the closure under `catch_unwind`: `Err(msg)` becomes the
-/// failure `"sub_worker N: msg"` ([`sub_codes::FAILED`]), a panic `"sub_worker N:
-/// panicked: msg"` ([`sub_codes::PANICKED`]); the child keeps serving either way.
+/// `SharedTensor`), and runs the closure under `catch_unwind`: an error becomes the
+/// failure `"sub_worker N: name: message"` ([`sub_codes::FAILED`], the message with its
+/// source chain, [`strata_types::error_chain`]), a panic `"sub_worker N: name: panicked:
+/// msg"` ([`sub_codes::PANICKED`]); the child keeps serving either way.
 #[derive(Debug, Clone)]
 pub struct SubProgram {
     registry: SubRegistry,
@@ -464,7 +518,7 @@ pub struct SubHandler {
     shared: Arc<SharedMemory>,
     worker: usize,
     mapped: Vec<Mapped>,
-    borrows: Vec<Cell<i32>>,
+    borrows: Vec<ArgBorrow>,
 }
 
 impl std::fmt::Debug for SubHandler {
@@ -477,13 +531,13 @@ impl std::fmt::Debug for SubHandler {
 }
 
 impl SubHandler {
-    fn fail(&self, code: i32, message: impl std::fmt::Display) -> Failure {
-        Failure::new(code, format!("sub_worker {}: {message}", self.worker))
+    fn fail(&self, code: i32, message: impl std::fmt::Display) -> FailureReport {
+        FailureReport::new(code, format!("sub_worker {}: {message}", self.worker))
     }
 }
 
 impl Handler for SubHandler {
-    fn task(&mut self, req: &TaskRequest<'_>) -> Result<(), Failure> {
+    fn task(&mut self, req: &TaskRequest<'_>) -> Result<(), FailureReport> {
         let Some((name, f)) = self.registry.get(&req.callable) else {
             return Err(self.fail(
                 sub_codes::NOT_REGISTERED,
@@ -495,7 +549,7 @@ impl Handler for SubHandler {
             let (region, offset) = match t.buffer.location() {
                 BufferLocation::HostShared { region, offset } => (region, offset),
                 other => {
-                    return Err(Failure::new(
+                    return Err(FailureReport::new(
                         sub_codes::BAD_ARGUMENT,
                         format!(
                             "sub_worker {}: {name}: tensor argument {i} is a {} buffer, which a sub worker cannot see; pass a SharedTensor (allocated before init) instead",
@@ -506,7 +560,7 @@ impl Handler for SubHandler {
                 }
             };
             let bad = |e: &dyn std::fmt::Display| {
-                Failure::new(
+                FailureReport::new(
                     sub_codes::BAD_ARGUMENT,
                     format!(
                         "sub_worker {}: {name}: tensor argument {i}: {e}",
@@ -529,7 +583,8 @@ impl Handler for SubHandler {
             });
         }
         self.borrows.clear();
-        self.borrows.resize_with(self.mapped.len(), || Cell::new(0));
+        self.borrows
+            .resize_with(self.mapped.len(), ArgBorrow::default);
         let mut call = SubCall {
             args: req.args,
             config: req.config,
@@ -540,7 +595,9 @@ impl Handler for SubHandler {
         };
         match catch_unwind(AssertUnwindSafe(|| f(&mut call))) {
             Ok(Ok(())) => Ok(()),
-            Ok(Err(message)) => Err(self.fail(sub_codes::FAILED, format!("{name}: {message}"))),
+            Ok(Err(e)) => {
+                Err(self.fail(sub_codes::FAILED, format!("{name}: {}", error_chain(&*e))))
+            }
             Err(payload) => Err(self.fail(
                 sub_codes::PANICKED,
                 format!("{name}: panicked: {}", panic_message(&*payload)),
@@ -573,6 +630,8 @@ mod tests {
         let b = reg.try_register_fn("b", |_| Ok(())).unwrap();
         assert!(reg.contains(&b) && reg.ids().count() == 2);
         assert_eq!(format!("{reg:?}"), r#"SubRegistry { names: ["a", "b"] }"#);
+        assert!(dtype_compatible::<u8>(DataType::Bool));
+        assert!(!dtype_compatible::<i8>(DataType::Bool));
         let program = SubProgram::new(reg.clone());
         assert_eq!(program.label(), "sub_worker");
         assert_eq!(program.clone().with_index(3).label(), "sub_worker 3");

@@ -1,11 +1,12 @@
 //! Host tensors in shared memory: zero-copy for every child.
 
-use crate::access::dtype_compatible;
 use crate::error::HostError;
 use crate::shm::SharedMemory;
+use crate::sub::dtype_compatible;
 use std::sync::Arc;
 use strata_types::{
-    ArgTag, BufferDesc, BufferLocation, DataType, Element, IdentityMinter, TensorArg, TensorView,
+    ArgTag, BufferDesc, BufferLocation, BufferView, DataType, Element, IdentityMinter,
+    IntoTensorArg, TensorArg, TensorView, TypesError,
 };
 
 /// A host tensor in its own shared-memory region: every child of the worker tree (forked
@@ -65,6 +66,13 @@ impl Drop for RegionOwner {
     }
 }
 
+/// The minter of the tensors [`SharedTensor::zeroed`] and [`SharedTensor::from_data`]
+/// create.
+fn process_minter() -> &'static IdentityMinter {
+    static MINTER: std::sync::OnceLock<IdentityMinter> = std::sync::OnceLock::new();
+    MINTER.get_or_init(IdentityMinter::new)
+}
+
 impl SharedTensor {
     /// A zero-filled tensor of `shape` and `dtype` in a new region, with a fresh buffer
     /// identity from `minter`.
@@ -111,6 +119,42 @@ impl SharedTensor {
             view,
             region,
         })
+    }
+
+    /// A zero-filled tensor in this process's shared memory ([`SharedMemory::process`]),
+    /// with an identity from the process-wide minter: what a program's host tensors are.
+    /// Create it before the worker that uses it starts its children (before `prepare` or
+    /// `init`).
+    ///
+    /// ```
+    /// use strata_host::SharedTensor;
+    /// use strata_types::DataType;
+    /// let t = SharedTensor::zeroed(&[2, 4], DataType::F32)?;
+    /// assert_eq!(t.to_vec::<f32>()?, vec![0.0; 8]);
+    /// # Ok::<(), strata_host::HostError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`SharedTensor::new`].
+    pub fn zeroed(shape: &[u64], dtype: DataType) -> Result<SharedTensor, HostError> {
+        Self::new(SharedMemory::process(), process_minter(), shape, dtype)
+    }
+
+    /// A tensor in this process's shared memory holding `data` (row-major); see
+    /// [`SharedTensor::zeroed`].
+    ///
+    /// ```
+    /// use strata_host::SharedTensor;
+    /// let t = SharedTensor::from_data(&[3], &[1i32, 2, 3])?;
+    /// assert_eq!(t.to_vec::<i32>()?, vec![1, 2, 3]);
+    /// assert!(SharedTensor::from_data(&[4], &[1i32, 2, 3]).is_err()); // 3 values for 4 places
+    /// # Ok::<(), strata_host::HostError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`SharedTensor::from_slice`].
+    pub fn from_data<T: Element>(shape: &[u64], data: &[T]) -> Result<SharedTensor, HostError> {
+        Self::from_slice(SharedMemory::process(), process_minter(), shape, data)
     }
 
     /// A zero-filled tensor of element type `T` (same as [`SharedTensor::new`] with
@@ -200,6 +244,51 @@ impl SharedTensor {
     /// [`HostError::Types`] (`ViewOutOfBounds`) if it does not.
     pub fn arg_view(&self, view: TensorView, tag: ArgTag) -> Result<TensorArg, HostError> {
         Ok(TensorArg::new(self.buffer, view, tag)?)
+    }
+
+    /// The whole tensor as an untagged view, to slice further.
+    pub fn as_view(&self) -> BufferView {
+        // The whole-tensor view fits the tensor's buffer by construction.
+        BufferView::new(self.buffer, self.view)
+            .unwrap_or_else(|_| unreachable!("a tensor's own view fits its buffer"))
+    }
+
+    /// Part of the tensor under another view (built from [`SharedTensor::view`] with
+    /// `transpose`, `reshape`, …), to pass to a task with a tag.
+    ///
+    /// # Errors
+    /// [`TypesError::ViewOutOfBounds`] if `view` leaves the tensor's bytes.
+    pub fn with_view(&self, view: TensorView) -> Result<BufferView, TypesError> {
+        BufferView::new(self.buffer, view)
+    }
+
+    /// Elements `start..end` of axis `axis`, to pass to a task with a tag: its error can
+    /// be left to [`strata_types::TaskArgs`]' chaining methods, which record it.
+    ///
+    /// ```
+    /// use strata_host::{SharedMemory, SharedTensor};
+    /// use strata_types::{IdentityMinter, TaskArgs};
+    /// let mem = SharedMemory::new();
+    /// let t = SharedTensor::zeros::<f32>(&mem, &IdentityMinter::new(), &[4, 8])?;
+    /// let args = TaskArgs::new().input(t.slice(0, 0, 2)).output(t.slice(0, 2, 4));
+    /// assert_eq!(args.tensors()[1].view.byte_offset(), 64);
+    /// assert!(TaskArgs::new().input(t.slice(0, 3, 5)).check().is_err());
+    /// # Ok::<(), strata_host::HostError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`TensorView::slice`].
+    pub fn slice(&self, axis: usize, start: u64, end: u64) -> Result<BufferView, TypesError> {
+        self.as_view().slice(axis, start, end)
+    }
+
+    /// The box of `shape` at `origin`, to pass to a task with a tag (see
+    /// [`SharedTensor::slice`]).
+    ///
+    /// # Errors
+    /// As [`TensorView::window`].
+    pub fn window(&self, origin: &[u64], shape: &[u64]) -> Result<BufferView, TypesError> {
+        self.as_view().window(origin, shape)
     }
 
     fn base(&self) -> Result<*mut u8, HostError> {
@@ -302,6 +391,13 @@ impl SharedTensor {
         let base = self.base()?;
         // SAFETY: as `as_slice`; exclusivity is the caller's obligation.
         Ok(unsafe { std::slice::from_raw_parts_mut(base.cast::<T>(), self.numel()) })
+    }
+}
+
+/// The whole tensor, for [`strata_types::TaskArgs`]' chaining methods.
+impl IntoTensorArg for &SharedTensor {
+    fn into_tensor_arg(self, tag: ArgTag) -> Result<TensorArg, TypesError> {
+        Ok(self.arg(tag))
     }
 }
 

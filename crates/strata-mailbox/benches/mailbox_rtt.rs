@@ -48,7 +48,7 @@ mod bench {
     struct NoOp;
 
     impl Handler for NoOp {
-        fn task(&mut self, _req: &TaskRequest<'_>) -> Result<(), Failure> {
+        fn task(&mut self, _req: &TaskRequest<'_>) -> Result<(), FailureReport> {
             Ok(())
         }
     }
@@ -98,7 +98,7 @@ mod bench {
         let config = EncodedConfig::default();
         let mut args = TaskArgs::new();
         args.push_scalar(1u64).expect("one scalar");
-        let blob = encode_args_blob(&args);
+        let blob = encode_args_blob(&args).expect("encode");
         let callable = CallableId([0x5a; 32]);
         let mut dispatch = 0u64;
         let mut round = |parent: &mut Parent| {

@@ -4,7 +4,7 @@ use crate::error::MailboxError;
 use crate::layout::{Frame, ARGS_CAPACITY, CONTROL_PAYLOAD_CAPACITY, PROTOCOL_VERSION};
 use crate::liveness::ParentWatch;
 use crate::mailbox::{Mailbox, Snapshot};
-use crate::outcome::{codes, panic_message, Failure};
+use crate::outcome::{codes, panic_message, FailureReport};
 use crate::parent::{ControlReply, ControlRequest};
 use crate::state::{FrameId, FrameIdentity, MailboxState, PrepareDisposition, TaskSlot};
 use crate::wait::{wait_until, WaitOptions};
@@ -49,21 +49,21 @@ pub struct TaskRequest<'a> {
 
 /// What a child does with the requests its parent sends. Used by [`Child::serve`].
 ///
-/// Returning `Err(Failure)` reports a failure with its code and message to the parent; a
+/// Returning `Err(FailureReport)` reports a failure with its code and message to the parent; a
 /// panic is caught and reported as [`codes::HANDLER_PANICKED`] (the child keeps serving).
 ///
 /// ```
 /// use strata_mailbox::*;
 /// struct Sum(u64);
 /// impl Handler for Sum {
-///     fn task(&mut self, req: &TaskRequest<'_>) -> Result<(), Failure> {
+///     fn task(&mut self, req: &TaskRequest<'_>) -> Result<(), FailureReport> {
 ///         self.0 += req.args.scalars().iter().sum::<u64>();
 ///         Ok(())
 ///     }
-///     fn control(&mut self, req: &ControlRequest<'_>) -> Result<ControlReply, Failure> {
+///     fn control(&mut self, req: &ControlRequest<'_>) -> Result<ControlReply, FailureReport> {
 ///         match req.command {
 ///             1 => Ok(ControlReply::new(self.0)),
-///             c => Err(Failure::new(codes::UNSUPPORTED, format!("no command {c}"))),
+///             c => Err(FailureReport::new(codes::UNSUPPORTED, format!("no command {c}"))),
 ///         }
 ///     }
 /// }
@@ -73,14 +73,14 @@ pub trait Handler {
     ///
     /// # Errors
     /// The failure to report to the parent.
-    fn task(&mut self, request: &TaskRequest<'_>) -> Result<(), Failure>;
+    fn task(&mut self, request: &TaskRequest<'_>) -> Result<(), FailureReport>;
 
     /// Stages a `PREPARE_READY` frame; the default only validates (the frame was decoded
     /// already). [`PrepareDisposition::None`] is reported as `ValidatedOnly`.
     ///
     /// # Errors
     /// The failure to report (the frame becomes `TASK_FAILED`).
-    fn prepare(&mut self, request: &TaskRequest<'_>) -> Result<PrepareDisposition, Failure> {
+    fn prepare(&mut self, request: &TaskRequest<'_>) -> Result<PrepareDisposition, FailureReport> {
         let _ = request;
         Ok(PrepareDisposition::ValidatedOnly)
     }
@@ -90,8 +90,8 @@ pub trait Handler {
     ///
     /// # Errors
     /// The failure to report to the parent.
-    fn control(&mut self, request: &ControlRequest<'_>) -> Result<ControlReply, Failure> {
-        Err(Failure::new(
+    fn control(&mut self, request: &ControlRequest<'_>) -> Result<ControlReply, FailureReport> {
+        Err(FailureReport::new(
             codes::UNSUPPORTED,
             format!(
                 "control command {} is not supported by this child",
@@ -217,22 +217,22 @@ pub struct Child {
     decoded: [Option<(Vec<u8>, TaskArgs)>; 2],
 }
 
-fn guarded<T>(f: impl FnOnce() -> Result<T, Failure>) -> Result<T, Failure> {
+fn guarded<T>(f: impl FnOnce() -> Result<T, FailureReport>) -> Result<T, FailureReport> {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(r) => r,
-        Err(payload) => Err(Failure::new(
+        Err(payload) => Err(FailureReport::new(
             codes::HANDLER_PANICKED,
             format!("handler panicked: {}", panic_message(&*payload)),
         )),
     }
 }
 
-fn bad_request(message: String) -> Failure {
-    Failure::new(codes::BAD_REQUEST, message)
+fn bad_request(message: String) -> FailureReport {
+    FailureReport::new(codes::BAD_REQUEST, message)
 }
 
 /// Writes a completion: message and code (on failure) and then the releasing state.
-fn complete(f: &Frame, outcome: Result<(), Failure>, ok: MailboxState, failed: MailboxState) {
+fn complete(f: &Frame, outcome: Result<(), FailureReport>, ok: MailboxState, failed: MailboxState) {
     match outcome {
         Ok(()) => {
             f.error_code.store(codes::OK, Ordering::Relaxed);
@@ -241,7 +241,7 @@ fn complete(f: &Frame, outcome: Result<(), Failure>, ok: MailboxState, failed: M
         Err(fail) => {
             f.write_message(&fail.message);
             f.error_code
-                .store(Failure::new(fail.code, "").code, Ordering::Relaxed);
+                .store(FailureReport::new(fail.code, "").code, Ordering::Relaxed);
             f.word().publish(failed.as_raw());
         }
     }
@@ -335,11 +335,11 @@ impl Child {
     ///
     /// # Errors
     /// As [`Child::init_ready`].
-    pub fn init_failed(&mut self, failure: &Failure) -> Result<(), MailboxError> {
+    pub fn init_failed(&mut self, failure: &FailureReport) -> Result<(), MailboxError> {
         let ctrl = self.mailbox.control();
         ctrl.write_message(&failure.message);
         ctrl.error_code
-            .store(Failure::new(failure.code, "").code, Ordering::Relaxed);
+            .store(FailureReport::new(failure.code, "").code, Ordering::Relaxed);
         self.publish_init(MailboxState::InitFailed)
     }
 
@@ -520,7 +520,10 @@ impl Child {
 
     /// Reads and validates a task frame into the reusable buffers, the config cache and
     /// the decoded-arguments cache.
-    fn load_request(&mut self, slot: TaskSlot) -> Result<(FrameIdentity, CallableId), Failure> {
+    fn load_request(
+        &mut self,
+        slot: TaskSlot,
+    ) -> Result<(FrameIdentity, CallableId), FailureReport> {
         let f = self.mailbox.task(slot);
         let i = slot.index();
         let (protocol, identity) = f.read_identity();
@@ -677,7 +680,7 @@ impl Child {
             guarded(|| handler.control(&req))
         };
         let outcome = match outcome {
-            Ok(reply) if reply.payload.len() > CONTROL_PAYLOAD_CAPACITY => Err(Failure::new(
+            Ok(reply) if reply.payload.len() > CONTROL_PAYLOAD_CAPACITY => Err(FailureReport::new(
                 codes::REPLY_TOO_LARGE,
                 format!(
                     "control reply of {} bytes exceeds the {CONTROL_PAYLOAD_CAPACITY}-byte area",

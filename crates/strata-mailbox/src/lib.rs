@@ -28,9 +28,9 @@
 //!
 //! struct Adder;
 //! impl Handler for Adder {
-//!     fn task(&mut self, req: &TaskRequest<'_>) -> Result<(), Failure> {
+//!     fn task(&mut self, req: &TaskRequest<'_>) -> Result<(), FailureReport> {
 //!         let sum: u64 = req.args.scalars().iter().sum();
-//!         if sum == 3 { Ok(()) } else { Err(Failure::new(1, format!("sum is {sum}"))) }
+//!         if sum == 3 { Ok(()) } else { Err(FailureReport::new(1, format!("sum is {sum}"))) }
 //!     }
 //! }
 //!
@@ -46,9 +46,8 @@
 //!
 //! let mut parent = Parent::new(mailbox);
 //! parent.wait_init(&WaitOptions::default(), &mut AssumeAlive)?;
-//! let mut args = TaskArgs::new();
-//! args.push_scalar(1u64).unwrap().push_scalar(2u64).unwrap();
-//! let blob = encode_args_blob(&args);
+//! let args = TaskArgs::new().scalar(1u64).scalar(2u64);
+//! let blob = encode_args_blob(&args).expect("two scalars encode");
 //! let config = EncodedConfig::default();
 //! let identity = FrameIdentity { run_id: 1, lease_slot: 0, lease_generation: 1, dispatch_id: 1 };
 //! let task = TaskPublication::run(CallableId([7; 32]), identity, &config, &blob);
@@ -100,7 +99,7 @@ pub use mailbox::{
     release_foreign_mailboxes, ForeignRelease, Mailbox, Snapshot, MAILBOX_MEMFD_NAME,
 };
 #[cfg(not(loom))]
-pub use outcome::{codes, Failure};
+pub use outcome::{codes, FailureReport};
 #[cfg(not(loom))]
 pub use parent::{
     encode_args_blob, ControlReply, ControlRequest, EncodedConfig, Parent, PublishKind,

@@ -28,23 +28,23 @@ pub mod codes {
 /// (truncated on a UTF-8 character boundary).
 ///
 /// ```
-/// use strata_mailbox::{codes, Failure};
-/// let f = Failure::new(42, "buffer 7 is not mapped");
+/// use strata_mailbox::{codes, FailureReport};
+/// let f = FailureReport::new(42, "buffer 7 is not mapped");
 /// assert_eq!(f.to_string(), "code 42: buffer 7 is not mapped");
-/// assert_eq!(Failure::new(0, "?").code, codes::FAILED); // 0 would mean success
+/// assert_eq!(FailureReport::new(0, "?").code, codes::FAILED); // 0 would mean success
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Failure {
+pub struct FailureReport {
     /// The error code, never 0.
     pub code: i32,
     /// What went wrong.
     pub message: String,
 }
 
-impl Failure {
+impl FailureReport {
     /// A failure; a `code` of 0 becomes [`codes::FAILED`].
-    pub fn new(code: i32, message: impl Into<String>) -> Failure {
-        Failure {
+    pub fn new(code: i32, message: impl Into<String>) -> FailureReport {
+        FailureReport {
             code: if code == codes::OK {
                 codes::FAILED
             } else {
@@ -55,12 +55,12 @@ impl Failure {
     }
 }
 
-impl fmt::Display for Failure {
+impl fmt::Display for FailureReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "code {}: {}", self.code, self.message)
     }
 }
 
-impl std::error::Error for Failure {}
+impl std::error::Error for FailureReport {}
 
 pub(crate) use strata_sync::panic_message;

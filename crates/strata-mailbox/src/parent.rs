@@ -6,14 +6,14 @@ use crate::layout::{
 };
 use crate::liveness::Liveness;
 use crate::mailbox::{Mailbox, Snapshot};
-use crate::outcome::{codes, Failure};
+use crate::outcome::{codes, FailureReport};
 use crate::state::{FrameId, FrameIdentity, MailboxState, PrepareDisposition, TaskSlot};
 use crate::wait::{wait_until, WaitOptions};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use strata_types::wire::{args_wire_len, encode_args};
 use strata_types::wire::{decode_config, encode_config};
-use strata_types::{CallConfig, CallableId, TaskArgs};
+use strata_types::{CallConfig, CallableId, TaskArgs, TypesError};
 
 static CONFIG_IDS: AtomicU64 = AtomicU64::new(1);
 
@@ -26,10 +26,10 @@ static CONFIG_IDS: AtomicU64 = AtomicU64::new(1);
 /// ```
 /// use strata_mailbox::EncodedConfig;
 /// use strata_types::CallConfig;
-/// let c = CallConfig { block_dim: 4, ..Default::default() };
+/// let c = CallConfig::default().with_block_dim(4);
 /// let e = EncodedConfig::new(&c)?;
 /// assert_eq!(e.decode()?, c);
-/// assert!(EncodedConfig::new(&CallConfig { swimlane: 9, ..Default::default() }).is_err());
+/// assert!(EncodedConfig::new(&CallConfig::default().with_aicpu_threads(9)).is_err());
 /// # Ok::<(), strata_mailbox::MailboxError>(())
 /// ```
 #[derive(Debug, Clone)]
@@ -44,9 +44,8 @@ impl EncodedConfig {
     /// # Errors
     /// [`MailboxError::InvalidConfig`] if `config.validate()` fails.
     pub fn new(config: &CallConfig) -> Result<EncodedConfig, MailboxError> {
-        config.validate().map_err(MailboxError::InvalidConfig)?;
         let mut bytes = [0u8; CONFIG_BYTES];
-        encode_config(config, &mut bytes);
+        encode_config(config, &mut bytes).map_err(MailboxError::InvalidConfig)?;
         Ok(EncodedConfig {
             id: CONFIG_IDS.fetch_add(1, Ordering::Relaxed),
             bytes: Arc::new(bytes),
@@ -69,8 +68,8 @@ impl EncodedConfig {
 
 impl Default for EncodedConfig {
     fn default() -> Self {
-        let mut bytes = [0u8; CONFIG_BYTES];
-        encode_config(&CallConfig::default(), &mut bytes);
+        // The default configuration encodes to all zeros.
+        let bytes = [0u8; CONFIG_BYTES];
         EncodedConfig {
             id: CONFIG_IDS.fetch_add(1, Ordering::Relaxed),
             bytes: Arc::new(bytes),
@@ -83,16 +82,18 @@ impl Default for EncodedConfig {
 /// ```
 /// use strata_mailbox::encode_args_blob;
 /// use strata_types::TaskArgs;
-/// let mut a = TaskArgs::new();
-/// a.push_scalar(3u64).unwrap();
-/// assert_eq!(encode_args_blob(&a).len(), 16);
+/// let a = TaskArgs::new().scalar(3u64);
+/// assert_eq!(encode_args_blob(&a)?.len(), 16);
+/// # Ok::<(), strata_types::TypesError>(())
 /// ```
-pub fn encode_args_blob(args: &TaskArgs) -> Vec<u8> {
+///
+/// # Errors
+/// The invalid argument a chaining method recorded ([`TaskArgs::check`]).
+pub fn encode_args_blob(args: &TaskArgs) -> Result<Vec<u8>, TypesError> {
     let mut blob = vec![0u8; args_wire_len(args)];
-    // The buffer has exactly the needed length, so encoding cannot fail.
-    let n = encode_args(args, &mut blob).unwrap_or(0);
+    let n = encode_args(args, &mut blob)?;
     blob.truncate(n);
-    blob
+    Ok(blob)
 }
 
 /// Which state a publication stores.
@@ -163,7 +164,7 @@ pub struct TaskCompletion {
     /// Whether the child crossed the launch point (sticky launch-accepted word).
     pub accepted: bool,
     /// `Ok` on success; the child's code and message otherwise.
-    pub outcome: Result<(), Failure>,
+    pub outcome: Result<(), FailureReport>,
 }
 
 /// What [`Parent::poll`] observed in a task frame.
@@ -225,9 +226,9 @@ impl ControlReply {
 ///
 /// struct Echo;
 /// impl Handler for Echo {
-///     fn task(&mut self, req: &TaskRequest<'_>) -> Result<(), Failure> {
-///         match req.args.scalar::<u32>(0) {
-///             Some(0) => Err(Failure::new(7, "zero is not allowed")),
+///     fn task(&mut self, req: &TaskRequest<'_>) -> Result<(), FailureReport> {
+///         match req.args.scalar_at::<u32>(0) {
+///             Some(0) => Err(FailureReport::new(7, "zero is not allowed")),
 ///             _ => Ok(()),
 ///         }
 ///     }
@@ -242,13 +243,11 @@ impl ControlReply {
 ///
 /// let mut parent = Parent::new(mb);
 /// let config = EncodedConfig::default();
-/// let mut args = TaskArgs::new();
-/// args.push_scalar(0u32).unwrap();
-/// let blob = encode_args_blob(&args);
+/// let blob = encode_args_blob(&TaskArgs::new().scalar(0u32)).expect("one scalar encodes");
 /// let id = FrameIdentity { run_id: 1, lease_slot: 0, lease_generation: 1, dispatch_id: 1 };
 /// let publication = TaskPublication::run(CallableId([1; 32]), id, &config, &blob);
 /// let done = parent.run_task(TaskSlot::Slot0, &publication, &WaitOptions::default(), &mut AssumeAlive)?;
-/// assert_eq!(done.outcome, Err(Failure::new(7, "zero is not allowed")));
+/// assert_eq!(done.outcome, Err(FailureReport::new(7, "zero is not allowed")));
 /// parent.request_shutdown();
 /// assert_eq!(child.join().unwrap()?, ServeExit::Shutdown);
 /// # Ok::<(), MailboxError>(())
@@ -452,7 +451,7 @@ impl Parent {
             let outcome = if code == codes::OK && state == MailboxState::TaskDone {
                 Ok(())
             } else {
-                Err(Failure::new(code, f.read_message()))
+                Err(FailureReport::new(code, f.read_message()))
             };
             TaskCompletion {
                 slot,

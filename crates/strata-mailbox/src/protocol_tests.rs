@@ -15,7 +15,7 @@ const PANIC: CallableId = CallableId([3; 32]);
 
 #[derive(Default)]
 struct Seen {
-    block_dims: Vec<u32>,
+    block_dims: Vec<Option<u32>>,
     sums: Vec<u64>,
     phases: Vec<TaskPhase>,
     identities: Vec<FrameIdentity>,
@@ -24,44 +24,50 @@ struct Seen {
 struct TestHandler(Arc<Mutex<Seen>>);
 
 impl Handler for TestHandler {
-    fn task(&mut self, req: &TaskRequest<'_>) -> Result<(), Failure> {
+    fn task(&mut self, req: &TaskRequest<'_>) -> Result<(), FailureReport> {
         {
             let mut s = self.0.lock().unwrap();
             s.block_dims.push(req.config.block_dim);
             s.sums.push(req.args.scalars().iter().sum());
-            assert_eq!(req.args_blob, encode_args_blob(req.args).as_slice());
+            assert_eq!(
+                req.args_blob,
+                encode_args_blob(req.args).unwrap().as_slice()
+            );
             s.phases.push(req.phase);
             s.identities.push(req.identity);
         }
         match req.callable {
             OK => Ok(()),
-            FAIL => Err(Failure::new(
+            FAIL => Err(FailureReport::new(
                 5,
                 format!("failed with {} scalars", req.args.scalars().len()),
             )),
             PANIC => panic!("deliberate test panic"),
-            other => Err(Failure::new(9, format!("unknown callable {other}"))),
+            other => Err(FailureReport::new(9, format!("unknown callable {other}"))),
         }
     }
 
-    fn prepare(&mut self, req: &TaskRequest<'_>) -> Result<PrepareDisposition, Failure> {
+    fn prepare(&mut self, req: &TaskRequest<'_>) -> Result<PrepareDisposition, FailureReport> {
         self.0.lock().unwrap().phases.push(req.phase);
         Ok(PrepareDisposition::NativePrepared)
     }
 
-    fn control(&mut self, req: &ControlRequest<'_>) -> Result<ControlReply, Failure> {
+    fn control(&mut self, req: &ControlRequest<'_>) -> Result<ControlReply, FailureReport> {
         match req.command {
             1 => Ok(ControlReply {
                 result: req.arg0 + 1,
                 payload: req.payload.iter().rev().copied().collect(),
             }),
-            2 => Err(Failure::new(42, "é".repeat(300))),
+            2 => Err(FailureReport::new(42, "é".repeat(300))),
             3 => panic!("control panic"),
             4 => Ok(ControlReply {
                 result: 0,
                 payload: vec![0; ARGS_CAPACITY + 1],
             }),
-            c => Err(Failure::new(codes::UNSUPPORTED, format!("no command {c}"))),
+            c => Err(FailureReport::new(
+                codes::UNSUPPORTED,
+                format!("no command {c}"),
+            )),
         }
     }
 }
@@ -137,7 +143,7 @@ fn scalars(vals: &[u64]) -> Vec<u8> {
     for &v in vals {
         a.push_scalar(v).unwrap();
     }
-    encode_args_blob(&a)
+    encode_args_blob(&a).unwrap()
 }
 
 #[test]
@@ -150,12 +156,12 @@ fn tasks_succeed_fail_and_panic_with_exact_outcomes() {
         (
             TaskSlot::Slot1,
             FAIL,
-            Err(Failure::new(5, "failed with 3 scalars")),
+            Err(FailureReport::new(5, "failed with 3 scalars")),
         ),
         (
             TaskSlot::Slot0,
             PANIC,
-            Err(Failure::new(
+            Err(FailureReport::new(
                 codes::HANDLER_PANICKED,
                 "handler panicked: deliberate test panic",
             )),
@@ -533,7 +539,10 @@ fn prepare_then_activate_runs_the_staged_frame() {
         .wait_task(TaskSlot::Slot0, &opts(), &mut AssumeAlive)
         .unwrap();
     assert_eq!(done.state, MailboxState::TaskFailed);
-    assert_eq!(done.outcome, Err(Failure::new(5, "failed with 1 scalars")));
+    assert_eq!(
+        done.outcome,
+        Err(FailureReport::new(5, "failed with 1 scalars"))
+    );
     rig.parent.reset(TaskSlot::Slot0).unwrap();
     assert_eq!(rig.finish().unwrap(), ServeExit::Shutdown);
 }
@@ -562,7 +571,7 @@ fn shutdown_fails_frames_the_child_still_owns() {
     assert_eq!(c.state, MailboxState::TaskFailed);
     assert_eq!(
         c.outcome,
-        Err(Failure::new(
+        Err(FailureReport::new(
             codes::SHUT_DOWN,
             "the child shut down before the task ran"
         ))
@@ -577,16 +586,8 @@ fn shutdown_fails_frames_the_child_still_owns() {
 #[test]
 fn configs_are_written_and_decoded_only_when_they_change() {
     let mut rig = Rig::new();
-    let a = EncodedConfig::new(&CallConfig {
-        block_dim: 3,
-        ..Default::default()
-    })
-    .unwrap();
-    let b = EncodedConfig::new(&CallConfig {
-        block_dim: 8,
-        ..Default::default()
-    })
-    .unwrap();
+    let a = EncodedConfig::new(&CallConfig::default().with_block_dim(3)).unwrap();
+    let b = EncodedConfig::new(&CallConfig::default().with_block_dim(8)).unwrap();
     let blob = scalars(&[]);
     let epoch = |p: &Parent| {
         p.mailbox()
@@ -603,7 +604,10 @@ fn configs_are_written_and_decoded_only_when_they_change() {
         epochs.push(epoch(&rig.parent));
     }
     assert_eq!(epochs, vec![1, 1, 1, 2, 3]);
-    assert_eq!(rig.seen.lock().unwrap().block_dims, vec![3, 3, 3, 8, 3]);
+    assert_eq!(
+        rig.seen.lock().unwrap().block_dims,
+        [3, 3, 3, 8, 3].map(Some)
+    );
     assert_eq!(rig.finish().unwrap(), ServeExit::Shutdown);
 }
 
@@ -638,7 +642,9 @@ fn init_failures_and_late_inits_are_reported() {
     let mb = Mailbox::create().unwrap();
     let mut child = Child::with_parent(mb.try_clone().unwrap(), std::process::id());
     let mut parent = Parent::new(mb);
-    child.init_failed(&Failure::new(3, "no device 7")).unwrap();
+    child
+        .init_failed(&FailureReport::new(3, "no device 7"))
+        .unwrap();
     match parent.wait_init(&opts(), &mut AssumeAlive) {
         Err(MailboxError::InitFailed { code: 3, message }) => assert_eq!(message, "no device 7"),
         other => panic!("expected InitFailed, got {other:?}"),

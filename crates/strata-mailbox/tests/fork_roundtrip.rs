@@ -129,7 +129,7 @@ mod scenarios {
     }
 
     impl Handler for TestChild<'_> {
-        fn task(&mut self, req: &TaskRequest<'_>) -> Result<(), Failure> {
+        fn task(&mut self, req: &TaskRequest<'_>) -> Result<(), FailureReport> {
             match req.callable {
                 SUM => {
                     let sum = req
@@ -141,18 +141,21 @@ mod scenarios {
                         .args
                         .tensors()
                         .first()
-                        .ok_or_else(|| Failure::new(10, "SUM needs an output tensor"))?;
+                        .ok_or_else(|| FailureReport::new(10, "SUM needs an output tensor"))?;
                     let offset = match t.buffer.location() {
                         BufferLocation::HostShared {
                             region: RESULTS_REGION,
                             offset,
                         } => offset + t.view.byte_offset(),
                         other => {
-                            return Err(Failure::new(10, format!("unexpected location {other:?}")))
+                            return Err(FailureReport::new(
+                                10,
+                                format!("unexpected location {other:?}"),
+                            ))
                         }
                     };
                     if offset % 8 != 0 || offset as usize + 8 > self.results.len() {
-                        return Err(Failure::new(
+                        return Err(FailureReport::new(
                             10,
                             format!("offset {offset} outside the results"),
                         ));
@@ -169,7 +172,7 @@ mod scenarios {
                     cell.store(sum, Ordering::Relaxed);
                     Ok(())
                 }
-                FAIL => Err(Failure::new(
+                FAIL => Err(FailureReport::new(
                     11,
                     format!("refusing dispatch {}", req.identity.dispatch_id),
                 )),
@@ -183,19 +186,19 @@ mod scenarios {
                     std::thread::sleep(Duration::from_millis(50));
                     Ok(())
                 }
-                other => Err(Failure::new(12, format!("unknown callable {other}"))),
+                other => Err(FailureReport::new(12, format!("unknown callable {other}"))),
             }
         }
 
-        fn control(&mut self, req: &ControlRequest<'_>) -> Result<ControlReply, Failure> {
+        fn control(&mut self, req: &ControlRequest<'_>) -> Result<ControlReply, FailureReport> {
             match req.command {
                 1 => Ok(ControlReply {
                     result: req.arg0 * 2,
                     payload: req.payload.iter().rev().copied().collect(),
                 }),
-                2 => Err(Failure::new(17, "no buffer 99 on this child")),
+                2 => Err(FailureReport::new(17, "no buffer 99 on this child")),
                 3 => std::process::abort(),
-                c => Err(Failure::new(
+                c => Err(FailureReport::new(
                     codes::UNSUPPORTED,
                     format!("unknown control command {c}"),
                 )),
@@ -263,7 +266,7 @@ mod scenarios {
         for &s in scalars {
             args.push_scalar(s).expect("few scalars");
         }
-        encode_args_blob(&args)
+        encode_args_blob(&args).expect("few scalars")
     }
 
     fn result_at(results: &SharedRegion, slot_index: u64) -> u64 {
@@ -327,7 +330,7 @@ mod scenarios {
             .run_task(TaskSlot::Slot0, &task, &opts(), &mut child.watch)
             .map_err(|e| e.to_string())?;
         check!(
-            done.outcome == Err(Failure::new(11, "refusing dispatch 10001")),
+            done.outcome == Err(FailureReport::new(11, "refusing dispatch 10001")),
             "failure outcome {:?}",
             done.outcome
         );
@@ -492,7 +495,7 @@ mod scenarios {
         let me = std::process::id();
         let mut child = fork(move || {
             let mut c = Child::with_parent(child_mb, me);
-            match c.init_failed(&Failure::new(3, "device 7 not found")) {
+            match c.init_failed(&FailureReport::new(3, "device 7 not found")) {
                 Ok(()) => 2,
                 Err(_) => 5,
             }

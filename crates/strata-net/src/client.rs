@@ -20,7 +20,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 use strata_dist::{ChildKind, ControlCommand, Endpoint, EndpointError, TaskOutcome};
 use strata_host::{Doorbell, SharedMemory};
-use strata_mailbox::{codes, Failure, TaskPublication, TaskSlot};
+use strata_mailbox::{codes, FailureReport, TaskPublication, TaskSlot};
 use strata_types::wire::decode_args;
 use strata_types::{ArgLimits, ArgTag, BufferLocation};
 use tokio::io::AsyncWriteExt;
@@ -921,7 +921,7 @@ fn on_frame(s: &Session, h: &wire::Header, body: &[u8]) -> Result<(), String> {
                 })?;
             let outcome = match d.failure {
                 None => Ok(()),
-                Some((code, message)) => Err(Failure::new(code, message)),
+                Some((code, message)) => Err(FailureReport::new(code, message)),
             };
             if let Some(f) = st.slots[slot].as_mut() {
                 f.outcome = Some(outcome);
@@ -1239,7 +1239,7 @@ mod tests {
         })
         .unwrap();
         let blob = strata_mailbox::encode_args_blob(&args);
-        let (segs, runs) = plan(&blob).unwrap();
+        let (segs, runs) = plan(&blob.unwrap()).unwrap();
         assert_eq!(segs.len(), 2);
         assert_eq!(
             segs[0],
@@ -1278,7 +1278,7 @@ mod tests {
             tag: ArgTag::OutputExisting,
         })
         .unwrap();
-        let (segs, runs) = plan(&strata_mailbox::encode_args_blob(&args)).unwrap();
+        let (segs, runs) = plan(&strata_mailbox::encode_args_blob(&args).unwrap()).unwrap();
         assert!(segs[0].send && segs[0].recv);
         assert_eq!(runs[0], vec![(4, 4), (20, 4), (36, 4), (52, 4)]);
     }

@@ -21,7 +21,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc as std_mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use strata_dist::{ChildTensor, CopyDirection, DistError, DistWorker, HostOrchHandle, NodeContext};
+use strata_dist::{
+    CopyDirection, DeviceTensor, DistError, DistWorker, HostOrchHandle, NodeContext,
+};
 use strata_host::SharedMemory;
 use strata_mailbox::codes;
 use strata_types::wire::{decode_args, decode_config, CALL_CONFIG_WIRE_BYTES};
@@ -123,7 +125,7 @@ struct ControlLanding {
 #[derive(Default)]
 struct DeviceTable {
     next: u64,
-    live: HashMap<u64, (usize, ChildTensor)>,
+    live: HashMap<u64, (usize, DeviceTensor)>,
 }
 
 /// A task whose inputs are still arriving.

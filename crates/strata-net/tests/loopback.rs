@@ -665,10 +665,10 @@ fn register_add_on_chip(top: &mut DistWorker) -> Result<strata_dist::HostOrchHan
         })
         .map_err(|e| e.to_string())?;
     Ok(top.register_orchestration("add_on_chip", move |o, a| {
-        let chip = a.scalar::<u64>(1).ok_or("no chip scalar")? as usize;
+        let chip = a.scalar_at::<u64>(1).ok_or("no chip scalar")? as usize;
         let mut t = TaskArgs::new();
         t.push_tensor(a.tensors()[0])?.push_tensor(a.tensors()[1])?;
-        t.push_scalar(a.scalar::<u64>(0).ok_or("no k scalar")?)?;
+        t.push_scalar(a.scalar_at::<u64>(0).ok_or("no k scalar")?)?;
         o.submit_next_level(chip_orch, &t, chip)?;
         Ok(())
     }))
@@ -687,7 +687,7 @@ fn device_memory() -> Result<(), String> {
     let cell: std::sync::Arc<std::sync::Mutex<Vec<strata_net::RemoteTensor>>> = Default::default();
     let c2 = cell.clone();
     let run = top.register_orchestration("run", move |o, a| {
-        let k = a.scalar::<u64>(0).ok_or("no k")?;
+        let k = a.scalar_at::<u64>(0).ok_or("no k")?;
         let ts = c2.lock().map_err(|_| "poisoned")?.clone();
         for (chip, pair) in ts.chunks(2).enumerate() {
             let mut t = TaskArgs::new();

@@ -167,6 +167,132 @@ impl TensorArg {
     }
 }
 
+/// A view into a buffer, not yet tagged: what a tensor handle's `slice` / `window` gives,
+/// to be passed to a task with a tag ([`TaskArgs::input`], ...).
+///
+/// ```
+/// use strata_types::*;
+/// // SAFETY: a doc example: the descriptor is never given to a task.
+/// let buf = unsafe { BufferDesc::from_parts(IdentityMinter::new().mint(), 64, BufferLocation::HostLocal { addr: 0x1000 }) };
+/// let whole = BufferView::new(buf, TensorView::contiguous(DataType::F32, &[4, 4])?)?;
+/// let rows = whole.slice(0, 1, 3)?;
+/// assert_eq!(rows.view().byte_offset(), 16);
+/// assert!(whole.window(&[2, 2], &[3, 3]).is_err()); // leaves the tensor
+/// # Ok::<(), TypesError>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct BufferView {
+    buffer: BufferDesc,
+    view: TensorView,
+}
+
+impl BufferView {
+    /// A view into `buffer`, checked to lie inside it.
+    ///
+    /// # Errors
+    /// [`TypesError::ViewOutOfBounds`] if the view reaches past the buffer.
+    pub fn new(buffer: BufferDesc, view: TensorView) -> Result<Self, TypesError> {
+        view.check_fits(buffer.nbytes())?;
+        Ok(BufferView { buffer, view })
+    }
+
+    /// The buffer.
+    pub fn buffer(&self) -> BufferDesc {
+        self.buffer
+    }
+
+    /// The view.
+    pub fn view(&self) -> TensorView {
+        self.view
+    }
+
+    /// The same buffer under another view (built from [`BufferView::view`] with
+    /// `transpose`, `reshape`, ...).
+    ///
+    /// # Errors
+    /// [`TypesError::ViewOutOfBounds`] if it reaches past the buffer.
+    pub fn with_view(&self, view: TensorView) -> Result<Self, TypesError> {
+        BufferView::new(self.buffer, view)
+    }
+
+    /// Elements `start..end` of axis `axis` ([`TensorView::slice`]).
+    ///
+    /// # Errors
+    /// As [`TensorView::slice`].
+    pub fn slice(&self, axis: usize, start: u64, end: u64) -> Result<Self, TypesError> {
+        self.with_view(self.view.slice(axis, start, end)?)
+    }
+
+    /// The box of `shape` at `origin` ([`TensorView::window`]).
+    ///
+    /// # Errors
+    /// As [`TensorView::window`].
+    pub fn window(&self, origin: &[u64], shape: &[u64]) -> Result<Self, TypesError> {
+        self.with_view(self.view.window(origin, shape)?)
+    }
+}
+
+/// Something that becomes a tensor argument once given a tag: a [`TensorArg`] (re-tagged),
+/// a [`BufferView`], and each runtime crate's tensor handles by reference (a shared host
+/// tensor, a chip tensor, a run's intermediate, a window). A `Result` of one is one too:
+/// its error is recorded by [`TaskArgs`]' chaining methods and reported when the
+/// arguments are used, so a fallible view can be passed without a `?`.
+pub trait IntoTensorArg {
+    /// The tensor argument with `tag`.
+    ///
+    /// # Errors
+    /// Why it cannot be one (a view outside its buffer, ...).
+    fn into_tensor_arg(self, tag: ArgTag) -> Result<TensorArg, TypesError>;
+}
+
+impl IntoTensorArg for TensorArg {
+    fn into_tensor_arg(self, tag: ArgTag) -> Result<TensorArg, TypesError> {
+        Ok(self.with_tag(tag))
+    }
+}
+
+impl IntoTensorArg for &TensorArg {
+    fn into_tensor_arg(self, tag: ArgTag) -> Result<TensorArg, TypesError> {
+        Ok(self.with_tag(tag))
+    }
+}
+
+impl IntoTensorArg for BufferView {
+    fn into_tensor_arg(self, tag: ArgTag) -> Result<TensorArg, TypesError> {
+        TensorArg::new(self.buffer, self.view, tag)
+    }
+}
+
+impl IntoTensorArg for &BufferView {
+    fn into_tensor_arg(self, tag: ArgTag) -> Result<TensorArg, TypesError> {
+        (*self).into_tensor_arg(tag)
+    }
+}
+
+impl<T: IntoTensorArg, E: Into<TypesError>> IntoTensorArg for Result<T, E> {
+    fn into_tensor_arg(self, tag: ArgTag) -> Result<TensorArg, TypesError> {
+        self.map_err(Into::into)?.into_tensor_arg(tag)
+    }
+}
+
+/// Which argument of a task: the `i`-th tensor or the `i`-th scalar.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ArgSlot {
+    /// Tensor argument `i`.
+    Tensor(usize),
+    /// Scalar argument `i`.
+    Scalar(usize),
+}
+
+impl std::fmt::Display for ArgSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ArgSlot::Tensor(i) => write!(f, "tensor argument {i}"),
+            ArgSlot::Scalar(i) => write!(f, "scalar argument {i}"),
+        }
+    }
+}
+
 /// Limits on the number of arguments of one task.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ArgLimits {
@@ -197,20 +323,42 @@ impl Default for ArgLimits {
 
 /// The arguments of one task: tensors first, then scalars (raw 64-bit patterns).
 ///
+/// Build them with the chaining methods — [`TaskArgs::input`], [`TaskArgs::output`],
+/// [`TaskArgs::output_existing`], [`TaskArgs::inout`], [`TaskArgs::no_dep`],
+/// [`TaskArgs::scalar`] — which take anything that becomes a tensor argument
+/// ([`IntoTensorArg`], fallible views included) and record the first invalid argument
+/// instead of returning it: whatever uses the arguments (a submit, the wire encoding, a
+/// chip run) reports it as [`TypesError::InvalidArgument`] naming the argument, before
+/// anything is published. `push_tensor` / `push_scalar` report errors at once instead.
+///
 /// ```
 /// use strata_types::*;
+/// // SAFETY: a doc example: the descriptor is never given to a task.
+/// let buf = unsafe { BufferDesc::from_parts(IdentityMinter::new().mint(), 64, BufferLocation::HostLocal { addr: 0x1000 }) };
+/// let x = BufferView::new(buf, TensorView::contiguous(DataType::F32, &[4, 4])?)?;
+/// let args = TaskArgs::new().input(x.slice(0, 0, 2)).output(x.slice(0, 2, 4)).scalar(0.5f32);
+/// assert_eq!((args.tensors().len(), args.scalars().len()), (2, 1));
+/// args.check()?;
+///
+/// let bad = TaskArgs::new().input(&x).inout(x.slice(0, 3, 5)); // rows 3..5 of 4
+/// let e = bad.check().unwrap_err();
+/// assert!(e.to_string().starts_with("tensor argument 1:"), "{e}");
+///
 /// let mut args = TaskArgs::with_limits(ArgLimits { max_tensors: 1, max_scalars: 2 });
-/// args.push_scalar(1.5f32).unwrap();
-/// args.push_scalar(-3i32).unwrap();
-/// assert_eq!(args.scalar::<f32>(0), Some(1.5));
-/// assert_eq!(args.scalar::<i32>(1), Some(-3));
+/// args.push_scalar(1.5f32)?;
+/// args.push_scalar(-3i32)?;
+/// assert_eq!(args.scalar_at::<f32>(0), Some(1.5));
+/// assert_eq!(args.scalar_at::<i32>(1), Some(-3));
 /// assert!(args.push_scalar(0u64).is_err()); // over the limit
+/// # Ok::<(), TypesError>(())
 /// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TaskArgs {
     limits: ArgLimits,
     tensors: Vec<TensorArg>,
     scalars: Vec<u64>,
+    /// The first error of a chaining method, reported by [`TaskArgs::check`].
+    error: Option<TypesError>,
 }
 
 impl TaskArgs {
@@ -225,6 +373,7 @@ impl TaskArgs {
             limits,
             tensors: Vec::new(),
             scalars: Vec::new(),
+            error: None,
         }
     }
 
@@ -233,7 +382,8 @@ impl TaskArgs {
         self.limits
     }
 
-    /// Appends a tensor argument.
+    /// Appends a tensor argument, reporting an error at once (see [`TaskArgs::input`] and
+    /// its siblings for the chaining form).
     ///
     /// # Errors
     /// [`TypesError::TensorAfterScalar`] once a scalar was pushed;
@@ -275,6 +425,94 @@ impl TaskArgs {
         Ok(self)
     }
 
+    fn record(&mut self, slot: ArgSlot, reason: TypesError) {
+        if self.error.is_none() {
+            self.error = Some(TypesError::InvalidArgument {
+                slot,
+                reason: Box::new(reason),
+            });
+        }
+    }
+
+    /// Appends `t` as a tensor argument tagged `tag`, or records why it cannot be one.
+    /// The chaining form of [`TaskArgs::push_tensor`].
+    #[must_use]
+    pub fn tensor(mut self, t: impl IntoTensorArg, tag: ArgTag) -> Self {
+        let slot = ArgSlot::Tensor(self.tensors.len());
+        if let Err(e) = t
+            .into_tensor_arg(tag)
+            .and_then(|arg| self.push_tensor(arg).map(|_| ()))
+        {
+            self.record(slot, e);
+        }
+        self
+    }
+
+    /// Appends a tensor the task reads (`INPUT`).
+    #[must_use]
+    pub fn input(self, t: impl IntoTensorArg) -> Self {
+        self.tensor(t, ArgTag::Input)
+    }
+
+    /// Appends a tensor the task writes whole without reading (`OUTPUT`).
+    #[must_use]
+    pub fn output(self, t: impl IntoTensorArg) -> Self {
+        self.tensor(t, ArgTag::Output)
+    }
+
+    /// Appends an existing tensor the task writes without reading (`OUTPUT_EXISTING`).
+    #[must_use]
+    pub fn output_existing(self, t: impl IntoTensorArg) -> Self {
+        self.tensor(t, ArgTag::OutputExisting)
+    }
+
+    /// Appends a tensor the task reads and writes (`INOUT`).
+    #[must_use]
+    pub fn inout(self, t: impl IntoTensorArg) -> Self {
+        self.tensor(t, ArgTag::InOut)
+    }
+
+    /// Appends a tensor the engine does not track (`NO_DEP`): ordering it is the caller's
+    /// job.
+    #[must_use]
+    pub fn no_dep(self, t: impl IntoTensorArg) -> Self {
+        self.tensor(t, ArgTag::NoDep)
+    }
+
+    /// Appends a scalar (its raw bits, zero-extended), or records that there are too many.
+    /// The chaining form of [`TaskArgs::push_scalar`].
+    #[must_use]
+    pub fn scalar<S: Scalar>(self, value: S) -> Self {
+        self.scalar_bits(value.to_bits())
+    }
+
+    /// Appends a raw 64-bit scalar, or records that there are too many.
+    #[must_use]
+    pub fn scalar_bits(mut self, bits: u64) -> Self {
+        let slot = ArgSlot::Scalar(self.scalars.len());
+        if let Err(e) = self.push_scalar_bits(bits) {
+            self.record(slot, e);
+        }
+        self
+    }
+
+    /// The first error a chaining method recorded, if any.
+    pub fn error(&self) -> Option<&TypesError> {
+        self.error.as_ref()
+    }
+
+    /// Whether the arguments can be used: the error a chaining method recorded, if any.
+    ///
+    /// # Errors
+    /// [`TypesError::InvalidArgument`], naming the first invalid argument and what was
+    /// wrong with it.
+    pub fn check(&self) -> Result<(), TypesError> {
+        match &self.error {
+            Some(e) => Err(e.clone()),
+            None => Ok(()),
+        }
+    }
+
     /// The tensor arguments, in order.
     pub fn tensors(&self) -> &[TensorArg] {
         &self.tensors
@@ -291,7 +529,7 @@ impl TaskArgs {
     }
 
     /// Scalar `i` reinterpreted as `S`, if present.
-    pub fn scalar<S: Scalar>(&self, i: usize) -> Option<S> {
+    pub fn scalar_at<S: Scalar>(&self, i: usize) -> Option<S> {
         self.scalars.get(i).map(|&b| S::from_bits(b))
     }
 
@@ -414,6 +652,57 @@ mod tests {
             TypesError::TooManyScalars { max: 1 }
         );
         assert_eq!(a.len(), 3);
+    }
+
+    #[test]
+    // `&ok` exercises the by-reference impl.
+    #[allow(clippy::needless_borrows_for_generic_args)]
+    fn chaining_records_the_first_invalid_argument_and_keeps_going() {
+        let ok = arg(ArgTag::Input);
+        let outside = BufferView::new(ok.buffer, ok.view)
+            .unwrap()
+            .slice(0, 8, 24)
+            .map(|v| v.into_tensor_arg(ArgTag::Input));
+        assert!(outside.is_err());
+        let small = TaskArgs::with_limits(ArgLimits {
+            max_tensors: 2,
+            max_scalars: 1,
+        });
+        let a = small
+            .clone()
+            .input(ok)
+            .inout(BufferView::new(ok.buffer, ok.view).unwrap().slice(0, 8, 24))
+            .output(&ok)
+            .scalar(1u8)
+            .scalar(2u8);
+        assert_eq!(a.tensors().len(), 2);
+        assert_eq!(a.tensors()[1].tag, ArgTag::Output);
+        let e = a.check().unwrap_err();
+        match &e {
+            TypesError::InvalidArgument { slot, reason } => {
+                assert_eq!(*slot, ArgSlot::Tensor(1));
+                assert!(matches!(**reason, TypesError::RangeOutOfBounds { .. }));
+            }
+            other => panic!("expected InvalidArgument, got {other:?}"),
+        }
+        assert!(
+            e.to_string().starts_with("tensor argument 1: range 8..24"),
+            "{e}"
+        );
+        let b = small.scalar(1u8).scalar(2u8).no_dep(ok);
+        assert_eq!(
+            b.check().unwrap_err().to_string(),
+            "scalar argument 1: task has more than 1 scalar arguments; pass the rest in a tensor"
+        );
+        assert_eq!(b.error(), b.check().err().as_ref());
+        let c = TaskArgs::new()
+            .output_existing(ok)
+            .no_dep(&ok)
+            .scalar_bits(7);
+        c.check().unwrap();
+        assert_eq!(c.tensors()[0].tag, ArgTag::OutputExisting);
+        assert_eq!(c.tensors()[1].tag, ArgTag::NoDep);
+        assert_eq!(c.scalar_at::<u64>(0), Some(7));
     }
 
     #[test]

@@ -114,6 +114,33 @@ pub enum TypesError {
         /// Why.
         reason: String,
     },
+    /// An element index outside a tensor view (wrong coordinate count, or a coordinate
+    /// past its axis).
+    #[error("index {index:?} does not address an element of a tensor of shape {shape:?}")]
+    IndexOutOfBounds {
+        /// The index given.
+        index: Vec<u64>,
+        /// The view's shape.
+        shape: Vec<u64>,
+    },
+    /// A row-major flat element index past the last element.
+    #[error("flat index {index} is outside a tensor of {numel} elements")]
+    FlatIndexOutOfBounds {
+        /// The index given.
+        index: u64,
+        /// The view's element count.
+        numel: u64,
+    },
+    /// A copy of a slice whose length is not the view's element count.
+    #[error("cannot copy {got} elements into a tensor of shape {shape:?} ({numel} elements)")]
+    LengthMismatch {
+        /// Elements given.
+        got: usize,
+        /// The view's shape.
+        shape: Vec<u64>,
+        /// The view's element count.
+        numel: u64,
+    },
     /// A buffer generation of zero (generations start at 1).
     #[error("buffer generation must be >= 1 (0 is reserved for 'no buffer')")]
     ZeroGeneration,
@@ -135,6 +162,20 @@ pub enum TypesError {
         /// Index the tensor would have had.
         index: usize,
     },
+    /// An argument added with one of [`crate::TaskArgs`]' chaining methods that could not
+    /// be one: which argument, and what was wrong with it.
+    #[error("{slot}: {reason}")]
+    InvalidArgument {
+        /// The argument (its index among the tensors or the scalars).
+        slot: crate::ArgSlot,
+        /// What was wrong.
+        reason: Box<TypesError>,
+    },
+    /// A value a higher layer was asked to turn into a task argument but could not (a
+    /// stacked tensor where one shard is needed, a parameter that does not exist, ...):
+    /// that layer's message.
+    #[error("{0}")]
+    NotAnArgument(String),
     /// An invalid value in a [`crate::CallConfig`].
     #[error("invalid CallConfig: {0}")]
     InvalidConfig(String),

@@ -1,10 +1,13 @@
 //! # strata-types
 //!
 //! The vocabulary every strata crate shares: element [`DataType`]s, strided
-//! [`TensorView`]s of up to five axes, argument tags ([`ArgTag`]) from which dependencies
-//! are inferred, task arguments ([`TaskArgs`]), per-call configuration ([`CallConfig`]),
+//! [`TensorView`]s of up to five axes and the typed views of memory through them
+//! ([`TensorRef`], [`TensorMut`]: what kernels and sub-workers read and write), argument
+//! tags ([`ArgTag`]) from which dependencies are inferred, task arguments ([`TaskArgs`],
+//! built by chaining, [`IntoTensorArg`]), per-call configuration ([`CallConfig`]),
 //! buffer identities ([`BufferIdentity`]) and callable identities ([`CallableId`], a
-//! SHA-256 digest of a stable descriptor), plus their wire encodings ([`wire`]).
+//! SHA-256 digest of a stable descriptor), plus their wire encodings ([`wire`]), and the
+//! error convention of every user callback ([`CallbackResult`]).
 //!
 //! Bad input — too many dimensions, zero strides, a view that does not fit its buffer,
 //! too many arguments — is a typed [`TypesError`], never a panic.
@@ -18,16 +21,16 @@
 //! let buffer = unsafe {
 //!     BufferDesc::from_parts(minter.mint(), 128 * 128 * 4, BufferLocation::HostShared { region: 1, offset: 0 })
 //! };
-//! let whole = TensorView::contiguous(DataType::F32, &[128, 128])?;
-//! let top_half = whole.slice(0, 0, 64)?;
-//! let mut args = TaskArgs::new();
-//! args.push_tensor(TensorArg::new(buffer, top_half, ArgTag::InOut)?)?;
-//! args.push_scalar(0.5f32)?;
+//! let whole = BufferView::new(buffer, TensorView::contiguous(DataType::F32, &[128, 128])?)?;
+//! let args = TaskArgs::new().inout(whole.slice(0, 0, 64)).scalar(0.5f32);
+//! args.check()?; // an invalid argument would be reported here (and by every consumer)
 //! assert_eq!(args.len(), 2);
 //! # Ok::<(), TypesError>(())
 //! ```
 
+mod access;
 mod args;
+mod callback;
 mod config;
 mod dtype;
 mod error;
@@ -36,8 +39,13 @@ mod tag;
 mod view;
 pub mod wire;
 
-pub use args::{ArgLimits, BufferDesc, BufferLocation, Scalar, TaskArgs, TensorArg};
-pub use config::{CallConfig, RingOverride, OUTPUT_PREFIX_MAX, RING_COUNT};
+pub use access::{TensorIter, TensorMut, TensorRef, ViewLender, ViewLoan};
+pub use args::{
+    ArgLimits, ArgSlot, BufferDesc, BufferLocation, BufferView, IntoTensorArg, Scalar, TaskArgs,
+    TensorArg,
+};
+pub use callback::{error_chain, BoxError, CallbackResult};
+pub use config::{CallConfig, RingOverride, MAX_CALL_TIMEOUT, OUTPUT_PREFIX_MAX, RING_COUNT};
 pub use dtype::{DataType, Element};
 pub use error::TypesError;
 pub use half::{bf16, f16};

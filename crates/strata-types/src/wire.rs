@@ -11,6 +11,7 @@ use crate::error::TypesError;
 use crate::identity::{BufferIdentity, OwnerNonce};
 use crate::tag::ArgTag;
 use crate::view::{TensorView, MAX_DIMS};
+use std::time::Duration;
 
 /// Bytes of one encoded tensor argument.
 pub const TENSOR_WIRE_BYTES: usize = 144;
@@ -143,20 +144,25 @@ pub fn args_wire_len(args: &TaskArgs) -> usize {
 /// ```
 /// use strata_types::*;
 /// use strata_types::wire::{encode_args, decode_args};
-/// let mut args = TaskArgs::new();
 /// // SAFETY: a doc example: the descriptor is never given to a task.
 /// let buf = unsafe { BufferDesc::from_parts(IdentityMinter::new().mint(), 64,
 ///     BufferLocation::HostShared { region: 3, offset: 128 }) };
-/// args.push_tensor(TensorArg::new(buf, TensorView::contiguous(DataType::F32, &[4, 4]).unwrap(), ArgTag::InOut).unwrap()).unwrap();
-/// args.push_scalar(2.0f32).unwrap();
+/// let x = BufferView::new(buf, TensorView::contiguous(DataType::F32, &[4, 4])?)?;
+/// let args = TaskArgs::new().inout(&x).scalar(2.0f32);
 /// let mut blob = vec![0u8; 4096];
-/// let n = encode_args(&args, &mut blob).unwrap();
-/// assert_eq!(decode_args(&blob[..n], ArgLimits::HOST).unwrap(), args);
+/// let n = encode_args(&args, &mut blob)?;
+/// assert_eq!(decode_args(&blob[..n], ArgLimits::HOST)?, args);
+/// // A recorded invalid argument is reported before anything is written.
+/// let bad = TaskArgs::new().inout(x.slice(0, 2, 6));
+/// assert!(encode_args(&bad, &mut blob).unwrap_err().to_string().contains("tensor argument 0"));
+/// # Ok::<(), TypesError>(())
 /// ```
 ///
 /// # Errors
-/// [`TypesError::WireTooSmall`] if `out` cannot hold the encoding.
+/// [`TypesError::InvalidArgument`] if a chaining method recorded an invalid argument
+/// ([`TaskArgs::check`]); [`TypesError::WireTooSmall`] if `out` cannot hold the encoding.
 pub fn encode_args(args: &TaskArgs, out: &mut [u8]) -> Result<usize, TypesError> {
+    args.check()?;
     let needed = args_wire_len(args);
     if out.len() < needed {
         return Err(TypesError::WireTooSmall {
@@ -227,53 +233,73 @@ pub fn decode_args(blob: &[u8], limits: ArgLimits) -> Result<TaskArgs, TypesErro
 
 /// Encodes a [`CallConfig`] into [`CALL_CONFIG_WIRE_BYTES`] bytes.
 ///
-/// Layout: `u32 aicpu_thread_num @0`, `u32 block_dim @4`, `u8 swimlane @8`,
+/// Layout: `u32 aicpu_threads @0`, `u32 block_dim @4`, `u8 swimlane @8`,
 /// `u8 has_prefix @9`, `u16 prefix_len @10`, 4 × (`u64 task_window, heap_bytes, dep_pool`)
-/// `@16..112`, `u64 timeout_ms @112`, reserved `@120..128`, `prefix[1024] @128`.
+/// `@16..112`, `u64 timeout_ms @112`, reserved `@120..128`, `prefix[1024] @128`. Every
+/// optional field is 0 when `None` (the encoding of the C-style configuration the
+/// reference uses); the timeout travels in whole milliseconds, rounded up.
 ///
 /// ```
+/// use std::time::Duration;
 /// use strata_types::{CallConfig, wire};
-/// let c = CallConfig { output_prefix: Some("/tmp/out".into()), timeout_ms: 5, ..Default::default() };
+/// let c = CallConfig::default()
+///     .with_output_prefix("/tmp/out")
+///     .with_timeout(Duration::from_millis(5));
 /// let mut buf = [0u8; wire::CALL_CONFIG_WIRE_BYTES];
-/// wire::encode_config(&c, &mut buf);
-/// assert_eq!(wire::decode_config(&buf).unwrap(), c);
+/// wire::encode_config(&c, &mut buf)?;
+/// assert_eq!(wire::decode_config(&buf)?, c);
+/// # Ok::<(), strata_types::TypesError>(())
 /// ```
-pub fn encode_config(c: &CallConfig, out: &mut [u8; CALL_CONFIG_WIRE_BYTES]) {
+///
+/// # Errors
+/// The validation error of `c` ([`CallConfig::validate`]): a value out of range, or a
+/// timeout the wire cannot carry. Nothing is written then.
+pub fn encode_config(
+    c: &CallConfig,
+    out: &mut [u8; CALL_CONFIG_WIRE_BYTES],
+) -> Result<(), TypesError> {
+    c.validate()?;
+    let timeout_ms = c.timeout_ms()?;
     out.fill(0);
-    put_u32(out, 0, c.aicpu_thread_num);
-    put_u32(out, 4, c.block_dim);
-    out[8] = c.swimlane;
+    put_u32(out, 0, c.aicpu_threads.unwrap_or(0));
+    put_u32(out, 4, c.block_dim.unwrap_or(0));
+    out[8] = u8::from(c.swimlane);
     for (i, r) in c.rings.iter().enumerate() {
-        put_u64(out, 16 + 24 * i, r.task_window);
-        put_u64(out, 24 + 24 * i, r.heap_bytes);
-        put_u64(out, 32 + 24 * i, r.dep_pool);
+        put_u64(out, 16 + 24 * i, r.task_window.unwrap_or(0));
+        put_u64(out, 24 + 24 * i, r.heap_bytes.unwrap_or(0));
+        put_u64(out, 32 + 24 * i, r.dep_pool.unwrap_or(0));
     }
-    put_u64(out, 112, c.timeout_ms);
+    put_u64(out, 112, timeout_ms);
     if let Some(p) = &c.output_prefix {
         let bytes = &p.as_bytes()[..p.len().min(OUTPUT_PREFIX_MAX)];
         out[9] = 1;
         out[10..12].copy_from_slice(&(bytes.len() as u16).to_le_bytes());
         out[128..128 + bytes.len()].copy_from_slice(bytes);
     }
+    Ok(())
 }
 
-/// The `timeout_ms` field of an encoded [`CallConfig`], read without decoding the rest
-/// (a scheduler reads it for every task it dispatches).
-pub fn config_timeout_ms(buf: &[u8; CALL_CONFIG_WIRE_BYTES]) -> u64 {
-    get_u64(buf, 112)
+/// The timeout of an encoded [`CallConfig`] (`None` for the worker's default), read
+/// without decoding the rest (a scheduler reads it for every task it dispatches).
+pub fn config_timeout(buf: &[u8; CALL_CONFIG_WIRE_BYTES]) -> Option<Duration> {
+    nonzero(get_u64(buf, 112)).map(Duration::from_millis)
+}
+
+fn nonzero<T: Default + PartialEq>(v: T) -> Option<T> {
+    (v != T::default()).then_some(v)
 }
 
 /// Decodes and validates a [`CallConfig`].
 ///
 /// # Errors
-/// [`TypesError::Malformed`] for a bad prefix encoding, or the validation error of the
-/// decoded config.
+/// [`TypesError::Malformed`] for a bad prefix encoding, [`TypesError::InvalidConfig`] for a
+/// swimlane byte other than 0 or 1, or the validation error of the decoded config.
 pub fn decode_config(buf: &[u8; CALL_CONFIG_WIRE_BYTES]) -> Result<CallConfig, TypesError> {
     let mut rings = [RingOverride::default(); RING_COUNT];
     for (i, r) in rings.iter_mut().enumerate() {
-        r.task_window = get_u64(buf, 16 + 24 * i);
-        r.heap_bytes = get_u64(buf, 24 + 24 * i);
-        r.dep_pool = get_u64(buf, 32 + 24 * i);
+        r.task_window = nonzero(get_u64(buf, 16 + 24 * i));
+        r.heap_bytes = nonzero(get_u64(buf, 24 + 24 * i));
+        r.dep_pool = nonzero(get_u64(buf, 32 + 24 * i));
     }
     let output_prefix = match buf[9] {
         0 => None,
@@ -296,12 +322,21 @@ pub fn decode_config(buf: &[u8; CALL_CONFIG_WIRE_BYTES]) -> Result<CallConfig, T
             )))
         }
     };
+    let swimlane = match buf[8] {
+        0 => false,
+        1 => true,
+        v => {
+            return Err(TypesError::InvalidConfig(format!(
+                "swimlane = {v} (use 0 or 1)"
+            )))
+        }
+    };
     let c = CallConfig {
-        aicpu_thread_num: get_u32(buf, 0),
-        block_dim: get_u32(buf, 4),
-        swimlane: buf[8],
+        aicpu_threads: nonzero(get_u32(buf, 0)),
+        block_dim: nonzero(get_u32(buf, 4)),
+        swimlane,
         rings,
-        timeout_ms: get_u64(buf, 112),
+        timeout: config_timeout(buf),
         output_prefix,
     };
     c.validate()?;
@@ -311,7 +346,7 @@ pub fn decode_config(buf: &[u8; CALL_CONFIG_WIRE_BYTES]) -> Result<CallConfig, T
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::IdentityMinter;
+    use crate::{CallConfig, IdentityMinter, RingOverride};
     use proptest::prelude::*;
 
     #[test]
@@ -358,6 +393,36 @@ mod tests {
         assert!(decode_args(&blob[..4], ArgLimits::HOST).is_err());
         blob[0] = 200; // 200 tensors announced, 64 bytes present
         assert!(decode_args(&blob, ArgLimits::HOST).is_err());
+    }
+
+    #[test]
+    fn configs_encode_none_as_zero_and_timeouts_in_rounded_up_milliseconds() {
+        let mut buf = [0u8; CALL_CONFIG_WIRE_BYTES];
+        encode_config(&CallConfig::default(), &mut buf).unwrap();
+        assert!(buf.iter().all(|&b| b == 0));
+        assert_eq!(decode_config(&buf).unwrap(), CallConfig::default());
+        let c = CallConfig::default()
+            .with_aicpu_threads(3)
+            .with_block_dim(2)
+            .with_swimlane(true)
+            .with_timeout(Duration::from_micros(1))
+            .with_ring(2, RingOverride::default().with_dep_pool(64));
+        encode_config(&c, &mut buf).unwrap();
+        assert_eq!(get_u32(&buf, 0), 3);
+        assert_eq!(buf[8], 1);
+        assert_eq!(get_u64(&buf, 112), 1); // 1 µs → 1 ms, never "default"
+        assert_eq!(config_timeout(&buf), Some(Duration::from_millis(1)));
+        assert_eq!(get_u64(&buf, 16 + 48 + 16), 64);
+        let back = decode_config(&buf).unwrap();
+        assert_eq!(back.timeout, Some(Duration::from_millis(1)));
+        assert_eq!(back.rings[2].dep_pool, Some(64));
+        assert_eq!(back.rings[2].task_window, None);
+        let too_long = CallConfig::default().with_timeout(Duration::MAX);
+        let e = encode_config(&too_long, &mut buf).unwrap_err().to_string();
+        assert!(e.contains(&u64::MAX.to_string()), "{e}");
+        buf[8] = 9;
+        let e = decode_config(&buf).unwrap_err().to_string();
+        assert!(e.contains("swimlane = 9"), "{e}");
     }
 
     proptest! {

@@ -9,14 +9,15 @@
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 use strata_dist::{ControlCommand, CopyDirection, COPY_PAYLOAD_BYTES};
 use strata_fuzz::fixture::{frame_ptr, ChipFixture};
 use strata_fuzz::image;
 use strata_fuzz::targets::{parent_identity, PARENT_CALLABLE};
 use strata_mailbox::{
-    encode_args_blob, AssumeAlive, Child, ControlReply, ControlRequest, EncodedConfig, Failure,
-    Handler, Mailbox, MailboxState, Parent, PrepareDisposition, ServeExit, TaskPublication,
-    TaskRequest, TaskSlot, WaitOptions,
+    encode_args_blob, AssumeAlive, Child, ControlReply, ControlRequest, EncodedConfig,
+    FailureReport, Handler, Mailbox, MailboxState, Parent, PrepareDisposition, ServeExit,
+    TaskPublication, TaskRequest, TaskSlot, WaitOptions,
 };
 use strata_types::wire::{encode_config, CALL_CONFIG_WIRE_BYTES};
 use strata_types::{
@@ -149,31 +150,23 @@ fn arg_lists(fx: &ChipFixture) -> Vec<(&'static str, TaskArgs)> {
 }
 
 fn configs() -> Vec<(&'static str, CallConfig)> {
-    let mut rings = CallConfig::default();
-    rings.rings[1] = RingOverride {
-        task_window: 64,
-        heap_bytes: 1 << 20,
-        dep_pool: 256,
-    };
+    let rings = CallConfig::default().with_ring(
+        1,
+        RingOverride::default()
+            .with_task_window(64)
+            .with_heap_bytes(1 << 20)
+            .with_dep_pool(256),
+    );
     vec![
         ("default", CallConfig::default()),
         (
             "prefix",
-            CallConfig {
-                output_prefix: Some("/tmp/strata-out/run".into()),
-                swimlane: 1,
-                timeout_ms: 5000,
-                ..CallConfig::default()
-            },
+            CallConfig::default()
+                .with_output_prefix("/tmp/strata-out/run")
+                .with_swimlane(true)
+                .with_timeout(Duration::from_millis(5000)),
         ),
-        (
-            "threads",
-            CallConfig {
-                aicpu_thread_num: 4,
-                block_dim: 2,
-                ..rings
-            },
-        ),
+        ("threads", rings.with_aicpu_threads(4).with_block_dim(2)),
     ]
 }
 
@@ -183,6 +176,7 @@ fn commands(fx: &ChipFixture) -> Vec<ControlCommand> {
         ControlCommand::Allocate { bytes: u64::MAX },
         ControlCommand::Free { addr: fx.addrs[1] },
         ControlCommand::CommittedBytes,
+        ControlCommand::FreeBytes,
     ];
     for direction in [CopyDirection::ToDevice, CopyDirection::FromDevice] {
         v.push(ControlCommand::Copy {
@@ -196,7 +190,7 @@ fn commands(fx: &ChipFixture) -> Vec<ControlCommand> {
         v.push(ControlCommand::Copy {
             direction,
             addr: fx.addrs[2],
-            dev_offset: 0,
+            dev_offset: 512,
             region: 2,
             offset: 1024,
             len: 512,
@@ -215,18 +209,21 @@ struct Recorder {
 }
 
 impl Handler for Recorder {
-    fn task(&mut self, req: &TaskRequest<'_>) -> Result<(), Failure> {
+    fn task(&mut self, req: &TaskRequest<'_>) -> Result<(), FailureReport> {
         match req.args.scalars().first() {
-            Some(&13) => Err(Failure::new(42, "the task failed on purpose: ünïcode ✓")),
+            Some(&13) => Err(FailureReport::new(
+                42,
+                "the task failed on purpose: ünïcode ✓",
+            )),
             _ => Ok(()),
         }
     }
 
-    fn prepare(&mut self, _req: &TaskRequest<'_>) -> Result<PrepareDisposition, Failure> {
+    fn prepare(&mut self, _req: &TaskRequest<'_>) -> Result<PrepareDisposition, FailureReport> {
         Ok(PrepareDisposition::NativePrepared)
     }
 
-    fn control(&mut self, req: &ControlRequest<'_>) -> Result<ControlReply, Failure> {
+    fn control(&mut self, req: &ControlRequest<'_>) -> Result<ControlReply, FailureReport> {
         // The request as the parent wrote it: a `mailbox_child` seed.
         // SAFETY: the control frame is mapped; the parent does not write it while the
         // request is outstanding.
@@ -237,7 +234,7 @@ impl Handler for Recorder {
             .expect("recorder")
             .push((format!("control-request-{}", req.command), img));
         match req.command {
-            9 => Err(Failure::new(7, "no such command")),
+            9 => Err(FailureReport::new(7, "no such command")),
             _ => Ok(ControlReply {
                 result: req.arg0 ^ 0xfeed,
                 payload: req.payload.iter().rev().copied().collect(),
@@ -334,7 +331,7 @@ fn mailbox_seeds(seeds: &Seeds, blobs: &[(&'static str, Vec<u8>)]) {
     let config = EncodedConfig::default();
     let mut thirteen = TaskArgs::new();
     thirteen.push_scalar(13u64).expect("scalar");
-    let blob = encode_args_blob(&thirteen);
+    let blob = encode_args_blob(&thirteen).expect("thirteen encodes");
     let identity = parent_identity(TaskSlot::Slot0);
     let task = TaskPublication::run(PARENT_CALLABLE, identity, &config, &blob);
     parent.publish(TaskSlot::Slot0, &task).expect("publish");
@@ -418,7 +415,7 @@ fn mailbox_seeds(seeds: &Seeds, blobs: &[(&'static str, Vec<u8>)]) {
     let mb = Mailbox::create().expect("mailbox");
     let mut child = Child::with_parent(mb.try_clone().expect("clone"), std::process::id());
     child
-        .init_failed(&Failure::new(
+        .init_failed(&FailureReport::new(
             3,
             "the chip could not start: no device memory",
         ))
@@ -460,7 +457,7 @@ fn main() {
     let lists = arg_lists(&fx);
     let blobs: Vec<(&'static str, Vec<u8>)> = lists
         .iter()
-        .map(|(n, a)| (*n, encode_args_blob(a)))
+        .map(|(n, a)| (*n, encode_args_blob(a).expect("a seed encodes")))
         .collect();
     for (name, blob) in &blobs {
         seeds.put("args_blob", name, blob);
@@ -469,7 +466,7 @@ fn main() {
     }
     for (name, config) in configs() {
         let mut bytes = [0u8; CALL_CONFIG_WIRE_BYTES];
-        encode_config(&config, &mut bytes);
+        encode_config(&config, &mut bytes).expect("a seed config is valid");
         seeds.put("call_config", name, &bytes);
     }
     for (i, command) in commands(&fx).into_iter().enumerate() {

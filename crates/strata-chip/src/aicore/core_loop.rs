@@ -42,7 +42,7 @@ fn run_one(env: &CoreEnv, run: &RunEnv, d: Dispatch) -> Completion {
             };
             match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (k.f)(&mut ctx))) {
                 Ok(Ok(())) => None,
-                Ok(Err(e)) => Some(e.message().into()),
+                Ok(Err(e)) => Some(strata_types::error_chain(&*e).into()),
                 Err(p) => Some(format!("kernel panicked: {}", panic_message(&*p)).into()),
             }
         }

@@ -1,18 +1,23 @@
 //! What a kernel sees: [`KernelCtx`] (typed views of its tensors, scalars, SPMD
-//! coordinates, cancellation, comm hook), and the type of a kernel ([`KernelFn`]). The
-//! error a kernel returns, [`KernelError`], lives with the crate's other errors.
+//! coordinates, cancellation, comm hook), and the type of a kernel ([`KernelFn`]). A kernel
+//! returns a [`CallbackResult`] (any error, boxed); [`KernelError`], the error of the
+//! context's accessors and a convenient one for kernels' own messages, lives with the
+//! crate's other errors.
 
 use crate::config::CoreType;
-use crate::device::arena::{Arena, ClaimError, SharedTensor, TensorMut, TensorRef};
+use crate::device::arena::{buffer_base, Arena, AtomicView, ClaimError, Claims};
 use crate::error::KernelError;
 use crate::task::{KTensor, TaskDesc};
 use std::any::Any;
 use std::sync::Arc;
 use strata_sync::sync::{AtomicU64, Ordering};
-use strata_types::{ArgTag, Element, Scalar, TensorView};
+use strata_types::{
+    ArgTag, CallbackResult, Element, Scalar, TensorMut, TensorRef, TensorView, ViewLoan,
+};
 
-/// A kernel: runs on an emulated AICore.
-pub type KernelFn = Arc<dyn Fn(&mut KernelCtx<'_>) -> Result<(), KernelError> + Send + Sync>;
+/// A kernel: runs on an emulated AICore. Its error (any error, boxed) fails the task with
+/// the error's message ([`strata_types::error_chain`]).
+pub type KernelFn = Arc<dyn Fn(&mut KernelCtx<'_>) -> CallbackResult + Send + Sync>;
 
 /// The context of one kernel invocation: one SPMD block of one subtask (AIC, AIV0 or
 /// AIV1) of one task, on one core.
@@ -223,8 +228,15 @@ impl<'a> KernelCtx<'a> {
                 a.tag
             )));
         }
-        TensorRef::new(self.arena, self.desc.addr_of(a), a.size, a.view)
-            .map_err(|e| KernelError(e.to_string()))
+        let base = buffer_base(self.arena, self.desc.addr_of(a), a.size, &a.view)
+            .map_err(|e| KernelError(e.to_string()))?;
+        // SAFETY: `base` is the argument's buffer, checked to lie in the arena (mapped for
+        // as long as any core can reach it) with the view inside it; device buffers are
+        // 1024-aligned and views element-aligned, and `T` is the view's element type
+        // (checked by `typed`). The argument is a tracked INPUT: the graph keeps every
+        // writer of these bytes from running while this task runs (module docs of
+        // `device::arena`).
+        Ok(unsafe { TensorRef::new(base, a.view, None) })
     }
 
     /// Exclusive read-write access to written argument `i` (`OUTPUT`, `OUTPUT_EXISTING`,
@@ -250,17 +262,18 @@ impl<'a> KernelCtx<'a> {
             )));
         }
         let desc: &'a TaskDesc = self.desc;
-        match TensorMut::new(
-            self.arena,
-            desc.addr_of(a),
-            a.size,
-            a.view,
-            Some((&desc.claims, i, self.owner())),
-        ) {
-            Ok(Ok(t)) => Ok(t),
-            Ok(Err(e)) => Err(self.claim_error(i, e)),
-            Err(e) => Err(KernelError(e.to_string())),
-        }
+        let base = buffer_base(self.arena, desc.addr_of(a), a.size, &a.view)
+            .map_err(|e| KernelError(e.to_string()))?;
+        let owner = self.owner();
+        desc.claims
+            .exclusive(i, owner)
+            .map_err(|e| self.claim_error(i, e))?;
+        let loan = ViewLoan::new(&desc.claims, Claims::token(i, owner));
+        // SAFETY: as in `input` for the memory; this (block, subtask) now holds the
+        // argument's exclusive claim, released by the loan when the view drops, so no other
+        // block or subtask of the task reaches these bytes meanwhile, and the graph keeps
+        // every other task that reads or writes them from running.
+        Ok(unsafe { TensorMut::new(base, a.view, Some(loan)) })
     }
 
     /// Element-wise atomic access to tracked argument `i`, usable by every block and
@@ -270,7 +283,7 @@ impl<'a> KernelCtx<'a> {
     /// If the argument does not exist, has another type, is untracked (use the `unsafe`
     /// [`KernelCtx::untracked`]), or is held exclusively by a block/subtask through
     /// [`KernelCtx::output`].
-    pub fn shared<T: Element>(&self, i: usize) -> Result<SharedTensor<'a, T>, KernelError> {
+    pub fn shared<T: Element>(&self, i: usize) -> Result<AtomicView<'a, T>, KernelError> {
         let a = self.typed::<T>(i)?;
         if !a.tracked {
             return Err(KernelError(format!(
@@ -281,7 +294,7 @@ impl<'a> KernelCtx<'a> {
         let desc: &'a TaskDesc = self.desc;
         let writable = a.tag.writes();
         let claim = writable.then_some((&desc.claims, i));
-        match SharedTensor::new(self.arena, desc.addr_of(a), a.size, a.view, claim, writable) {
+        match AtomicView::new(self.arena, desc.addr_of(a), a.size, a.view, claim, writable) {
             Ok(Ok(t)) => Ok(t),
             Ok(Err(e)) => Err(self.claim_error(i, e)),
             Err(e) => Err(KernelError(e.to_string())),
@@ -307,10 +320,10 @@ impl<'a> KernelCtx<'a> {
                 self.kernel_name()
             )));
         }
-        match TensorMut::new(self.arena, self.desc.addr_of(a), a.size, a.view, None) {
-            Ok(Ok(t)) => Ok(t),
-            Ok(Err(e)) => Err(self.claim_error(i, e)),
-            Err(e) => Err(KernelError(e.to_string())),
-        }
+        let base = buffer_base(self.arena, self.desc.addr_of(a), a.size, &a.view)
+            .map_err(|e| KernelError(e.to_string()))?;
+        // SAFETY: as in `input` for the memory; exclusion of other accesses to an untracked
+        // argument is this function's caller's obligation.
+        Ok(unsafe { TensorMut::new(base, a.view, None) })
     }
 }

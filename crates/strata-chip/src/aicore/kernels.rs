@@ -32,6 +32,14 @@ impl KernelHandle {
         self.id
     }
 
+    /// A handle for a digest (a kernel registered elsewhere, found by digest when used).
+    pub fn from_id(id: CallableId) -> Self {
+        KernelHandle {
+            id,
+            func_id: u32::MAX,
+        }
+    }
+
     /// The kernel's `func_id` on this registry (registration order, lowest free first).
     pub fn func_id(&self) -> u32 {
         self.func_id

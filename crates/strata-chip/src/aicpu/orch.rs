@@ -18,11 +18,15 @@ use strata_graph::{
     Overlap, RingConfig, TaskRef, TaskSpec,
 };
 use strata_sync::{CpuHint, Driven, Slot};
-use strata_types::{ArgTag, DataType, Element, IdentityMinter, Scalar, RING_COUNT};
+use strata_types::{
+    error_chain, ArgTag, CallbackResult, DataType, Element, IdentityMinter, Scalar, RING_COUNT,
+};
 
-/// A chip orchestration: runs on the emulated AICPU and submits kernel tasks.
-pub type OrchestrationFn =
-    Arc<dyn Fn(&mut ChipOrch, &ChipArgs) -> Result<(), ChipError> + Send + Sync>;
+/// A chip orchestration: runs on the emulated AICPU and submits kernel tasks. Its error
+/// (any error, boxed) fails the run with [`ChipError::OrchestrationFailed`] carrying the
+/// error's message ([`strata_types::error_chain`]); a fatal error it latched
+/// ([`ChipOrch::report_fatal`], or one the API latched) fails the run with that code.
+pub type OrchestrationFn = Arc<dyn Fn(&mut ChipOrch, &ChipArgs) -> CallbackResult + Send + Sync>;
 
 /// A registered orchestration as a run request carries it: its name (for messages) and
 /// its function, in one allocation, so handing it to the orchestrator costs one
@@ -835,14 +839,15 @@ impl ChipOrch {
         self.graph.scope_end().map_err(|e| self.graph_error(e))
     }
 
-    /// Runs `f` inside a nested scope (the scope ends even if `f` fails).
+    /// Runs `f` inside a nested scope (the scope ends even if `f` fails). Like the
+    /// orchestration itself, `f` returns a [`CallbackResult`], so `?` works on any error.
     ///
     /// # Errors
-    /// `f`'s error, or the scope's.
+    /// `f`'s error, or the scope's (a boxed [`ChipError`]).
     pub fn scope<R>(
         &mut self,
-        f: impl FnOnce(&mut ChipOrch) -> Result<R, ChipError>,
-    ) -> Result<R, ChipError> {
+        f: impl FnOnce(&mut ChipOrch) -> CallbackResult<R>,
+    ) -> CallbackResult<R> {
         self.scope_begin()?;
         let r = f(self);
         let end = if self.fatal.is_none() {
@@ -1040,17 +1045,23 @@ impl ChipOrch {
             }
             (None, Ok(Ok(()))) => self.graph.close_run(),
             (None, Ok(Err(e))) => {
-                let failed_run = matches!(e, ChipError::RunFailed { .. });
+                // A run failure the API returned (a task of the run failed) is the graph's
+                // verdict already; anything else is the orchestration's own error.
+                let failed_run = matches!(
+                    e.downcast_ref::<ChipError>(),
+                    Some(ChipError::RunFailed { .. })
+                );
+                let message = error_chain(&*e);
                 if !failed_run {
                     reply.orch_error = Some(ChipError::OrchestrationFailed {
                         orchestration: name(),
-                        message: e.to_string(),
+                        message: message.clone(),
                     });
                 }
                 self.graph.fail_run(Failure::with_code(
                     FailureKind::Fatal,
                     codes::ORCHESTRATION_FAILED,
-                    e.to_string(),
+                    message,
                 ))
             }
             (None, Err(p)) => {

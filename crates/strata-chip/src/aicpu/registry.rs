@@ -7,11 +7,11 @@
 use crate::aicore::kernel::{KernelCtx, KernelFn};
 use crate::aicore::kernels::{KernelEntry, KernelHandle, KernelTable, MAX_KERNELS};
 use crate::aicpu::orch::{ChipArgs, ChipOrch, OrchCallable};
-use crate::error::{ChipError, KernelError};
+use crate::error::ChipError;
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::sync::Arc;
-use strata_types::{CallableDescriptor, CallableId, CallableKind};
+use strata_types::{CallableDescriptor, CallableId, CallableKind, CallbackResult};
 
 /// Most chip orchestrations a chip can hold (the reference's registered-callable limit).
 pub const MAX_ORCHESTRATIONS: usize = 64;
@@ -44,9 +44,9 @@ pub(crate) struct OrchEntry {
 /// Kernels and chip orchestrations, by digest.
 ///
 /// ```
-/// use strata_chip::{Registry, KernelCtx, KernelError};
-/// use strata_types::{CallableDescriptor, CallableKind};
-/// fn noop(_: &mut KernelCtx) -> Result<(), KernelError> { Ok(()) }
+/// use strata_chip::{Registry, KernelCtx};
+/// use strata_types::{CallableDescriptor, CallableKind, CallbackResult};
+/// fn noop(_: &mut KernelCtx) -> CallbackResult { Ok(()) }
 /// let mut r = Registry::new();
 /// let d = CallableDescriptor::new(CallableKind::Kernel, "noop");
 /// let a = r.register_kernel(d.clone(), noop).unwrap();
@@ -88,7 +88,7 @@ impl Registry {
         f: F,
     ) -> Result<KernelHandle, ChipError>
     where
-        F: Fn(&mut KernelCtx<'_>) -> Result<(), KernelError> + Send + Sync + 'static,
+        F: Fn(&mut KernelCtx<'_>) -> CallbackResult + Send + Sync + 'static,
     {
         self.register_kernel_arc(desc, Arc::new(f))
     }
@@ -134,7 +134,7 @@ impl Registry {
         f: F,
     ) -> Result<OrchHandle, ChipError>
     where
-        F: Fn(&mut ChipOrch, &ChipArgs) -> Result<(), ChipError> + Send + Sync + 'static,
+        F: Fn(&mut ChipOrch, &ChipArgs) -> CallbackResult + Send + Sync + 'static,
     {
         check_kind(&desc, CallableKind::ChipOrchestration, "ChipOrchestration")?;
         let id = desc.digest();

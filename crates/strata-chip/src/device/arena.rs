@@ -1,5 +1,7 @@
 //! The one module of this crate that turns device addresses into memory: the device arena
-//! (an anonymous mapping) and the typed views kernels get of their tensors.
+//! (an anonymous mapping), the checked base addresses of the typed views kernels get of
+//! their tensors (`strata_types::TensorRef` / `TensorMut`, built in `KernelCtx`), the
+//! per-argument claims those views hold, and the element-wise atomic view ([`AtomicView`]).
 //!
 //! # Why the views are sound
 //!
@@ -32,7 +34,7 @@
 use crate::error::ChipError;
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, AtomicU8, Ordering};
-use strata_types::{Element, TensorView};
+use strata_types::{Element, TensorView, ViewLender};
 
 /// Device memory: one anonymous mapping, addressed by byte offsets ("device addresses").
 pub(crate) struct Arena {
@@ -282,7 +284,7 @@ impl Claims {
         }
     }
 
-    fn exclusive(&self, arg: usize, owner: u32) -> Result<(), ClaimError> {
+    pub(crate) fn exclusive(&self, arg: usize, owner: u32) -> Result<(), ClaimError> {
         let w = &self.words[arg];
         let mut cur = w.load(Ordering::Acquire);
         loop {
@@ -307,8 +309,13 @@ impl Claims {
         }
     }
 
-    fn release(&self, arg: usize, owner: u32) {
+    fn release_claim(&self, arg: usize, owner: u32) {
         self.words[arg].store(claim_idle(owner), Ordering::Release);
+    }
+
+    /// The token an exclusive view of `arg` held by `owner` releases on drop.
+    pub(crate) fn token(arg: usize, owner: u32) -> u64 {
+        ((arg as u64) << 32) | u64::from(owner)
     }
 
     fn shared(&self, arg: usize) -> Result<(), ClaimError> {
@@ -326,28 +333,15 @@ impl Claims {
     }
 }
 
-// ----- views -----------------------------------------------------------------------------
-
-/// Whether no two elements of `view` share an address (sufficient test: sorted by stride,
-/// each stride exceeds the extent of the smaller axes).
-fn injective(view: &TensorView) -> bool {
-    let mut axes: Vec<(u64, u64)> = view
-        .shape()
-        .iter()
-        .zip(view.strides())
-        .filter(|(s, _)| **s > 1)
-        .map(|(s, st)| (*st, *s))
-        .collect();
-    axes.sort_unstable();
-    let mut extent = 0u64; // max element offset reachable by the axes so far
-    for (stride, len) in axes {
-        if stride <= extent {
-            return false;
-        }
-        extent += (len - 1) * stride;
+/// An exclusive view (a `TensorMut` from `KernelCtx::output`) releases its claim here
+/// when it drops; the token is [`Claims::token`].
+impl ViewLender for Claims {
+    fn release(&self, token: u64) {
+        self.release_claim((token >> 32) as usize, token as u32);
     }
-    true
 }
+
+// ----- views -----------------------------------------------------------------------------
 
 fn flat_to_offset(view: &TensorView, mut flat: u64) -> Option<u64> {
     let n = view.ndims();
@@ -377,6 +371,19 @@ fn index_to_offset(view: &TensorView, index: &[u64]) -> Option<u64> {
     Some(off)
 }
 
+/// The address of a view's buffer, checked: the view fits the buffer and the buffer lies
+/// inside the arena (what [`strata_types::TensorRef::new`] takes as its base).
+pub(crate) fn buffer_base(
+    arena: &Arena,
+    buffer_addr: u64,
+    buffer_len: u64,
+    view: &TensorView,
+) -> Result<*mut u8, ChipError> {
+    view.check_fits(buffer_len)?;
+    arena.check(buffer_addr, buffer_len)?;
+    Ok(arena.ptr(buffer_addr))
+}
+
 /// Where a view's elements are: the address of element `[0, ..., 0]`.
 fn elem0<T>(
     arena: &Arena,
@@ -389,285 +396,19 @@ fn elem0<T>(
     Ok(arena.ptr(buffer_addr + view.byte_offset()) as *mut T)
 }
 
-/// A read-only typed view of a tensor argument in device memory.
-///
-/// Derefs to nothing; use [`TensorRef::as_slice`] (contiguous views), [`TensorRef::get`],
-/// [`TensorRef::runs`] or [`TensorRef::to_vec`].
-pub struct TensorRef<'a, T: Element> {
-    ptr: *const T,
-    view: TensorView,
-    _life: PhantomData<&'a [T]>,
-}
-
-impl<T: Element> std::fmt::Debug for TensorRef<'_, T> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TensorRef")
-            .field("view", &self.view)
-            .finish()
-    }
-}
-
-impl<'a, T: Element> TensorRef<'a, T> {
-    pub(crate) fn new(
-        arena: &'a Arena,
-        buffer_addr: u64,
-        buffer_len: u64,
-        view: TensorView,
-    ) -> Result<Self, ChipError> {
-        Ok(TensorRef {
-            ptr: elem0::<T>(arena, buffer_addr, buffer_len, &view)?,
-            view,
-            _life: PhantomData,
-        })
-    }
-
-    /// The view (shape, strides in elements, byte offset in the buffer).
-    pub fn view(&self) -> &TensorView {
-        &self.view
-    }
-
-    /// The shape.
-    pub fn shape(&self) -> &[u64] {
-        self.view.shape()
-    }
-
-    /// The strides, in elements.
-    pub fn strides(&self) -> &[u64] {
-        self.view.strides()
-    }
-
-    /// Number of elements.
-    pub fn numel(&self) -> usize {
-        self.view.numel() as usize
-    }
-
-    /// The elements as one slice, if the view is contiguous (row-major, dense).
-    pub fn as_slice(&self) -> Option<&'a [T]> {
-        if !self.view.is_contiguous() {
-            return None;
-        }
-        // SAFETY: a contiguous view's elements are `numel` consecutive `T`s inside the
-        // buffer (checked at construction); nobody writes them while the task runs (module
-        // docs).
-        Some(unsafe { std::slice::from_raw_parts(self.ptr, self.numel()) })
-    }
-
-    /// The element at a multi-dimensional index (`None` if out of range).
-    pub fn get(&self, index: &[u64]) -> Option<T> {
-        let off = index_to_offset(&self.view, index)?;
-        // SAFETY: the offset addresses an element of the view, inside the buffer.
-        Some(unsafe { self.ptr.add(off as usize).read() })
-    }
-
-    /// The element at a row-major flat index (`None` if out of range).
-    pub fn get_flat(&self, flat: u64) -> Option<T> {
-        let off = flat_to_offset(&self.view, flat)?;
-        // SAFETY: as `get`.
-        Some(unsafe { self.ptr.add(off as usize).read() })
-    }
-
-    /// The view's contiguous runs (e.g. the rows of a 2-D window), in row-major order.
-    pub fn runs(&self) -> impl Iterator<Item = &'a [T]> + 'a {
-        let elem = std::mem::size_of::<T>() as u64;
-        let origin = self.view.byte_offset();
-        let ptr = self.ptr;
-        self.view.contiguous_runs().map(move |(off, len)| {
-            // SAFETY: each run lies inside the view (strata-types computes runs from the
-            // view's own geometry), hence inside the checked buffer.
-            unsafe {
-                std::slice::from_raw_parts(
-                    ptr.add(((off - origin) / elem) as usize),
-                    (len / elem) as usize,
-                )
-            }
-        })
-    }
-
-    /// The elements in row-major order, copied out.
-    pub fn to_vec(&self) -> Vec<T> {
-        let mut v = Vec::with_capacity(self.numel());
-        for run in self.runs() {
-            v.extend_from_slice(run);
-        }
-        v
-    }
-}
-
-/// An exclusive, writable typed view of a tensor argument in device memory.
-///
-/// Obtained from [`crate::KernelCtx::output`]; while it lives, no other block or subtask of
-/// the task can view the argument.
-pub struct TensorMut<'a, T: Element> {
-    ptr: *mut T,
-    view: TensorView,
-    claim: Option<(&'a Claims, usize, u32)>,
-    _life: PhantomData<&'a mut [T]>,
-}
-
-impl<T: Element> std::fmt::Debug for TensorMut<'_, T> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TensorMut")
-            .field("view", &self.view)
-            .finish()
-    }
-}
-
-impl<T: Element> Drop for TensorMut<'_, T> {
-    fn drop(&mut self) {
-        if let Some((c, arg, owner)) = self.claim {
-            c.release(arg, owner);
-        }
-    }
-}
-
-impl<'a, T: Element> TensorMut<'a, T> {
-    /// An exclusive view after claiming argument `arg` for `owner` (or, with `claims =
-    /// None`, an untracked view whose ordering the caller of the `unsafe` accessor
-    /// guarantees).
-    pub(crate) fn new(
-        arena: &'a Arena,
-        buffer_addr: u64,
-        buffer_len: u64,
-        view: TensorView,
-        claims: Option<(&'a Claims, usize, u32)>,
-    ) -> Result<Result<Self, ClaimError>, ChipError> {
-        let ptr = elem0::<T>(arena, buffer_addr, buffer_len, &view)?;
-        if let Some((c, arg, owner)) = claims {
-            if let Err(e) = c.exclusive(arg, owner) {
-                return Ok(Err(e));
-            }
-        }
-        Ok(Ok(TensorMut {
-            ptr,
-            view,
-            claim: claims,
-            _life: PhantomData,
-        }))
-    }
-
-    /// The view.
-    pub fn view(&self) -> &TensorView {
-        &self.view
-    }
-
-    /// The shape.
-    pub fn shape(&self) -> &[u64] {
-        self.view.shape()
-    }
-
-    /// The strides, in elements.
-    pub fn strides(&self) -> &[u64] {
-        self.view.strides()
-    }
-
-    /// Number of elements.
-    pub fn numel(&self) -> usize {
-        self.view.numel() as usize
-    }
-
-    /// The elements as one slice, if the view is contiguous.
-    pub fn as_slice(&self) -> Option<&[T]> {
-        if !self.view.is_contiguous() {
-            return None;
-        }
-        // SAFETY: contiguous elements inside the buffer; this view holds the exclusive
-        // claim, and the graph keeps other tasks away (module docs).
-        Some(unsafe { std::slice::from_raw_parts(self.ptr, self.numel()) })
-    }
-
-    /// The elements as one mutable slice, if the view is contiguous.
-    pub fn as_mut_slice(&mut self) -> Option<&mut [T]> {
-        if !self.view.is_contiguous() {
-            return None;
-        }
-        // SAFETY: as `as_slice`; `&mut self` makes the slice unique within the kernel.
-        Some(unsafe { std::slice::from_raw_parts_mut(self.ptr, self.numel()) })
-    }
-
-    /// The element at a multi-dimensional index.
-    pub fn get(&self, index: &[u64]) -> Option<T> {
-        let off = index_to_offset(&self.view, index)?;
-        // SAFETY: an element of the view, inside the buffer; exclusive claim.
-        Some(unsafe { self.ptr.add(off as usize).read() })
-    }
-
-    /// The element at a row-major flat index.
-    pub fn get_flat(&self, flat: u64) -> Option<T> {
-        let off = flat_to_offset(&self.view, flat)?;
-        // SAFETY: as `get`.
-        Some(unsafe { self.ptr.add(off as usize).read() })
-    }
-
-    /// Writes the element at a multi-dimensional index; false if out of range.
-    pub fn set(&mut self, index: &[u64], v: T) -> bool {
-        let Some(off) = index_to_offset(&self.view, index) else {
-            return false;
-        };
-        // SAFETY: an element of the view, inside the buffer; exclusive claim and `&mut self`.
-        unsafe { self.ptr.add(off as usize).write(v) };
-        true
-    }
-
-    /// Writes the element at a row-major flat index; false if out of range.
-    pub fn set_flat(&mut self, flat: u64, v: T) -> bool {
-        let Some(off) = flat_to_offset(&self.view, flat) else {
-            return false;
-        };
-        // SAFETY: as `set`.
-        unsafe { self.ptr.add(off as usize).write(v) };
-        true
-    }
-
-    /// The contiguous runs (e.g. rows of a 2-D window) as mutable slices, in row-major
-    /// order. `None` if the view addresses some element twice (a self-overlapping view).
-    pub fn runs_mut(&mut self) -> Option<impl Iterator<Item = &mut [T]> + '_> {
-        if !injective(&self.view) {
-            return None;
-        }
-        let elem = std::mem::size_of::<T>() as u64;
-        let origin = self.view.byte_offset();
-        let ptr = self.ptr;
-        Some(self.view.contiguous_runs().map(move |(off, len)| {
-            // SAFETY: runs lie inside the view; the view is injective, so the runs are
-            // pairwise disjoint and each `&mut` is unique; exclusive claim + `&mut self`.
-            unsafe {
-                std::slice::from_raw_parts_mut(
-                    ptr.add(((off - origin) / elem) as usize),
-                    (len / elem) as usize,
-                )
-            }
-        }))
-    }
-
-    /// Sets every element to `v`.
-    pub fn fill(&mut self, v: T) {
-        let n = self.numel() as u64;
-        for i in 0..n {
-            self.set_flat(i, v);
-        }
-    }
-
-    /// The elements in row-major order, copied out.
-    pub fn to_vec(&self) -> Vec<T> {
-        (0..self.numel() as u64)
-            .filter_map(|i| self.get_flat(i))
-            .collect()
-    }
-}
-
 /// A view of a tensor argument that several blocks or subtasks of one task may use at
 /// once: every access is one relaxed atomic load or store of one element, so concurrent
 /// use is always sound (racing writes to the same element leave one of the values).
-pub struct SharedTensor<'a, T: Element> {
+pub struct AtomicView<'a, T: Element> {
     ptr: *mut T,
     view: TensorView,
     writable: bool,
     _life: PhantomData<&'a [T]>,
 }
 
-impl<T: Element> std::fmt::Debug for SharedTensor<'_, T> {
+impl<T: Element> std::fmt::Debug for AtomicView<'_, T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SharedTensor")
+        f.debug_struct("AtomicView")
             .field("view", &self.view)
             .field("writable", &self.writable)
             .finish()
@@ -713,7 +454,7 @@ fn atomic_store<T: Element>(p: *mut T, v: T) {
     }
 }
 
-impl<'a, T: Element> SharedTensor<'a, T> {
+impl<'a, T: Element> AtomicView<'a, T> {
     pub(crate) fn new(
         arena: &'a Arena,
         buffer_addr: u64,
@@ -731,7 +472,7 @@ impl<'a, T: Element> SharedTensor<'a, T> {
                 return Ok(Err(e));
             }
         }
-        Ok(Ok(SharedTensor {
+        Ok(Ok(AtomicView {
             ptr,
             view,
             writable,
@@ -754,7 +495,7 @@ impl<'a, T: Element> SharedTensor<'a, T> {
         self.view.numel() as usize
     }
 
-    /// Whether [`SharedTensor::store`] is allowed (the argument is written by the task).
+    /// Whether [`AtomicView::store`] is allowed (the argument is written by the task).
     pub fn is_writable(&self) -> bool {
         self.writable
     }
@@ -798,35 +539,6 @@ impl<'a, T: Element> SharedTensor<'a, T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use strata_types::DataType;
-
-    #[test]
-    fn injectivity_test_matches_brute_force() {
-        let cases: &[(&[u64], &[u64])] = &[
-            (&[4, 4], &[4, 1]),
-            (&[4, 4], &[1, 4]),
-            (&[2, 4], &[1, 1]),
-            (&[3, 3], &[2, 1]),
-            (&[3, 2], &[2, 1]),
-            (&[2, 2, 2], &[4, 2, 1]),
-            (&[2, 3], &[3, 2]),
-        ];
-        for (shape, strides) in cases {
-            let v = TensorView::new(DataType::F32, shape, strides, 0).unwrap();
-            let offs: Vec<u64> = v.element_offsets().collect();
-            let mut dedup = offs.clone();
-            dedup.sort_unstable();
-            dedup.dedup();
-            let truly = dedup.len() == offs.len();
-            // The test is sufficient: it never calls an overlapping view injective.
-            if injective(&v) {
-                assert!(truly, "{shape:?} {strides:?}");
-            }
-        }
-        let v = TensorView::contiguous(DataType::F32, &[8, 8]).unwrap();
-        assert!(injective(&v.window(&[2, 2], &[3, 4]).unwrap()));
-        assert!(injective(&v.transpose(0, 1).unwrap()));
-    }
 
     #[test]
     fn claims_are_exclusive_sticky_and_reentrant_after_release() {
@@ -834,7 +546,7 @@ mod tests {
         assert_eq!(c.exclusive(0, 3), Ok(()));
         assert_eq!(c.exclusive(0, 3), Err(ClaimError::AlreadyBorrowed));
         assert_eq!(c.exclusive(0, 4), Err(ClaimError::OtherOwner(3)));
-        c.release(0, 3);
+        c.release_claim(0, 3);
         assert_eq!(c.exclusive(0, 4), Err(ClaimError::OtherOwner(3)));
         assert_eq!(c.exclusive(0, 3), Ok(()));
         assert_eq!(c.shared(1), Ok(()));

@@ -63,9 +63,100 @@ pub struct DeviceTensor {
     pub(crate) ptr: DevicePtr,
     pub(crate) size: u64,
     pub(crate) view: TensorView,
+    /// The worker id of the chip that holds it (its `ChipConfig::chip_id`; under a
+    /// level-3 worker, the chip's next-level worker id).
+    pub(crate) worker: u32,
 }
 
 impl DeviceTensor {
+    /// A handle for memory a chip in another process allocated, issued by the engine that
+    /// asked for it: `issuer` is that engine's nonce and `generation` unique among the
+    /// handles it issues, so every later use can be checked against the engine's own
+    /// table of live allocations (a handle it did not issue, or one whose allocation was
+    /// freed, is refused there). Not for user code: a handle built from a raw address
+    /// names nothing its engine knows of.
+    ///
+    /// # Safety
+    /// `addr .. addr + size` must be a live allocation of chip `worker` that the issuing
+    /// engine tracks under `(issuer, generation)`, and `view` must fit `size` bytes.
+    #[doc(hidden)]
+    pub unsafe fn from_raw_parts(
+        issuer: u64,
+        generation: u64,
+        worker: u32,
+        addr: u64,
+        size: u64,
+        view: TensorView,
+    ) -> DeviceTensor {
+        DeviceTensor {
+            ptr: DevicePtr {
+                chip: issuer,
+                addr,
+                generation,
+            },
+            size,
+            view,
+            worker,
+        }
+    }
+
+    /// The worker id of the chip that holds it.
+    pub fn worker(&self) -> u32 {
+        self.worker
+    }
+
+    /// The whole tensor as a task argument of a level-3 orchestration (for a task on the
+    /// chip that holds it).
+    pub fn arg(&self, tag: strata_types::ArgTag) -> strata_types::TensorArg {
+        strata_types::TensorArg {
+            buffer: self.buffer(),
+            view: self.view,
+            tag,
+        }
+    }
+
+    /// A view of the tensor as a task argument.
+    ///
+    /// # Errors
+    /// [`ChipError::Types`] if the view does not fit the allocation.
+    pub fn arg_view(
+        &self,
+        view: TensorView,
+        tag: strata_types::ArgTag,
+    ) -> Result<strata_types::TensorArg, ChipError> {
+        Ok(strata_types::TensorArg::new(self.buffer(), view, tag)?)
+    }
+
+    /// Elements `start..end` of axis `axis`, to pass to a task with a tag
+    /// ([`strata_types::TaskArgs`]' chaining methods record its error).
+    ///
+    /// # Errors
+    /// As [`TensorView::slice`].
+    pub fn slice(
+        &self,
+        axis: usize,
+        start: u64,
+        end: u64,
+    ) -> Result<strata_types::BufferView, strata_types::TypesError> {
+        strata_types::BufferView::new(self.buffer(), self.view)?.slice(axis, start, end)
+    }
+
+    /// The allocation's descriptor: its identity, size and place in device memory.
+    fn buffer(&self) -> strata_types::BufferDesc {
+        // SAFETY: the descriptor names exactly this allocation (its identity, size and
+        // address on its chip); whoever receives it checks it against the live
+        // allocations of the worker it is given to.
+        unsafe {
+            strata_types::BufferDesc::from_parts(
+                self.identity(),
+                self.size,
+                strata_types::BufferLocation::Device {
+                    worker: self.worker,
+                    addr: self.ptr.addr,
+                },
+            )
+        }
+    }
     /// The allocation's base pointer.
     pub fn ptr(&self) -> DevicePtr {
         self.ptr
@@ -100,9 +191,19 @@ impl DeviceTensor {
         Ok(DeviceTensor { view, ..*self })
     }
 
-    /// The dependency identity of the allocation.
-    pub(crate) fn identity(&self) -> BufferIdentity {
+    /// The dependency identity of the allocation (unique per allocation and issuer).
+    pub fn identity(&self) -> BufferIdentity {
         identity_of(self.ptr.chip, self.ptr.generation)
+    }
+}
+
+/// The whole tensor, for [`strata_types::TaskArgs`]' chaining methods.
+impl strata_types::IntoTensorArg for &DeviceTensor {
+    fn into_tensor_arg(
+        self,
+        tag: strata_types::ArgTag,
+    ) -> Result<strata_types::TensorArg, strata_types::TypesError> {
+        Ok(self.arg(tag))
     }
 }
 
@@ -519,6 +620,13 @@ impl DeviceMemory {
 
     pub(crate) fn committed(&self) -> u64 {
         self.lock().committed
+    }
+
+    /// The emulated card's free bytes (the sum of its free blocks: what allocations could
+    /// still take, fragmentation aside) and its capacity.
+    pub(crate) fn info(&self) -> (u64, u64) {
+        let a = self.lock();
+        (a.free.values().sum(), a.capacity)
     }
 }
 

@@ -102,7 +102,12 @@ impl ChipWorker {
         let live = self.live("device_tensor_at")?;
         let (ptr, size) = live.mem.allocation_at(addr)?;
         view.check_fits(size)?;
-        Ok(DeviceTensor { ptr, size, view })
+        Ok(DeviceTensor {
+            ptr,
+            size,
+            view,
+            worker: self.config().chip_id,
+        })
     }
 
     /// Copies `nbytes` from raw host memory to device memory at `dst`.
@@ -175,7 +180,12 @@ impl ChipWorker {
                     .fill(ptr.addr, view.nbytes(), &b[..dtype.size_bytes()])?
             }
         }
-        Ok(DeviceTensor { ptr, size, view })
+        Ok(DeviceTensor {
+            ptr,
+            size,
+            view,
+            worker: self.config().chip_id,
+        })
     }
 
     /// Frees a device tensor.
@@ -275,11 +285,29 @@ impl ChipWorker {
         Ok(self.live("quarantined_device_memory")?.mem.held_bytes())
     }
 
-    /// Free/total device memory of the physical device: not available on the emulator.
+    /// `(free, total)` bytes of this emulated card: `total` is its configured capacity
+    /// ([`ChipConfig::device_memory_bytes`](crate::ChipConfig::device_memory_bytes)),
+    /// `free` what its allocator could still hand out (the sum of its free blocks; one
+    /// allocation may need a contiguous block, see [`ChipError::OutOfDeviceMemory`]'s
+    /// `largest_free`). These are emulated figures: the arena is virtual memory committed
+    /// on touch, so they say what this card would have, not what the host has. The first
+    /// 64 KiB of every card are never handed out (no buffer has address 0).
+    ///
+    /// ```
+    /// use strata_chip::{ChipConfig, ChipWorker};
+    /// let mut chip = ChipWorker::new(ChipConfig { device_memory_bytes: 1 << 29, ..ChipConfig::default() })?;
+    /// chip.init()?;
+    /// let (free, total) = chip.device_memory_info()?;
+    /// assert_eq!(total, 1 << 29);
+    /// let p = chip.malloc(4096)?;
+    /// assert_eq!(chip.device_memory_info()?.0, free - 4096);
+    /// chip.free(p)?;
+    /// # Ok::<(), strata_chip::ChipError>(())
+    /// ```
     ///
     /// # Errors
-    /// Always [`ChipError::DeviceMemoryInfoUnavailable`].
+    /// [`ChipError::NotInitialized`].
     pub fn device_memory_info(&self) -> Result<(u64, u64), ChipError> {
-        Err(ChipError::DeviceMemoryInfoUnavailable)
+        Ok(self.live("device_memory_info")?.mem.info())
     }
 }

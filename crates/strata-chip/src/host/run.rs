@@ -289,6 +289,51 @@ impl ChipWorker {
         self.report(timer, verdict.and(copied_back), reply, sched, config)
     }
 
+    /// Builds the run arenas for `config`'s ring sizing now — the ring heaps in device
+    /// memory and the orchestrator's task windows and dependency pools — through a run of
+    /// an empty orchestration, so the next run with the same sizing starts on them. A
+    /// later run with another sizing rebuilds them (one sizing is kept at a time).
+    ///
+    /// ```
+    /// use strata_chip::{ChipConfig, ChipWorker};
+    /// use strata_types::CallConfig;
+    /// let mut chip = ChipWorker::new(ChipConfig::default())?;
+    /// chip.init()?;
+    /// let before = chip.committed_device_memory()?;
+    /// chip.prewarm(&CallConfig::default())?;
+    /// assert!(chip.committed_device_memory()? > before); // the ring heaps are allocated
+    /// # Ok::<(), strata_chip::ChipError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// An invalid `config`; no device memory for the heaps; a chip that is not
+    /// initialised or unusable.
+    pub fn prewarm(&mut self, config: &CallConfig) -> Result<(), ChipError> {
+        self.live("prewarm")?;
+        if let Some(u) = &self.unusable {
+            return Err(ChipError::Unusable(u.clone()));
+        }
+        let rings = self.config.effective_rings(config)?;
+        let kernels = self
+            .kernels_snapshot
+            .get_or_insert_with(|| Arc::new(self.registry.kernels().clone()))
+            .clone();
+        let plan = RunPlan {
+            rings,
+            callable: Arc::new(OrchCallable {
+                name: "prewarm".into(),
+                f: Arc::new(|_, _| Ok(())),
+            }),
+            kernels,
+            timeout: self.config.kernel_timeout,
+            swimlane: false,
+        };
+        let mut timer = RunTimer::start();
+        let staged = self.stage_in(&plan, &RunArgs::new(), &mut timer)?;
+        let (reply, sched) = self.dispatch(plan, staged)?;
+        Self::verdict(&reply, &sched)
+    }
+
     /// Stage 1: everything that can refuse the run before it touches the chip — the
     /// chip's state, the call configuration, the arguments against the orchestration's
     /// signature — and what the later stages need.
@@ -323,17 +368,13 @@ impl ChipWorker {
             .kernels_snapshot
             .get_or_insert_with(|| Arc::new(self.registry.kernels().clone()))
             .clone();
-        let timeout = if config.timeout_ms > 0 {
-            Duration::from_millis(config.timeout_ms)
-        } else {
-            self.config.kernel_timeout
-        };
+        let timeout = config.timeout.unwrap_or(self.config.kernel_timeout);
         Ok(RunPlan {
             rings,
             callable,
             kernels,
             timeout,
-            swimlane: config.swimlane == 1,
+            swimlane: config.swimlane,
         })
     }
 
@@ -472,7 +513,7 @@ impl ChipWorker {
             eprint!("{}", strace_text(&timer.timing().spans()));
         }
         outcome?;
-        let swimlane = (config.swimlane == 1).then(|| Swimlane {
+        let swimlane = config.swimlane.then(|| Swimlane {
             chip: self.config.chip_id,
             core_types: self.core_types(),
             records: sched.swimlane,

@@ -10,6 +10,9 @@ use strata_types::{BufferLocation, TaskArgs};
 /// Why a `TaskArgs` tensor cannot be an argument of a run on this chip.
 #[derive(Debug, thiserror::Error)]
 pub enum TaskArgsError {
+    /// An argument its builder recorded as invalid ([`TaskArgs::check`]), naming it.
+    #[error("invalid run arguments: {0}")]
+    Invalid(strata_types::TypesError),
     /// A shared-memory tensor whose bytes are not mapped here (the resolver's message).
     #[error("tensor {index}: {message}")]
     Shared {
@@ -58,13 +61,15 @@ impl RunArgs<'static> {
     /// those bytes while a run uses them.
     ///
     /// # Errors
-    /// [`TaskArgsError`], naming the tensor.
+    /// [`TaskArgsError`], naming the tensor ([`TaskArgsError::Invalid`] for an argument its
+    /// builder recorded as invalid, before anything is mapped).
     pub unsafe fn from_task_args(
         args: &TaskArgs,
         chip: &ChipWorker,
         worker: Option<u32>,
         mut map_shared: impl FnMut(u64, u64, u64) -> Result<*mut u8, String>,
     ) -> Result<RunArgs<'static>, TaskArgsError> {
+        args.check().map_err(TaskArgsError::Invalid)?;
         let mut run = RunArgs::new();
         for (index, t) in args.tensors().iter().enumerate() {
             match t.buffer.location() {

@@ -12,7 +12,7 @@ use crate::aicpu::sched::{Sched, SchedCell, SchedMsg, SchedShared, Topology};
 use crate::aicpu::stall::Watchdog;
 use crate::config::{ChipConfig, CoreType, OrchestratorPlacement, RingSizing};
 use crate::device::memory::{DeviceMemory, DevicePtr};
-use crate::error::{ChipError, KernelError};
+use crate::error::ChipError;
 use std::any::Any;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -20,7 +20,8 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 use strata_graph::{graph, GraphConfig, RingConfig};
 use strata_types::{
-    CallableDescriptor, CallableId, CallableKind, IdentityMinter, OwnerNonce, RING_COUNT,
+    CallableDescriptor, CallableId, CallableKind, CallbackResult, IdentityMinter, OwnerNonce,
+    RING_COUNT,
 };
 
 pub(super) struct Live {
@@ -182,7 +183,7 @@ impl ChipWorker {
         f: F,
     ) -> Result<KernelHandle, ChipError>
     where
-        F: Fn(&mut KernelCtx<'_>) -> Result<(), KernelError> + Send + Sync + 'static,
+        F: Fn(&mut KernelCtx<'_>) -> CallbackResult + Send + Sync + 'static,
     {
         self.before_init(desc.name())?;
         self.kernels_snapshot = None;
@@ -195,7 +196,7 @@ impl ChipWorker {
     /// As [`ChipWorker::register_kernel`].
     pub fn register_kernel_fn<F>(&mut self, name: &str, f: F) -> Result<KernelHandle, ChipError>
     where
-        F: Fn(&mut KernelCtx<'_>) -> Result<(), KernelError> + Send + Sync + 'static,
+        F: Fn(&mut KernelCtx<'_>) -> CallbackResult + Send + Sync + 'static,
     {
         self.register_kernel(CallableDescriptor::new(CallableKind::Kernel, name), f)
     }
@@ -210,7 +211,7 @@ impl ChipWorker {
         f: F,
     ) -> Result<OrchHandle, ChipError>
     where
-        F: Fn(&mut ChipOrch, &ChipArgs) -> Result<(), ChipError> + Send + Sync + 'static,
+        F: Fn(&mut ChipOrch, &ChipArgs) -> CallbackResult + Send + Sync + 'static,
     {
         self.before_init(desc.name())?;
         self.kernels_snapshot = None;
@@ -228,7 +229,7 @@ impl ChipWorker {
         f: F,
     ) -> Result<OrchHandle, ChipError>
     where
-        F: Fn(&mut ChipOrch, &ChipArgs) -> Result<(), ChipError> + Send + Sync + 'static,
+        F: Fn(&mut ChipOrch, &ChipArgs) -> CallbackResult + Send + Sync + 'static,
     {
         self.register_orchestration(
             CallableDescriptor::new(CallableKind::ChipOrchestration, name),
@@ -387,6 +388,12 @@ impl ChipWorker {
             pid: std::process::id(),
             print_strace,
         });
+        if let Some(sizing) = self.config.prewarm.clone() {
+            if let Err(e) = self.prewarm(&sizing) {
+                let _ = self.close();
+                return Err(e);
+            }
+        }
         Ok(())
     }
 

@@ -3,10 +3,12 @@
 //! this child) serving host orchestrations for its parent. It lives with the worker it runs
 //! because it drives that worker's lifecycle (`init`, `run_with`, `close`).
 
-use super::DistWorker;
+use super::{DistWorker, CHIP_FAILED_BELOW};
+use crate::error::DistError;
 use crate::registry::HostOrchHandle;
+use strata_graph::WorkerClass;
 use strata_host::{ChildEnv, ChildProgram};
-use strata_mailbox::{codes, ControlReply, ControlRequest, Failure, Handler, TaskRequest};
+use strata_mailbox::{codes, ControlReply, ControlRequest, FailureReport, Handler, TaskRequest};
 
 /// A level-3 worker child of a level-4 worker: the whole level-3 worker (with its own
 /// children, forked inside this child) serving host orchestrations.
@@ -43,15 +45,26 @@ struct NestedHandler {
 }
 
 impl Handler for NestedHandler {
-    fn task(&mut self, req: &TaskRequest<'_>) -> Result<(), Failure> {
+    fn task(&mut self, req: &TaskRequest<'_>) -> Result<(), FailureReport> {
         let handle = HostOrchHandle { id: req.callable };
         self.worker
             .run_nested(&handle, req.args, req.config)
-            .map_err(|e| Failure::new(codes::FAILED, e.to_string()))
+            .map_err(|e| {
+                // A chip's failure stays a chip's failure one level up.
+                let code = match &e {
+                    DistError::TaskFailed(f)
+                        if f.origin().map(|o| o.class) == Some(WorkerClass::Chip) =>
+                    {
+                        CHIP_FAILED_BELOW
+                    }
+                    _ => codes::FAILED,
+                };
+                FailureReport::new(code, e.to_string())
+            })
     }
 
-    fn control(&mut self, req: &ControlRequest<'_>) -> Result<ControlReply, Failure> {
-        Err(Failure::new(
+    fn control(&mut self, req: &ControlRequest<'_>) -> Result<ControlReply, FailureReport> {
+        Err(FailureReport::new(
             codes::UNSUPPORTED,
             format!(
                 "a level-3 worker child does not take control command {}; device memory belongs to its chips",

@@ -203,7 +203,7 @@ pub fn gated(w: &mut DistWorker, lab: &Lab) -> OrchHandle {
             let deadline = Instant::now() + Duration::from_secs(10);
             while l.held() == label {
                 if Instant::now() > deadline {
-                    return Err(KernelError::new("never released"));
+                    return Err("never released".into());
                 }
                 std::thread::sleep(Duration::from_micros(200));
             }
@@ -392,7 +392,7 @@ impl Signals {
                     .map(|i| ctx.scalar::<u64>(i))
                     .collect::<Result<_, _>>()?;
                 let [wait_word, wait_value, set_word, set_value, log, spin_us] = s[..] else {
-                    return Err(KernelError::new("a signal task takes 6 scalars"));
+                    return Err("a signal task takes 6 scalars".into());
                 };
                 if log != 0 {
                     let i = kw.at(SIGNAL_WORDS).fetch_add(2, Ordering::SeqCst) as usize;
@@ -424,7 +424,7 @@ impl Signals {
                     kw.at(set_word as usize)
                         .fetch_max(set_value, Ordering::SeqCst);
                 }
-                outcome
+                Ok(outcome?)
             })
             .unwrap();
         let orch = w

@@ -40,6 +40,8 @@ pub fn suite<M: Mode>() -> Vec<Scenario> {
         bad_arguments_are_typed_errors,
         chips_and_a_sub_worker_compute_against_a_host_golden,
         device_tensors_stay_resident_on_their_chip,
+        host_bytes_copy_to_and_from_chip_tensors_at_offsets,
+        an_adopted_shared_mapping_is_copied_in_place,
         a_level_4_worker_drives_level_3_children,
         lifecycle_misuse_is_refused,
         a_blocked_group_reserves_its_targets_and_precedes_conflicting_singles,
@@ -312,7 +314,7 @@ pub fn init_close_cycles_reuse_the_heap_rings_and_dropped_tensors_are_refused<M:
         let noop = w.register_sub("noop", |_| Ok(()));
         let xa = x.clone();
         let orch = w.register_orchestration("use", move |o, a| {
-            let use_stale: u64 = a.scalar(0).ok_or("which")?;
+            let use_stale: u64 = a.scalar_at(0).ok_or("which")?;
             let t = if use_stale == 1 {
                 stale
             } else {
@@ -643,7 +645,7 @@ pub fn two_runs_are_in_flight_and_results_follow_submit_order<M: Mode>() -> Outc
     });
     let xa = x.clone();
     let orch = w.register_orchestration("step", move |o, a| {
-        let k: u64 = a.scalar(0).ok_or("k")?;
+        let k: u64 = a.scalar_at(0).ok_or("k")?;
         o.submit_sub(&step, &args(&[xa.arg(ArgTag::InOut)], &[k]))?;
         Ok(())
     });
@@ -718,16 +720,33 @@ pub fn bad_arguments_are_typed_errors<M: Mode>() -> Outcome {
     let mode = M::VALUE;
     let mut w = l3(mode, 1, 1);
     let early = w.shared_tensor(&[4], DataType::F32).unwrap();
+    let early_run = early.clone();
     let noop = w.register_sub("noop", |_| Ok(()));
     let chip_orch = w
         .register_chip_orchestration("empty", |_, _| Ok(()))
         .unwrap();
     let probe = w.register_orchestration("probe", move |o, a| {
-        let which: u64 = a.scalar(0).ok_or("which")?;
+        let which: u64 = a.scalar_at(0).ok_or("which")?;
         match which {
             0 => o.submit_next_level(chip_orch, &TaskArgs::new(), 5)?,
             1 => o.submit_next_level(chip_orch, &args(&[], &[]), 0)?,
             2 => o.submit_sub(&noop, &args(&[early.arg(ArgTag::Input)], &[]))?,
+            // A view outside its tensor, recorded by the builder, reported by the submit.
+            3 => o.submit_sub(
+                &noop,
+                &TaskArgs::new()
+                    .input(&early)
+                    .output_existing(early.slice(0, 2, 6)),
+            )?,
+            // Member 1 adds a tensor after a scalar; reported before the group's own
+            // checks (it has more members than the worker has sub-workers).
+            4 => o.submit_sub_group(
+                &noop,
+                &[
+                    TaskArgs::new().input(&early),
+                    TaskArgs::new().scalar(1u8).input(&early),
+                ],
+            )?,
             _ => {}
         }
         Ok(())
@@ -738,6 +757,41 @@ pub fn bad_arguments_are_typed_errors<M: Mode>() -> Outcome {
     let e = w.run(&probe, &args(&[], &[0])).unwrap_err();
     assert!(e.to_string().contains("out of range"), "{e}");
     w.run(&probe, &args(&[], &[1])).unwrap();
+    w.run(&probe, &args(&[], &[2])).unwrap();
+    let mut bad_argument = |which: u64| match w.run(&probe, &args(&[], &[which])) {
+        Err(DistError::Orchestration(e)) => match e.downcast_ref::<DistError>() {
+            Some(DistError::BadArgument { member, error }) => Ok((*member, error.to_string())),
+            _ => Err(format!("case {which}: expected BadArgument, got {e}")),
+        },
+        other => Err(format!(
+            "case {which}: expected the orchestration's error, got {other:?}"
+        )),
+    };
+    let (member, e) = bad_argument(3)?;
+    assert_eq!(member, None);
+    assert!(e.starts_with("tensor argument 1: range 2..6"), "{e}");
+    let (member, e) = bad_argument(4)?;
+    assert_eq!(member, Some(1));
+    assert!(
+        e.starts_with(
+            "tensor argument 0: tensor arguments must all be added before the first scalar"
+        ),
+        "{e}"
+    );
+    // The run's own arguments are checked before the orchestration runs (case 0 would
+    // fail with "out of range").
+    match w.run(&probe, &TaskArgs::new().scalar(0u64).input(&early_run)) {
+        Err(DistError::BadArgument {
+            member: None,
+            error,
+        }) => {
+            assert!(
+                error.to_string().starts_with("tensor argument 0: "),
+                "{error}"
+            )
+        }
+        other => return Err(format!("expected BadArgument, got {other:?}")),
+    }
     w.run(&probe, &args(&[], &[2])).unwrap();
     // A callable registered after init is unknown to the running tree.
     assert!(matches!(
@@ -828,7 +882,7 @@ pub fn device_tensors_stay_resident_on_their_chip<M: Mode>() -> Outcome {
     let chip_scale = register_chip_scale(&mut w);
     let host = w.shared_tensor_from(&[8], &[1.0f32; 8]).unwrap();
     let result = w.shared_tensor(&[8], DataType::F32).unwrap();
-    let holder: Arc<std::sync::Mutex<Option<ChildTensor>>> = Arc::default();
+    let holder: Arc<std::sync::Mutex<Option<DeviceTensor>>> = Arc::default();
     let h2 = holder.clone();
     let orch = w.register_orchestration("scale_twice", move |o, _| {
         let dev = h2.lock().unwrap().ok_or("no device tensor")?;
@@ -856,6 +910,197 @@ pub fn device_tensors_stay_resident_on_their_chip<M: Mode>() -> Outcome {
     let e = w.run(&orch, &TaskArgs::new()).unwrap_err();
     assert!(e.to_string().contains("not a live allocation"), "{e}");
     Ok(())
+}
+
+/// Copies between ordinary host memory (created after `init`) and a chip tensor, at
+/// offsets, through a staging region small enough that a copy takes many chunks: read
+/// back byte for byte against a host model of the device bytes.
+pub fn host_bytes_copy_to_and_from_chip_tensors_at_offsets<M: Mode>() -> Outcome {
+    let mode = M::VALUE;
+    let mut cfg = l3_config(mode, 2, 0);
+    cfg.staging_bytes = 8 << 10; // 4 KiB halves
+    cfg.chips[1].device_memory_bytes = 1 << 30;
+    let capacity = cfg.chips[1].device_memory_bytes;
+    let mut w = DistWorker::new(cfg).ctx("new")?;
+    w.init().ctx("init")?;
+    // 10 001 f32: 40 004 bytes, not a multiple of the 4 KiB half.
+    let dev = w
+        .alloc_child_tensor(1, &[10_001], DataType::F32)
+        .ctx("alloc")?;
+    let size = 40_004usize;
+    let mut model: Vec<u8> = (0..size).map(|i| (i * 7 + 3) as u8).collect();
+    let path = w.copy_bytes_to(&dev, 0, &model).ctx("copy whole")?;
+    check!(
+        path == CopyPath::Staged,
+        "a plain Vec is staged, got {path:?}"
+    );
+    let mut back = vec![0u8; size];
+    w.copy_bytes_from(&mut back, &dev, 0).ctx("read whole")?;
+    check!(back == model, "the whole tensor reads back as written");
+
+    // Offset writes and reads, including ones that start and end mid-chunk.
+    let patch: Vec<u8> = (0..9_000).map(|i| (i % 13 + 200) as u8).collect();
+    w.copy_bytes_to(&dev, 1_000, &patch).ctx("offset write")?;
+    model[1_000..10_000].copy_from_slice(&patch);
+    w.copy_bytes_to(&dev, size as u64 - 3, &[1, 2, 3])
+        .ctx("tail write")?;
+    model[size - 3..].copy_from_slice(&[1, 2, 3]);
+    for (offset, len) in [
+        (0usize, size),
+        (777, 12_345),
+        (4_095, 4_098),
+        (size - 1, 1),
+        (5, 0),
+    ] {
+        let mut part = vec![0xAAu8; len];
+        w.copy_bytes_from(&mut part, &dev, offset as u64)
+            .ctx("offset read")?;
+        check!(
+            part == model[offset..offset + len],
+            "bytes [{offset}, {offset} + {len}) read back as the model has them"
+        );
+    }
+
+    // Out of range, without overflow.
+    for (offset, len) in [
+        (size as u64, 1usize),
+        (size as u64 - 3, 4),
+        (u64::MAX, 1),
+        (1, size),
+    ] {
+        let e = w.copy_bytes_to(&dev, offset, &vec![0; len]);
+        check!(
+            matches!(&e, Err(DistError::InvalidArgs(m)) if m.contains("leaves the 40004-byte tensor")),
+            "copy of {len} bytes at {offset}: {e:?}"
+        );
+        let e = w.copy_bytes_from(&mut vec![0; len], &dev, offset);
+        check!(
+            matches!(e, Err(DistError::InvalidArgs(_))),
+            "read of {len} bytes at {offset}: {e:?}"
+        );
+    }
+
+    // The emulated card: its configured capacity, less what is allocated.
+    let (free, total) = w.device_memory_info(1).ctx("info")?;
+    check!(
+        total == capacity,
+        "total {total} is the configured {capacity}"
+    );
+    let big = w
+        .alloc_child_tensor(1, &[1 << 20], DataType::U8)
+        .ctx("alloc 1 MiB")?;
+    let (free2, _) = w.device_memory_info(1).ctx("info after alloc")?;
+    check!(
+        free2 == free - (1 << 20),
+        "free {free} -> {free2} after a 1 MiB allocation"
+    );
+    w.free(big).ctx("free")?;
+    check!(
+        matches!(
+            w.device_memory_info(2),
+            Err(DistError::UnknownWorker { id: 2, count: 2 })
+        ),
+        "worker 2 does not exist"
+    );
+
+    // A freed tensor is refused, whatever its bytes' fate.
+    w.free(dev).ctx("free dev")?;
+    let e = w.copy_bytes_to(&dev, 0, &[1, 2, 3]);
+    check!(
+        matches!(e, Err(DistError::StaleTensor { .. })),
+        "copy into a freed tensor: {e:?}"
+    );
+    w.close().ctx("close")
+}
+
+/// Memory the caller mapped `MAP_SHARED` before `init` and handed over (adopted) is read
+/// and written in place by the chip child, with no staging; a read-only one refuses a
+/// copy into it.
+pub fn an_adopted_shared_mapping_is_copied_in_place<M: Mode>() -> Outcome {
+    let mode = M::VALUE;
+    const LEN: usize = 3 * 4096;
+    let map = |len: usize| {
+        // SAFETY: a fresh anonymous shared mapping; unmapped below, after the regions
+        // naming it were released.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        p.cast::<u8>()
+    };
+    let (rw, ro) = (map(LEN), map(LEN));
+    let mem = strata_host::SharedMemory::process();
+    // SAFETY: both mappings stay mapped until after the regions are released.
+    let (rw_region, ro_region) = unsafe {
+        (
+            mem.adopt_region(rw, LEN, "rw weights", false)
+                .ctx("adopt rw")?,
+            mem.adopt_region(ro, LEN, "ro weights", true)
+                .ctx("adopt ro")?,
+        )
+    };
+    let outcome = (|| -> Outcome {
+        let mut cfg = l3_config(mode, 1, 0);
+        cfg.staging_bytes = 0; // no staging at all: only the in-place path can work
+        let mut w = DistWorker::new(cfg).ctx("new")?;
+        w.init().ctx("init")?;
+        // SAFETY: the mappings are LEN bytes; nothing else touches them meanwhile.
+        let (rw_bytes, ro_bytes) = unsafe {
+            (
+                std::slice::from_raw_parts_mut(rw, LEN),
+                std::slice::from_raw_parts_mut(ro, LEN),
+            )
+        };
+        for (i, b) in ro_bytes.iter_mut().enumerate() {
+            *b = (i % 241) as u8;
+        }
+        let dev = w
+            .alloc_child_tensor(0, &[LEN as u64], DataType::U8)
+            .ctx("alloc")?;
+        let path = w.copy_bytes_to(&dev, 0, &ro_bytes[100..]).ctx("upload")?;
+        check!(
+            path == CopyPath::InPlace,
+            "an adopted mapping is copied in place: {path:?}"
+        );
+        let path = w
+            .copy_bytes_from(&mut rw_bytes[..LEN - 100], &dev, 0)
+            .ctx("download")?;
+        check!(
+            path == CopyPath::InPlace,
+            "into a writable adopted mapping in place: {path:?}"
+        );
+        check!(
+            rw_bytes[..LEN - 100] == ro_bytes[100..],
+            "the bytes went through the chip"
+        );
+        let e = w.copy_bytes_from(&mut ro_bytes[..10], &dev, 0);
+        check!(
+            matches!(&e, Err(DistError::InvalidArgs(m)) if m.contains("read-only")),
+            "a copy into the read-only mapping is refused: {e:?}"
+        );
+        // Without staging, plain memory has no way in.
+        let e = w.copy_bytes_to(&dev, 0, &[1, 2, 3]);
+        check!(
+            matches!(&e, Err(DistError::InvalidArgs(m)) if m.contains("staging")),
+            "plain memory without staging: {e:?}"
+        );
+        w.close().ctx("close")
+    })();
+    mem.release_region(rw_region).ctx("release rw")?;
+    mem.release_region(ro_region).ctx("release ro")?;
+    // SAFETY: the regions are released and the worker (and its children) are gone.
+    unsafe {
+        libc::munmap(rw.cast(), LEN);
+        libc::munmap(ro.cast(), LEN);
+    }
+    outcome
 }
 
 pub fn a_level_4_worker_drives_level_3_children<M: Mode>() -> Outcome {
@@ -985,7 +1230,7 @@ pub fn a_group_never_overtakes_a_single_submitted_before_it_on_a_worker<M: Mode>
     let (s, t) = (sig.clone(), token.clone());
     const ROUNDS: u64 = 50;
     let orch = w.register_orchestration("single_then_group", move |o, a| {
-        let round: u64 = a.scalar(0).ok_or("the round is scalar 0")?;
+        let round: u64 = a.scalar_at(0).ok_or("the round is scalar 0")?;
         let read = [t.arg(ArgTag::Input)];
         // P (word 2: the orchestration is done) produces the token X and the group read.
         let p = Signals::task(&[t.arg(ArgTag::InOut)], (2, round), (NO_WORD, 0), None, 0);
@@ -1019,7 +1264,7 @@ pub fn a_later_single_never_overtakes_a_group_behind_another_blocked_group<M: Mo
     let (s, t) = (sig.clone(), token.clone());
     const ROUNDS: u64 = 50;
     let orch = w.register_orchestration("group_then_single", move |o, a| {
-        let round: u64 = a.scalar(0).ok_or("the round is scalar 0")?;
+        let round: u64 = a.scalar_at(0).ok_or("the round is scalar 0")?;
         let read = [t.arg(ArgTag::Input)];
         let nothing = || Signals::task(&[], (NO_WORD, 0), (NO_WORD, 0), None, 0);
         // H holds worker 0 until Y is done (word 4), so the first group stays blocked.
@@ -1059,7 +1304,7 @@ pub fn a_task_a_completion_makes_ready_never_overtakes_a_batched_earlier_one<M: 
     let (s, t) = (sig.clone(), token.clone());
     const ROUNDS: u64 = 20;
     let orch = w.register_orchestration("batched_then_ready", move |o, a| {
-        let round: u64 = a.scalar(0).ok_or("the round is scalar 0")?;
+        let round: u64 = a.scalar_at(0).ok_or("the round is scalar 0")?;
         // P (handed over at once: the scheduler is idle): done once T2 is submitted
         // (word 5), then says so (word 6).
         let p = Signals::task(&[t.arg(ArgTag::InOut)], (5, round), (6, round), None, 0);
@@ -1098,7 +1343,7 @@ pub fn group_members_run_on_the_worker_ids_they_name<M: Mode>() -> Outcome {
     let chip_scale = register_chip_scale(&mut w);
     let ones = w.shared_tensor_from(&[4], &[1.0f32; 4]).unwrap();
     let result = w.shared_tensor(&[4], DataType::F32).unwrap();
-    let devs: Arc<std::sync::Mutex<Vec<ChildTensor>>> = Arc::default();
+    let devs: Arc<std::sync::Mutex<Vec<DeviceTensor>>> = Arc::default();
     let d2 = devs.clone();
     // Member 0 runs on worker 1 with worker 1's tensor, member 1 on worker 0 with worker
     // 0's: a scheduler that used member indices as worker ids would hand each chip an
@@ -1200,7 +1445,7 @@ pub fn overlapping_writes_within_one_task_are_refused_at_submit<M: Mode>() -> Ou
     let x = w.shared_tensor(&[128], DataType::U8).unwrap();
     let noop = w.register_sub("noop", |_| Ok(()));
     let orch = w.register_orchestration("overlap", move |o, a| {
-        let which: u64 = a.scalar(0).ok_or("which")?;
+        let which: u64 = a.scalar_at(0).ok_or("which")?;
         let v = |b: u64, e: u64| {
             x.arg_view(x.view().slice(0, b, e).unwrap(), ArgTag::OutputExisting)
                 .unwrap()

@@ -134,7 +134,7 @@ pub fn host_copies_refuse_while_a_task_names_the_tensor<M: Mode>() -> Outcome {
     let hold = w.register_sub("hold", move |call| {
         call.tensor_mut::<u32>(0)?.update(|v| v * 10);
         ww.bump(0);
-        wait_word(&ww, 1, 1)
+        Ok(wait_word(&ww, 1, 1)?)
     });
     let xa = x.clone();
     let orch = w.register_orchestration("hold", move |o, _| {
@@ -177,7 +177,7 @@ pub fn the_safe_sub_accessor_refuses_no_dep_arguments<M: Mode>() -> Outcome {
             .err()
             .ok_or("tensor() gave a safe view of a NO_DEP argument")?;
         if !refused.contains("NO_DEP") {
-            return Err(format!("unexpected refusal: {refused}"));
+            return Err(format!("unexpected refusal: {refused}").into());
         }
         // SAFETY: no other task of this test touches x while this one runs.
         let sum: u64 = unsafe { call.tensor_untracked::<u64>(0) }?.iter().sum();
@@ -185,7 +185,7 @@ pub fn the_safe_sub_accessor_refuses_no_dep_arguments<M: Mode>() -> Outcome {
         if unsafe { call.tensor_untracked::<u64>(1) }.is_ok() {
             return Err("tensor_untracked gave a view of a tracked argument".into());
         }
-        call.tensor_mut::<u64>(1)?.set(&[0], sum)
+        Ok(call.tensor_mut::<u64>(1)?.set(&[0], sum)?)
     });
     let (xa, oa) = (x.clone(), out.clone());
     let orch = w.register_orchestration("probe", move |o, _| {
@@ -310,13 +310,15 @@ pub fn a_detached_thread_childs_heap_ring_is_quarantined() -> Outcome {
 
     let mut second = DistWorker::new(config()).ctx("second")?;
     let out = second.shared_tensor(&[1], DataType::U64).ctx("out")?;
-    let fill = second.register_sub("fill", |call| call.tensor_mut::<u64>(0)?.set(&[0], 7));
+    let fill = second.register_sub("fill", |call| {
+        Ok(call.tensor_mut::<u64>(0)?.set(&[0], 7)?)
+    });
     let ww = words.clone();
     let check_r = second.register_sub("check", move |call| {
         ww.bump(1); // the detached writer writes now
         wait_word(&ww, 2, 1)?;
         let v = call.tensor::<u64>(0)?.get(&[0])?;
-        call.tensor_mut::<u64>(1)?.set(&[0], v)
+        Ok(call.tensor_mut::<u64>(1)?.set(&[0], v)?)
     });
     let oa = out.clone();
     let orch = second.register_orchestration("fill_check", move |o, _| {

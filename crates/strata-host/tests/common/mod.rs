@@ -11,8 +11,8 @@ use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 use strata_host::*;
 use strata_mailbox::{
-    codes, encode_args_blob, ControlReply, ControlRequest, EncodedConfig, Failure, FrameIdentity,
-    Handler, TaskCompletion, TaskPublication, TaskRequest, TaskSlot,
+    codes, encode_args_blob, ControlReply, ControlRequest, EncodedConfig, FailureReport,
+    FrameIdentity, Handler, TaskCompletion, TaskPublication, TaskRequest, TaskSlot,
 };
 pub use strata_testkit::suite::Variant;
 pub use strata_testkit::*;
@@ -96,7 +96,7 @@ impl Tasks {
         callable: CallableId,
         args: &TaskArgs,
     ) -> Result<TaskCompletion, HostError> {
-        let blob = encode_args_blob(args);
+        let blob = encode_args_blob(args)?;
         let id = self.identity(slot);
         let task = TaskPublication::run(callable, id, &self.config, &blob);
         lane.run_task(slot, &task, Some(BOUND))
@@ -110,7 +110,7 @@ impl Tasks {
         callable: CallableId,
         args: &TaskArgs,
     ) -> Result<(), String> {
-        let blob = encode_args_blob(args);
+        let blob = encode_args_blob(args).ctx("encode")?;
         let id = self.identity(slot);
         let task = TaskPublication::run(callable, id, &self.config, &blob);
         lane.parent().publish(slot, &task).ctx("publish")
@@ -225,7 +225,7 @@ impl ChildProgram for NestedProgram {
 }
 
 impl Handler for NestedHandler {
-    fn task(&mut self, req: &TaskRequest<'_>) -> Result<(), Failure> {
+    fn task(&mut self, req: &TaskRequest<'_>) -> Result<(), FailureReport> {
         let i = self.next % self.inner.len();
         self.next += 1;
         let id = self.tasks.identity(TaskSlot::Slot0);
@@ -233,12 +233,12 @@ impl Handler for NestedHandler {
         match self.inner.lane(i).run_task(TaskSlot::Slot0, &task, None) {
             Ok(c) => c
                 .outcome
-                .map_err(|f| Failure::new(f.code, format!("inner: {}", f.message))),
-            Err(e) => Err(Failure::new(50, e.to_string())),
+                .map_err(|f| FailureReport::new(f.code, format!("inner: {}", f.message))),
+            Err(e) => Err(FailureReport::new(50, e.to_string())),
         }
     }
 
-    fn control(&mut self, req: &ControlRequest<'_>) -> Result<ControlReply, Failure> {
+    fn control(&mut self, req: &ControlRequest<'_>) -> Result<ControlReply, FailureReport> {
         match req.command {
             CTRL_INNER_PIDS => Ok(ControlReply {
                 result: self.inner.len() as u64,
@@ -249,7 +249,10 @@ impl Handler for NestedHandler {
                     .flat_map(|p| p.to_le_bytes())
                     .collect(),
             }),
-            c => Err(Failure::new(codes::UNSUPPORTED, format!("no command {c}"))),
+            c => Err(FailureReport::new(
+                codes::UNSUPPORTED,
+                format!("no command {c}"),
+            )),
         }
     }
 }

@@ -51,7 +51,7 @@ pub fn shared_memory_is_shared_both_ways_and_zero_copy<M: Mode>() -> Outcome {
         let seen = t.to_vec();
         let want: Vec<u32> = (0..8).map(|i| expected + i).collect();
         if seen != want {
-            return Err(format!("child saw {seen:?}, expected {want:?}"));
+            return Err(format!("child saw {seen:?}, expected {want:?}").into());
         }
         t.copy_from_slice(&(0..8).map(|i| 100 * expected + i).collect::<Vec<_>>())?;
         Ok(())
@@ -151,7 +151,7 @@ pub fn closures_keep_their_state_and_failures_are_task_failures<M: Mode>() -> Ou
         o.set(&[1], n)?;
         Ok(())
     });
-    let fails = reg.register_fn("fails", |_| Err("deliberately failing".to_string()));
+    let fails = reg.register_fn("fails", |_| Err("deliberately failing".into()));
     let panics = reg.register_fn("panics", |_| panic!("deliberate closure panic"));
     let writes_input = reg.register_fn("writes_input", |call| {
         call.tensor_mut::<f32>(0)?;
@@ -277,7 +277,7 @@ pub fn tensor_views_borrow_check_and_strided_access_work<M: Mode>() -> Outcome {
         }
         let vals: Vec<i32> = col1.iter().collect();
         if col1.as_slice().is_some() || vals != vec![1, 5, 9] {
-            return Err(format!("strided read gave {vals:?}"));
+            return Err(format!("strided read gave {vals:?}").into());
         }
         drop(col1);
         let mut col3 = call.tensor_mut::<i32>(1)?;
@@ -659,7 +659,7 @@ pub fn a_nested_worker_tree_starts_serves_and_shuts_down<M: Mode>() -> Outcome {
         Ok(())
     });
     let fail = reg.register_fn("fail", |call| {
-        Err(format!("worker {} refuses", call.worker_index()))
+        Err(format!("worker {} refuses", call.worker_index()).into())
     });
     let programs: Vec<Box<dyn ChildProgram>> = vec![Box::new(NestedProgram {
         registry: reg.clone(),
