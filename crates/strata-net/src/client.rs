@@ -512,7 +512,15 @@ impl RemoteEndpoint {
             .map_err(|e| NetError::io("handing the session socket to the runtime", e))?;
         let (rd, wr) = stream.into_split();
         rt.spawn(reader(s.clone(), rd));
-        rt.spawn(writer(s.clone(), backlog, wr, prio_rx, main_rx));
+        rt.spawn(writer(
+            Arc::downgrade(&s),
+            s.shared.clone(),
+            session,
+            backlog,
+            wr,
+            prio_rx,
+            main_rx,
+        ));
         rt.spawn(heartbeat(s.clone()));
         Ok(RemoteEndpoint { s })
     }
@@ -984,16 +992,23 @@ async fn reader(s: Arc<Session>, mut rd: tokio::net::tcp::OwnedReadHalf) {
     }
 }
 
+/// The session's writer task. It holds the session weakly: the session owns the lanes'
+/// senders, and the writer ends when they are gone — a strong reference here would keep
+/// them, the session and its socket alive for good once the session ended.
 async fn writer(
-    s: Arc<Session>,
+    s: std::sync::Weak<Session>,
+    shared: Arc<SharedMemory>,
+    session: u64,
     backlog: Arc<Backlog>,
     wr: tokio::net::tcp::OwnedWriteHalf,
     prio: mpsc::UnboundedReceiver<Out>,
     main: mpsc::UnboundedReceiver<Out>,
 ) {
-    if let Err(e) = pump(&s.shared, s.session, &backlog, wr, prio, main).await {
-        if !s.dead_flag.load(Ordering::Acquire) {
-            s.die(format!("{}: sending to the node failed ({e})", s.label));
+    if let Err(e) = pump(&shared, session, &backlog, wr, prio, main).await {
+        if let Some(s) = s.upgrade() {
+            if !s.dead_flag.load(Ordering::Acquire) {
+                s.die(format!("{}: sending to the node failed ({e})", s.label));
+            }
         }
     }
 }

@@ -64,6 +64,7 @@ const CASES: &[&str] = &[
     "remote_device_memory_misuse_is_a_typed_error_naming_the_worker",
     "a_node_on_ipv6_loopback_serves",
     "a_node_named_by_host_name_is_resolved_within_the_bound",
+    "closed_sessions_leave_no_descriptor_behind_in_the_root",
 ];
 
 struct Daemon {
@@ -261,6 +262,7 @@ fn run_case(name: &str) -> Result<(), String> {
         "remote_device_memory_misuse_is_a_typed_error_naming_the_worker" => device_misuse(),
         "a_node_on_ipv6_loopback_serves" => ipv6(),
         "a_node_named_by_host_name_is_resolved_within_the_bound" => hostname(),
+        "closed_sessions_leave_no_descriptor_behind_in_the_root" => no_fd_leak(),
         "launched" => launched(),
         other => Err(format!("no case {other}")),
     }
@@ -979,4 +981,52 @@ fn hostname() -> Result<(), String> {
     let addr = daemon_addr(DAEMON);
     let port = addr.rsplit_once(':').map(|(_, p)| p).unwrap_or("1");
     one_worker_at(&format!("localhost:{port}"))
+}
+
+fn fd_count() -> usize {
+    std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count())
+}
+
+/// Level-4 workers with a remote child, one after the other in one root process: once
+/// each is closed its session's descriptors are gone (after the first, which starts the
+/// runtime's own).
+fn no_fd_leak() -> Result<(), String> {
+    let addr = daemon_addr(DAEMON);
+    one_worker_at(&addr)?;
+    let settled = |limit: usize| {
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_secs(5) {
+            if fd_count() <= limit {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
+    };
+    // The first session's tasks end within a heartbeat interval of its close.
+    std::thread::sleep(Duration::from_millis(500));
+    let before = fd_count();
+    for _ in 0..3 {
+        one_worker_at(&addr)?;
+    }
+    let ok = settled(before);
+    println!(
+        "  descriptors: {before} before, {} after 3 more sessions",
+        fd_count()
+    );
+    if !ok {
+        if let Ok(rd) = std::fs::read_dir("/proc/self/fd") {
+            for e in rd.flatten() {
+                println!(
+                    "  fd {:?} -> {:?}",
+                    e.file_name(),
+                    std::fs::read_link(e.path())
+                );
+            }
+        }
+    }
+    check(
+        ok,
+        format!("descriptors leaked: {before} before, {} after", fd_count()),
+    )
 }
