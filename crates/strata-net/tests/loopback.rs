@@ -84,7 +84,7 @@ fn start_daemon_on(listen: &str, secret: &Path, program: &Path) -> Option<Daemon
         .arg(secret)
         .arg("--program")
         .arg(program)
-        .args(["--handshake-timeout", "1", "--drain-timeout", "5"])
+        .args(["--handshake-timeout", "5", "--drain-timeout", "5"])
         .stdout(Stdio::piped())
         .spawn()
         .ok()?;
@@ -513,7 +513,7 @@ fn silent_client() -> Result<(), String> {
     let mut silent = TcpStream::connect(&addr).map_err(|e| e.to_string())?;
     // A full session meanwhile.
     two_workers()?;
-    // The daemon dropped the silent client at its handshake deadline (1 s).
+    // The daemon dropped the silent client at its handshake deadline (5 s in these tests).
     silent
         .set_read_timeout(Some(Duration::from_secs(10)))
         .map_err(|e| e.to_string())?;

@@ -294,7 +294,7 @@ fn start_daemon(ns: &str, listen: &str, secret: &Path, program: &Path) -> Result
         .arg(secret)
         .arg("--program")
         .arg(program)
-        .args(["--handshake-timeout", "1", "--drain-timeout", "5"])
+        .args(["--handshake-timeout", "5", "--drain-timeout", "5"])
         .stdout(Stdio::piped())
         .spawn()
         .map_err(|e| format!("start strata-node serve in {ns}: {e}"))?;
