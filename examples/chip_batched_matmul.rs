@@ -11,7 +11,6 @@
 //! Prints a final line starting with `ok:` and exits non-zero if the result differs from
 //! the host golden.
 
-use std::error::Error;
 use std::process::ExitCode;
 use std::time::Instant;
 use strata::chip::{ChipTensor, TensorCreateInfo};
@@ -123,7 +122,7 @@ fn batched_matmul() -> Program {
     p
 }
 
-fn run() -> Result<String, Box<dyn Error>> {
+fn run() -> Result<String, Box<dyn std::error::Error>> {
     let compiled = batched_matmul().compile(&Target::chip(ChipConfig::clusters(2)))?;
     let (len, shape) = (BATCH * N * N, [BATCH, N, N]);
     let a = inputs(7, len);

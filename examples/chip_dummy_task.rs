@@ -10,7 +10,6 @@
 //! final line starting with `ok:` and exits non-zero if a result differs from the host
 //! golden.
 
-use std::error::Error;
 use std::process::ExitCode;
 use strata::prelude::*;
 
@@ -79,7 +78,7 @@ fn dummy_task() -> Program {
     p
 }
 
-fn run() -> Result<String, Box<dyn Error>> {
+fn run() -> Result<String, Box<dyn std::error::Error>> {
     let compiled = dummy_task().compile(&Target::chip(ChipConfig::default()))?;
     let untouched = vec![UNTOUCHED; LEN as usize];
     let (x_t, y_t, w_t) = (

@@ -11,7 +11,6 @@
 //! final line starting with `ok:` and exits non-zero if a result differs from the host
 //! golden.
 
-use std::error::Error;
 use std::process::ExitCode;
 use strata::chip::{ChipTensor, MixedKernels};
 use strata::prelude::*;
@@ -154,7 +153,7 @@ fn mixed_example() -> Program {
     p
 }
 
-fn run() -> Result<String, Box<dyn Error>> {
+fn run() -> Result<String, Box<dyn std::error::Error>> {
     let compiled = mixed_example().compile(&Target::chip(ChipConfig::clusters(2)))?;
     let (a, b) = (inputs(1, V), inputs(2, V));
     let (d, e, g, h) = (inputs(3, V), inputs(4, V), inputs(5, V), inputs(6, V));

@@ -8,7 +8,6 @@
 //! a final line starting with `ok:` and exits non-zero if a result differs from the host
 //! golden.
 
-use std::error::Error;
 use std::process::ExitCode;
 use strata::prelude::*;
 use strata::types::RingOverride;
@@ -59,7 +58,7 @@ fn vector_add() -> Program {
     p
 }
 
-fn run() -> Result<String, Box<dyn Error>> {
+fn run() -> Result<String, Box<dyn std::error::Error>> {
     let mut per_ring = CallConfig::default();
     for (i, ring) in per_ring.rings.iter_mut().enumerate() {
         *ring = RingOverride::default()

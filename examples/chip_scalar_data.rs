@@ -12,7 +12,6 @@
 //! a final line starting with `ok:` and exits non-zero if a value differs from the host
 //! golden.
 
-use std::error::Error;
 use std::process::ExitCode;
 use strata::chip::TensorCreateInfo;
 use strata::prelude::*;
@@ -115,7 +114,7 @@ fn scalar_data() -> Program {
     p
 }
 
-fn run() -> Result<String, Box<dyn Error>> {
+fn run() -> Result<String, Box<dyn std::error::Error>> {
     let compiled = scalar_data().compile(&Target::chip(ChipConfig::default()))?;
 
     let a = vec![2.0f32; N as usize];

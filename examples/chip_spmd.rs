@@ -17,7 +17,6 @@
 //! final line starting with `ok:` and exits non-zero if a result differs from the host
 //! golden.
 
-use std::error::Error;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
@@ -37,7 +36,7 @@ fn where_am_i(ctx: &mut KernelCtx<'_>, slot: u64, is_aic: bool) -> CallbackResul
     Ok(())
 }
 
-fn mix_task() -> Result<(), Box<dyn Error>> {
+fn mix_task() -> Result<(), Box<dyn std::error::Error>> {
     let mut p = Program::new(
         "spmd_basic",
         Signature::new().inout("out", DataType::F32, [48u64]),
@@ -70,7 +69,7 @@ fn mix_task() -> Result<(), Box<dyn Error>> {
     Ok(())
 }
 
-fn queued_blocks(blocks: u32) -> Result<(), Box<dyn Error>> {
+fn queued_blocks(blocks: u32) -> Result<(), Box<dyn std::error::Error>> {
     let n = 4 * blocks as u64;
     let mut p = Program::new(
         "spmd_blocks",
@@ -105,7 +104,7 @@ fn queued_blocks(blocks: u32) -> Result<(), Box<dyn Error>> {
     Ok(())
 }
 
-fn barrier(blocks: u32) -> Result<(), Box<dyn Error>> {
+fn barrier(blocks: u32) -> Result<(), Box<dyn std::error::Error>> {
     let mut p = Program::new(
         "merge_pipeline_barrier",
         Signature::new()

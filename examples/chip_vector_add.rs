@@ -13,7 +13,6 @@
 //! final line starting with `ok:` and exits non-zero if the result differs from the host
 //! golden.
 
-use std::error::Error;
 use std::process::ExitCode;
 use strata::prelude::*;
 use strata::types::CallbackResult;
@@ -61,7 +60,7 @@ fn vector_add_program() -> Program {
     p
 }
 
-fn run() -> Result<String, Box<dyn Error>> {
+fn run() -> Result<String, Box<dyn std::error::Error>> {
     let target = Target::chip(ChipConfig {
         print_strace: true,
         ..ChipConfig::default()

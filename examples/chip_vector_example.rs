@@ -10,7 +10,6 @@
 //! Prints a final line starting with `ok:` and exits non-zero if f differs from the host
 //! golden.
 
-use std::error::Error;
 use std::process::ExitCode;
 use strata::chip::TensorCreateInfo;
 use strata::prelude::*;
@@ -85,7 +84,7 @@ fn vector_example() -> Program {
     p
 }
 
-fn run() -> Result<String, Box<dyn Error>> {
+fn run() -> Result<String, Box<dyn std::error::Error>> {
     let compiled = vector_example().compile(&Target::chip(ChipConfig::default()))?;
     let a = vec![2.0f32; N as usize];
     let b = vec![3.0f32; N as usize];
