@@ -18,18 +18,10 @@
 
 use std::process::ExitCode;
 use strata::prelude::*;
-use strata::types::{TensorArg, TypesError};
 
 const WORKERS: usize = 2;
 const CHIPS: usize = 2;
 const N: u64 = 1 << 14;
-
-/// Index `i` of axis `axis` of a task argument (the axis kept, of length 1), tagged as
-/// the argument was. A host orchestration's own arguments have this as
-/// `ProgramTensor::row`; a worker orchestration receives plain `TensorArg`s.
-fn index(t: &TensorArg, axis: usize, i: usize) -> Result<TensorArg, TypesError> {
-    TensorArg::new(t.buffer, t.view.slice(axis, i as u64, i as u64 + 1)?, t.tag)
-}
 
 /// `total = Σ_w Σ_r a[w][r] + b[w][r]`, with `partial[w] = Σ_r a[w][r] + b[w][r]`.
 fn vector_sum() -> Program {
@@ -92,8 +84,8 @@ fn vector_sum() -> Program {
         for r in 0..o.world_size() {
             let result = o.alloc(&[1, N], DataType::F32)?;
             let args = TaskArgs::new()
-                .input(index(a, 1, r))
-                .input(index(b, 1, r))
+                .input(a.slice(1, r as u64, r as u64 + 1))
+                .input(b.slice(1, r as u64, r as u64 + 1))
                 .output(&result);
             o.submit_next_level(vadd, &args, r)?;
             results = results.input(&result);
@@ -105,8 +97,7 @@ fn vector_sum() -> Program {
         let (a, b) = (args.tensor("a")?, args.tensor("b")?);
         let (partial, total) = (args.tensor("partial")?, args.tensor("total")?);
         let mut partials = TaskArgs::new();
-        // The level-3 workers (`world_size()` counts chips: it is 0 at level 4).
-        for w in 0..o.next_level_workers() {
+        for w in 0..o.world_size() {
             let args = TaskArgs::new()
                 .input(a.row(w))
                 .input(b.row(w))
