@@ -74,8 +74,15 @@ pub struct CallConfig {
     pub aicpu_threads: Option<u32>,
     /// Clusters a chip run may use: `None` for all, else at least 1.
     pub block_dim: Option<u32>,
-    /// Whether a chip run collects its swimlane (per-task core records).
+    /// Whether a chip run collects its swimlane (per-task core records). At level 3 and
+    /// up it implies [`CallConfig::trace`]: the records travel back with the spans.
     pub swimlane: bool,
+    /// Whether the call is traced at every level: each level records its spans (level 3
+    /// and up: submit, schedule, dispatch, wait; chips: their `[STRACE]` spans) and every
+    /// child sends its trace to its parent with the task's completion, so the call yields
+    /// one trace of every process (see `docs/tracing.md`). Off, nothing is recorded or
+    /// sent beyond what a level-2 run always keeps (a few timestamps).
+    pub trace: bool,
     /// Per-ring sizing overrides for chip runs.
     pub rings: [RingOverride; RING_COUNT],
     /// Run deadline: `None` for the worker's default, else a positive duration of at most
@@ -113,6 +120,20 @@ impl CallConfig {
     pub fn with_swimlane(mut self, on: bool) -> Self {
         self.swimlane = on;
         self
+    }
+
+    /// The same configuration with tracing at every level on or off
+    /// ([`CallConfig::trace`]).
+    #[must_use]
+    pub fn with_trace(mut self, on: bool) -> Self {
+        self.trace = on;
+        self
+    }
+
+    /// Whether children send their trace back: [`CallConfig::trace`] or
+    /// [`CallConfig::swimlane`].
+    pub fn traced(&self) -> bool {
+        self.trace || self.swimlane
     }
 
     /// The same configuration with ring `ring`'s overrides replaced. Rings are

@@ -36,6 +36,7 @@ mod dtype;
 mod error;
 mod identity;
 mod tag;
+pub mod trace;
 mod view;
 pub mod wire;
 

@@ -234,7 +234,7 @@ pub fn decode_args(blob: &[u8], limits: ArgLimits) -> Result<TaskArgs, TypesErro
 /// Encodes a [`CallConfig`] into [`CALL_CONFIG_WIRE_BYTES`] bytes.
 ///
 /// Layout: `u32 aicpu_threads @0`, `u32 block_dim @4`, `u8 swimlane @8`,
-/// `u8 has_prefix @9`, `u16 prefix_len @10`, 4 × (`u64 task_window, heap_bytes, dep_pool`)
+/// `u8 has_prefix @9`, `u16 prefix_len @10`, `u8 trace @12`, 4 × (`u64 task_window, heap_bytes, dep_pool`)
 /// `@16..112`, `u64 timeout_ms @112`, reserved `@120..128`, `prefix[1024] @128`. Every
 /// optional field is 0 when `None` (the encoding of the C-style configuration the
 /// reference uses); the timeout travels in whole milliseconds, rounded up.
@@ -264,6 +264,7 @@ pub fn encode_config(
     put_u32(out, 0, c.aicpu_threads.unwrap_or(0));
     put_u32(out, 4, c.block_dim.unwrap_or(0));
     out[8] = u8::from(c.swimlane);
+    out[12] = u8::from(c.trace);
     for (i, r) in c.rings.iter().enumerate() {
         put_u64(out, 16 + 24 * i, r.task_window.unwrap_or(0));
         put_u64(out, 24 + 24 * i, r.heap_bytes.unwrap_or(0));
@@ -331,10 +332,20 @@ pub fn decode_config(buf: &[u8; CALL_CONFIG_WIRE_BYTES]) -> Result<CallConfig, T
             )))
         }
     };
+    let trace = match buf[12] {
+        0 => false,
+        1 => true,
+        v => {
+            return Err(TypesError::InvalidConfig(format!(
+                "trace = {v} (use 0 or 1)"
+            )))
+        }
+    };
     let c = CallConfig {
         aicpu_threads: nonzero(get_u32(buf, 0)),
         block_dim: nonzero(get_u32(buf, 4)),
         swimlane,
+        trace,
         rings,
         timeout: config_timeout(buf),
         output_prefix,
@@ -423,6 +434,13 @@ mod tests {
         buf[8] = 9;
         let e = decode_config(&buf).unwrap_err().to_string();
         assert!(e.contains("swimlane = 9"), "{e}");
+        buf[8] = 0;
+        encode_config(&CallConfig::default().with_trace(true), &mut buf).unwrap();
+        assert_eq!(buf[12], 1);
+        assert!(decode_config(&buf).unwrap().trace);
+        buf[12] = 2;
+        let e = decode_config(&buf).unwrap_err().to_string();
+        assert!(e.contains("trace = 2"), "{e}");
     }
 
     proptest! {
