@@ -34,7 +34,7 @@ mod device;
 mod error;
 mod host;
 mod task;
-mod trace;
+pub mod trace;
 
 pub use aicore::kernel::{KernelCtx, KernelFn};
 pub use aicore::kernels::{KernelHandle, KernelRef, MAX_KERNELS};
@@ -54,6 +54,6 @@ pub use error::{codes, ChipError, KernelError};
 pub use host::args::{CopyOffsets, RunArgs, TensorInit};
 pub use host::run::RunReport;
 pub use host::task_args::TaskArgsError;
-pub use host::worker::ChipWorker;
+pub use host::worker::{device_strace_enabled, ChipWorker};
 pub use trace::strace::{parse_strace, span_tree, Span, SpanTree};
 pub use trace::swimlane::{SwimRecord, Swimlane};

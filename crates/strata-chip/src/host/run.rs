@@ -18,6 +18,7 @@ use crate::trace::swimlane::Swimlane;
 use std::sync::Arc;
 use std::time::Duration;
 use strata_graph::{BufferKey, KeySpace};
+use strata_types::trace::{CoreRecord, ProcessTrace};
 use strata_types::{
     ArgTag, CallConfig, CallableDescriptor, ParamDirection, TensorView, RING_COUNT,
 };
@@ -52,6 +53,43 @@ impl RunReport {
     /// The same spans as `[STRACE]` lines (what [`crate::parse_strace`] reads back).
     pub fn strace(&self) -> String {
         strace_text(&self.spans())
+    }
+
+    /// The run as one process of a [`Trace`](strata_types::trace::Trace), named `name`:
+    /// its spans with every timestamp on the host's `CLOCK_MONOTONIC` (device spans too:
+    /// the emulated device clock is the host's; [`RunReport::spans`] has them relative to
+    /// the device origin, as `[STRACE]` does), and its swimlane's core records and core
+    /// names when it has one.
+    pub fn process_trace(&self, name: &str) -> ProcessTrace {
+        let mut p = ProcessTrace::new(name, self.timing.as_ref().map_or(0, |t| t.pid), "");
+        self.add_to(&mut p);
+        p
+    }
+
+    /// Appends the run's spans and core records to `p` (see [`RunReport::process_trace`]).
+    pub fn add_to(&self, p: &mut ProcessTrace) {
+        if let Some(t) = &self.timing {
+            p.spans.extend(t.spans_on_host_clock());
+        }
+        if let Some(s) = &self.swimlane {
+            if p.cores.len() < s.core_types.len() {
+                p.cores = s
+                    .core_types
+                    .iter()
+                    .enumerate()
+                    .map(|(i, ty)| format!("core {i} ({})", ty.name()))
+                    .collect();
+            }
+            p.records.extend(s.records.iter().map(|r| CoreRecord {
+                core: r.core,
+                task: r.task,
+                block: r.block,
+                lane: r.lane,
+                kernel: r.kernel.clone(),
+                start_ns: r.start_ns,
+                end_ns: r.end_ns,
+            }));
+        }
     }
 }
 
@@ -270,22 +308,49 @@ impl ChipWorker {
         config: &CallConfig,
     ) -> Result<RunReport, ChipError> {
         let mut timer = RunTimer::start();
+        // `tracing` spans with the [STRACE] names: a disabled callsite costs one load.
+        let run_span =
+            tracing::info_span!(target: "strata", "chip.run", chip = self.config.chip_id);
+        let _run = run_span.enter();
         let plan = self.validate(orch, args, config)?;
-        timer.identify(self.live.as_ref().expect("validated").pid, &orch.id());
+        let live = self.live.as_ref().expect("validated");
+        timer.identify(live.pid, &orch.id(), live.device_strace);
         timer.mark(Mark::StageIn);
-        let staged = self.stage_in(&plan, args, &mut timer)?;
+        let staged = {
+            let _bind = tracing::info_span!(target: "strata", "chip.run.bind").entered();
+            self.stage_in(&plan, args, &mut timer)?
+        };
         timer.mark(Mark::Staged);
-        let dispatched = self.dispatch(plan, staged);
+        let dispatched = {
+            let _runner = tracing::info_span!(target: "strata", "chip.run.runner_run").entered();
+            self.dispatch(plan, staged)
+        };
         self.quarantine_abandoned();
         let (reply, sched) = dispatched?;
         timer.mark(Mark::Replied);
         let verdict = Self::verdict(&reply, &sched);
         let copied_back = match &verdict {
-            Ok(()) => self.copy_back(args),
+            Ok(()) => {
+                let _validate =
+                    tracing::info_span!(target: "strata", "chip.run.validate").entered();
+                self.copy_back(args)
+            }
             Err(_) => Ok(()),
         };
         timer.mark(Mark::CopiedBack);
         timer.device(&reply, &sched);
+        if tracing::enabled!(target: "strata", tracing::Level::DEBUG) {
+            // The device phases ran on other threads: they go out as events with their
+            // timestamps (ns on CLOCK_MONOTONIC) once the run is over.
+            for s in timer
+                .timing()
+                .spans_on_host_clock()
+                .iter()
+                .filter(|s| s.is_device())
+            {
+                tracing::debug!(target: "strata", name = %s.name, ts_ns = s.ts, dur_ns = s.dur, clk = "dev", "device span");
+            }
+        }
         self.report(timer, verdict.and(copied_back), reply, sched, config)
     }
 

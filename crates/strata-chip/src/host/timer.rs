@@ -43,10 +43,12 @@ impl RunTimer {
     }
 
     /// Names the run once it passed validation: its process, thread, invocation number and
-    /// orchestration (a run refused by validation uses no invocation number).
+    /// orchestration (a run refused by validation uses no invocation number), and whether
+    /// its device-domain spans are recorded.
     #[inline]
-    pub(super) fn identify(&mut self, pid: u32, orch: &CallableId) {
+    pub(super) fn identify(&mut self, pid: u32, orch: &CallableId, device: bool) {
         self.timing.pid = pid;
+        self.timing.device = device;
         self.timing.tid = thread_id();
         self.timing.inv = next_invocation();
         self.timing.hid.copy_from_slice(&orch.as_bytes()[..8]);

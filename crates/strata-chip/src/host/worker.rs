@@ -50,6 +50,9 @@ pub(super) struct Live {
     pub(super) pid: u32,
     /// `ChipConfig::print_strace`, or `STRATA_STRACE=1` when `init` ran.
     pub(super) print_strace: bool,
+    /// Device-domain spans are recorded: `STRATA_DEVICE_STRACE` was unset or not `0`
+    /// when `init` ran (the reference's `SIMPLER_DEVICE_STRACE_ENABLE`).
+    pub(super) device_strace: bool,
 }
 
 /// One emulated chip (L2): device memory, registered kernels and chip orchestrations, an
@@ -105,6 +108,15 @@ pub struct ChipWorker {
     pub(super) epoch: u64,
     /// Runs started (tags the scheduler's report of a run).
     pub(super) runs: u64,
+    /// The process id its spans carry, if not this process's ([`ChipWorker::set_trace_pid`]).
+    pub(super) trace_pid: Option<u32>,
+}
+
+/// Whether device-domain spans are recorded: the environment variable
+/// `STRATA_DEVICE_STRACE` is unset or anything but `0` (the reference's
+/// `SIMPLER_DEVICE_STRACE_ENABLE`). Host spans are recorded either way.
+pub fn device_strace_enabled() -> bool {
+    std::env::var_os("STRATA_DEVICE_STRACE").is_none_or(|v| v != "0")
 }
 
 impl std::fmt::Debug for ChipWorker {
@@ -143,7 +155,20 @@ impl ChipWorker {
             comm: None,
             epoch: 0,
             runs: 0,
+            trace_pid: None,
         })
+    }
+
+    /// Sets the process id its spans carry (by default this process's, read at `init`).
+    /// A chip served by a thread that stands for a process (a level-3 worker's chip child
+    /// in `ExecMode::Threads`) uses the thread's id, so the chips of one process are still
+    /// told apart by pid, as the reference's benchmark tells ranks apart. Takes effect at
+    /// once, also after `init`.
+    pub fn set_trace_pid(&mut self, pid: u32) {
+        self.trace_pid = Some(pid);
+        if let Some(live) = self.live.as_mut() {
+            live.pid = pid;
+        }
     }
 
     /// The configuration.
@@ -385,8 +410,9 @@ impl ChipWorker {
             staged_ids: IdentityMinter::new(),
             abandoned_seen: 0,
             env,
-            pid: std::process::id(),
+            pid: self.trace_pid.unwrap_or_else(std::process::id),
             print_strace,
+            device_strace: device_strace_enabled(),
         });
         if let Some(sizing) = self.config.prewarm.clone() {
             if let Err(e) = self.prewarm(&sizing) {

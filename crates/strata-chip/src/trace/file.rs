@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Creates `dir` (and missing parents) with mode 0700, so a directory the runtime creates
 /// for traces is private to the user; an existing directory is used as it is.
-pub(crate) fn create_trace_dir(dir: &Path) -> std::io::Result<()> {
+pub fn create_trace_dir(dir: &Path) -> std::io::Result<()> {
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
@@ -20,7 +20,7 @@ pub(crate) fn create_trace_dir(dir: &Path) -> std::io::Result<()> {
 /// file next to it (created `O_CREAT | O_EXCL | O_NOFOLLOW`, mode 0600 before the umask),
 /// which then replaces `path` by `rename` — which replaces a symlink itself, never its
 /// target. A reader sees the old file or the whole new one.
-pub(crate) fn write_nofollow(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+pub fn write_nofollow(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     static SEQ: AtomicU64 = AtomicU64::new(0);
     let name = path.file_name().ok_or_else(|| {
         std::io::Error::new(

@@ -8,60 +8,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// One parsed (or recorded) span.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Span {
-    /// Grammar version (1).
-    pub v: u32,
-    /// Process id.
-    pub pid: u32,
-    /// Thread id (process-local).
-    pub tid: u64,
-    /// Run invocation id (per process).
-    pub inv: u64,
-    /// Callable hash (first 8 bytes of the orchestration's digest, hex).
-    pub hid: String,
-    /// Nesting depth (0 = `chip.run`).
-    pub depth: u32,
-    /// Dotted name (`chip.run.runner_run.device_wall.orch`).
-    pub name: String,
-    /// Start, ns.
-    pub ts: u64,
-    /// Duration, ns.
-    pub dur: u64,
-    /// Extra `k=v` attributes (`clk=dev` on device spans).
-    pub attrs: Vec<(String, String)>,
-}
-
-impl Span {
-    /// Whether the span is on the device clock (`clk=dev`).
-    pub fn is_device(&self) -> bool {
-        self.attrs.iter().any(|(k, v)| k == "clk" && v == "dev")
-    }
-
-    /// The `[STRACE]` line.
-    pub fn to_line(&self) -> String {
-        let mut s = format!(
-            "[STRACE] v={} pid={} tid={} inv={} hid={} depth={} name={} ts={} dur={}",
-            self.v,
-            self.pid,
-            self.tid,
-            self.inv,
-            self.hid,
-            self.depth,
-            self.name,
-            self.ts,
-            self.dur
-        );
-        for (k, v) in &self.attrs {
-            s.push(' ');
-            s.push_str(k);
-            s.push('=');
-            s.push_str(v);
-        }
-        s
-    }
-}
+pub use strata_types::trace::Span;
 
 /// Parses every `[STRACE]` line in `text` (other lines, and malformed spans, are skipped).
 ///
@@ -294,22 +241,43 @@ pub(crate) struct RunTiming {
     pub(crate) dev_end: u64,
     /// First dispatch and last completion, if the run dispatched anything.
     pub(crate) sched: Option<(u64, u64)>,
+    /// Device-domain spans are recorded (`STRATA_DEVICE_STRACE` is not `0`).
+    pub(crate) device: bool,
 }
 
 impl RunTiming {
-    /// The run's spans, children first (as the reference emits them on scope exit).
+    /// The run's spans, children first (as the reference emits them on scope exit);
+    /// device spans relative to the run's device origin, as `[STRACE]` has them.
     pub(crate) fn spans(&self) -> Vec<Span> {
+        self.spans_from(self.origin)
+    }
+
+    /// The same spans with the device spans on the host's clock too (`CLOCK_MONOTONIC`:
+    /// the emulated device clock is the host's), as a [`strata_types::trace::Trace`]
+    /// holds them.
+    pub(crate) fn spans_on_host_clock(&self) -> Vec<Span> {
+        self.spans_from(0)
+    }
+
+    /// The spans, device timestamps taken relative to `base` (the device origin, or 0).
+    fn spans_from(&self, base: u64) -> Vec<Span> {
         let hid: String = self.hid.iter().map(|b| format!("{b:02x}")).collect();
         let mut t = Tracer::new(self.pid, self.tid, self.inv, hid);
         t.host("chip.run.bind.prebuilt", self.bind, self.prebuilt);
         t.host("chip.run.bind.args", self.prebuilt, self.bind_end);
         t.host("chip.run.bind", self.bind, self.bind_end);
+        if !self.device {
+            t.host("chip.run.runner_run", self.bind_end, self.runner_end);
+            t.host("chip.run.validate", self.runner_end, self.end);
+            t.host("chip.run", self.t0, self.done);
+            return t.spans;
+        }
         let origin = self.origin;
-        let rel = |x: u64| x.saturating_sub(origin);
+        let rel = |x: u64| x.saturating_sub(origin) + (origin - base);
         t.device(
             "chip.run.runner_run.device_wall.preamble",
-            0,
-            rel(self.orch_start),
+            rel(origin),
+            self.orch_start.saturating_sub(origin),
         );
         t.device(
             "chip.run.runner_run.device_wall.orch",
@@ -330,8 +298,8 @@ impl RunTiming {
         );
         t.device(
             "chip.run.runner_run.device_wall",
-            0,
-            rel(self.dev_end).max(1),
+            rel(origin),
+            self.dev_end.saturating_sub(origin).max(1),
         );
         t.host("chip.run.runner_run", self.bind_end, self.runner_end);
         t.host("chip.run.validate", self.runner_end, self.end);
