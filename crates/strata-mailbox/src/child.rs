@@ -1,7 +1,9 @@
 //! The child side of the protocol: a serve loop driven by a [`Handler`].
 
 use crate::error::MailboxError;
-use crate::layout::{Frame, ARGS_CAPACITY, CONTROL_PAYLOAD_CAPACITY, PROTOCOL_VERSION};
+use crate::layout::{
+    reply_offset, reply_room, Frame, ARGS_CAPACITY, CONTROL_PAYLOAD_CAPACITY, PROTOCOL_VERSION,
+};
 use crate::liveness::ParentWatch;
 use crate::mailbox::{Mailbox, Snapshot};
 use crate::outcome::{codes, panic_message, FailureReport};
@@ -74,6 +76,18 @@ pub trait Handler {
     /// # Errors
     /// The failure to report to the parent.
     fn task(&mut self, request: &TaskRequest<'_>) -> Result<(), FailureReport>;
+
+    /// Bytes to send back with the completion of the task this handler just ran in `slot`
+    /// (successful or not) — e.g. the task's trace — at most `room` bytes (the frame's
+    /// reply area after the argument blob: at least 26 000 bytes). Called right after
+    /// [`Handler::task`]; the bytes travel in the same publication as the completion
+    /// (written before the terminal state is released). A reply longer than `room` is
+    /// not sent (nothing is); a panic here sends nothing. The default sends nothing,
+    /// which costs the completion nothing.
+    fn reply(&mut self, slot: TaskSlot, room: usize) -> &[u8] {
+        let _ = (slot, room);
+        &[]
+    }
 
     /// Stages a `PREPARE_READY` frame; the default only validates (the frame was decoded
     /// already). [`PrepareDisposition::None`] is reported as `ValidatedOnly`.
@@ -231,8 +245,16 @@ fn bad_request(message: String) -> FailureReport {
     FailureReport::new(codes::BAD_REQUEST, message)
 }
 
-/// Writes a completion: message and code (on failure) and then the releasing state.
-fn complete(f: &Frame, outcome: Result<(), FailureReport>, ok: MailboxState, failed: MailboxState) {
+/// Writes a completion: the reply length, message and code (on failure) and then the
+/// releasing state (the reply bytes, if any, were written before).
+fn complete(
+    f: &Frame,
+    outcome: Result<(), FailureReport>,
+    reply_len: u32,
+    ok: MailboxState,
+    failed: MailboxState,
+) {
+    f.completion_len.store(reply_len, Ordering::Relaxed);
     match outcome {
         Ok(()) => {
             f.error_code.store(codes::OK, Ordering::Relaxed);
@@ -607,7 +629,12 @@ impl Child {
             (Err(fail), _, _) => Err(fail.clone()),
             (Ok(_), _, _) => Err(bad_request("decoded request missing".into())),
         };
-        complete(f, outcome, ok, failed);
+        let reply_len = if loaded.is_ok() {
+            Self::write_reply(f, slot, handler)
+        } else {
+            0
+        };
+        complete(f, outcome, reply_len, ok, failed);
         self.notify();
     }
 
@@ -643,11 +670,29 @@ impl Child {
             Err(fail) => complete(
                 f,
                 Err(fail),
+                0,
                 MailboxState::TaskDone,
                 MailboxState::TaskFailed,
             ),
         }
         self.notify();
+    }
+
+    /// Asks `handler` for the completion's reply and writes it into the frame's reply
+    /// area; returns its length (0: none, or one that did not fit, or a panic).
+    fn write_reply<H: Handler + ?Sized>(f: &Frame, slot: TaskSlot, handler: &mut H) -> u32 {
+        // The parent wrote args_len and the frame is ours until the terminal state.
+        let args_len = (f.args_len.load(Ordering::Relaxed) as usize).min(ARGS_CAPACITY);
+        let room = reply_room(args_len);
+        let written = catch_unwind(AssertUnwindSafe(|| {
+            let reply = handler.reply(slot, room);
+            if reply.is_empty() || reply.len() > room {
+                return 0;
+            }
+            f.write_reply(reply_offset(args_len), reply);
+            reply.len()
+        }));
+        written.unwrap_or(0) as u32
     }
 
     /// Runs the [`ServeOptions::on_publish`] hook, if any (after a publication).
@@ -734,6 +779,7 @@ impl Child {
                 }
                 f.write_message("the child shut down before the task ran");
                 f.error_code.store(codes::SHUT_DOWN, Ordering::Relaxed);
+                f.completion_len.store(0, Ordering::Relaxed);
                 // A CAS: the parent may be activating a staged frame at this moment.
                 if f.word()
                     .compare_publish(raw, MailboxState::TaskFailed.as_raw())

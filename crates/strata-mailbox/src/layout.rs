@@ -41,6 +41,24 @@ pub const ARGS_OFFSET: usize = 104;
 pub const CONTROL_FIELDS_OFFSET: usize = 64_000;
 /// Capacity of the argument blob (and of the control payload area): 63 896 bytes.
 pub const ARGS_CAPACITY: usize = CONTROL_FIELDS_OFFSET - ARGS_OFFSET;
+/// Where a task completion's reply starts in the argument area: right after the argument
+/// blob of `args_len` bytes, rounded up to 8 (the blob stays intact, so a child that
+/// decodes a repeated blob from its cache still sees it unchanged).
+pub const fn reply_offset(args_len: usize) -> usize {
+    let off = args_len.div_ceil(8) * 8;
+    if off > ARGS_CAPACITY {
+        ARGS_CAPACITY
+    } else {
+        off
+    }
+}
+
+/// Room for a task completion's reply after an argument blob of `args_len` bytes: at
+/// least 63 896 − 37 896 = 26 000 bytes for any blob within the host argument limits.
+pub const fn reply_room(args_len: usize) -> usize {
+    ARGS_CAPACITY - reply_offset(args_len)
+}
+
 /// Capacity of the control frame's payload area (request and reply).
 pub const CONTROL_PAYLOAD_CAPACITY: usize = ARGS_CAPACITY;
 /// Offset of the frame descriptor (magic, ABI version, index, creator pid).
@@ -83,8 +101,10 @@ pub struct Frame {
     pub config_epoch: AtomicU32,
     /// `@32` Sticky shutdown word (control frame): 0 → 1, never cleared.
     pub shutdown: AtomicU32,
-    /// `@36` Reserved, 0.
-    pub reserved0: AtomicU32,
+    /// `@36` Task frame: bytes of the completion's reply, written by the child with the
+    /// terminal state (in the reply area, [`reply_offset`] bytes into the argument area);
+    /// control frame: 0.
+    pub completion_len: AtomicU32,
     /// `@40` Identity: run id.
     pub run_id: AtomicU64,
     /// `@48` Identity: lease generation.
@@ -142,7 +162,7 @@ const _: () = assert!(offset_of!(Frame, protocol) == 20);
 const _: () = assert!(offset_of!(Frame, lease_slot) == 24);
 const _: () = assert!(offset_of!(Frame, config_epoch) == 28);
 const _: () = assert!(offset_of!(Frame, shutdown) == 32);
-const _: () = assert!(offset_of!(Frame, reserved0) == 36);
+const _: () = assert!(offset_of!(Frame, completion_len) == 36);
 const _: () = assert!(offset_of!(Frame, run_id) == 40);
 const _: () = assert!(offset_of!(Frame, lease_generation) == 48);
 const _: () = assert!(offset_of!(Frame, dispatch_id) == 56);
@@ -266,6 +286,20 @@ impl Frame {
         copy_in(&self.args, 0, blob);
     }
 
+    /// Writes a completion's reply at byte `offset` of the argument area (the caller keeps
+    /// `offset + reply.len()` within the capacity).
+    pub(crate) fn write_reply(&self, offset: usize, reply: &[u8]) {
+        copy_in(&self.args, offset, reply);
+    }
+
+    /// Reads `len` reply bytes at byte `offset` of the argument area into `out` (the
+    /// caller checked the range).
+    pub(crate) fn read_reply(&self, offset: usize, len: usize, out: &mut Vec<u8>) {
+        out.clear();
+        out.resize(len.min(ARGS_CAPACITY.saturating_sub(offset)), 0);
+        copy_out(&self.args, offset, out);
+    }
+
     /// Reads `len` (≤ capacity, checked by the caller) blob bytes into `out`.
     #[inline(always)]
     pub(crate) fn read_args(&self, len: usize, out: &mut Vec<u8>) {
@@ -335,6 +369,7 @@ mod tests {
             ("lease_slot", offset_of!(Frame, lease_slot)),
             ("config_epoch", offset_of!(Frame, config_epoch)),
             ("shutdown", offset_of!(Frame, shutdown)),
+            ("completion_len", offset_of!(Frame, completion_len)),
             ("run_id", offset_of!(Frame, run_id)),
             ("lease_generation", offset_of!(Frame, lease_generation)),
             ("dispatch_id", offset_of!(Frame, dispatch_id)),

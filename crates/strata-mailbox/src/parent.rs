@@ -2,7 +2,8 @@
 
 use crate::error::MailboxError;
 use crate::layout::{
-    Frame, ARGS_CAPACITY, CONFIG_BYTES, CONTROL_PAYLOAD_CAPACITY, PROTOCOL_VERSION,
+    reply_offset, reply_room, Frame, ARGS_CAPACITY, CONFIG_BYTES, CONTROL_PAYLOAD_CAPACITY,
+    PROTOCOL_VERSION,
 };
 use crate::liveness::Liveness;
 use crate::mailbox::{Mailbox, Snapshot};
@@ -165,6 +166,9 @@ pub struct TaskCompletion {
     pub accepted: bool,
     /// `Ok` on success; the child's code and message otherwise.
     pub outcome: Result<(), FailureReport>,
+    /// The bytes the child sent back with the completion ([`crate::Handler::reply`];
+    /// empty — and no allocation — when it sent none). Foreign bytes: decode them as such.
+    pub reply: Vec<u8>,
 }
 
 /// What [`Parent::poll`] observed in a task frame.
@@ -256,6 +260,8 @@ impl ControlReply {
 pub struct Parent {
     mailbox: Mailbox,
     published: [Option<FrameIdentity>; 2],
+    /// The argument-blob length published into each task frame (where its reply starts).
+    published_len: [usize; 2],
     configs: [Option<u64>; 2],
     poisoned: Option<String>,
     shutdown: bool,
@@ -280,6 +286,7 @@ impl Parent {
         Parent {
             mailbox,
             published: [None; 2],
+            published_len: [0; 2],
             configs: [None; 2],
             poisoned: None,
             shutdown: false,
@@ -397,6 +404,7 @@ impl Parent {
             self.configs[i] = Some(task.config.id);
         }
         self.published[i] = Some(task.identity);
+        self.published_len[i] = task.args.len();
         let next = match task.kind {
             PublishKind::Run => MailboxState::TaskReady,
             PublishKind::Prepare => MailboxState::PrepareReady,
@@ -446,21 +454,41 @@ impl Parent {
             value: raw.into(),
             limit: PrepareDisposition::NativePrepared.as_raw().into(),
         })?;
-        let completion = state.is_task_terminal().then(|| {
+        let completion = if state.is_task_terminal() {
             let code = f.error_code.load(Ordering::Relaxed);
             let outcome = if code == codes::OK && state == MailboxState::TaskDone {
                 Ok(())
             } else {
                 Err(FailureReport::new(code, f.read_message()))
             };
-            TaskCompletion {
+            let mut reply = Vec::new();
+            let len = f.completion_len.load(Ordering::Relaxed) as usize;
+            if len != 0 {
+                // Checked against what this parent published, not the frame's args_len
+                // (which the child could have changed).
+                let args_len = self.published_len[slot.index()];
+                let room = reply_room(args_len);
+                if len > room {
+                    return Err(MailboxError::CorruptField {
+                        frame,
+                        field: "completion_len",
+                        value: len as u64,
+                        limit: room as u64,
+                    });
+                }
+                f.read_reply(reply_offset(args_len), len, &mut reply);
+            }
+            Some(TaskCompletion {
                 slot,
                 state,
                 identity: expected,
                 accepted,
                 outcome,
-            }
-        });
+                reply,
+            })
+        } else {
+            None
+        };
         Ok(TaskPoll {
             state,
             accepted,

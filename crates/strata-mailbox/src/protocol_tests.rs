@@ -12,6 +12,8 @@ use strata_types::{CallConfig, CallableId, TaskArgs};
 const OK: CallableId = CallableId([1; 32]);
 const FAIL: CallableId = CallableId([2; 32]);
 const PANIC: CallableId = CallableId([3; 32]);
+/// Succeeds and replies with as many bytes as its scalars sum to (byte i = i mod 251).
+const REPLY: CallableId = CallableId([4; 32]);
 
 #[derive(Default)]
 struct Seen {
@@ -19,6 +21,9 @@ struct Seen {
     sums: Vec<u64>,
     phases: Vec<TaskPhase>,
     identities: Vec<FrameIdentity>,
+    /// The reply the last REPLY task asked for, and the room the serve loop offered.
+    reply: Vec<u8>,
+    rooms: Vec<usize>,
 }
 
 struct TestHandler(Arc<Mutex<Seen>>);
@@ -36,8 +41,14 @@ impl Handler for TestHandler {
             s.phases.push(req.phase);
             s.identities.push(req.identity);
         }
+        self.0.lock().unwrap().reply.clear();
         match req.callable {
             OK => Ok(()),
+            REPLY => {
+                let n = req.args.scalars().iter().sum::<u64>() as usize;
+                self.0.lock().unwrap().reply = (0..n).map(|i| (i % 251) as u8).collect();
+                Ok(())
+            }
             FAIL => Err(FailureReport::new(
                 5,
                 format!("failed with {} scalars", req.args.scalars().len()),
@@ -45,6 +56,14 @@ impl Handler for TestHandler {
             PANIC => panic!("deliberate test panic"),
             other => Err(FailureReport::new(9, format!("unknown callable {other}"))),
         }
+    }
+
+    fn reply(&mut self, _slot: TaskSlot, room: usize) -> &[u8] {
+        let mut s = self.0.lock().unwrap();
+        s.rooms.push(room);
+        // Leaked into a buffer owned by the handler for the borrow's sake: a test only.
+        let bytes: &'static [u8] = Box::leak(std::mem::take(&mut s.reply).into_boxed_slice());
+        bytes
     }
 
     fn prepare(&mut self, req: &TaskRequest<'_>) -> Result<PrepareDisposition, FailureReport> {
@@ -182,6 +201,78 @@ fn tasks_succeed_fail_and_panic_with_exact_outcomes() {
     }
     assert_eq!(rig.seen.lock().unwrap().identities, vec![ident(7); 4]);
     assert_eq!(rig.finish().unwrap(), ServeExit::Shutdown);
+}
+
+#[test]
+fn a_completion_carries_the_handlers_reply_after_the_blob_within_its_room() {
+    let mut rig = Rig::new();
+    let cfg = EncodedConfig::default();
+    let room_after = |blob: &[u8]| crate::layout::reply_room(blob.len());
+    for (slot, sum) in [
+        (TaskSlot::Slot0, 0u64),
+        (TaskSlot::Slot1, 1000),
+        (TaskSlot::Slot0, 3),
+        (TaskSlot::Slot1, 1000),
+    ] {
+        let blob = scalars(&[sum]);
+        let t = TaskPublication::run(REPLY, ident(5), &cfg, &blob);
+        let done = rig
+            .parent
+            .run_task(slot, &t, &opts(), &mut AssumeAlive)
+            .unwrap();
+        assert_eq!(done.outcome, Ok(()));
+        let want: Vec<u8> = (0..sum as usize).map(|i| (i % 251) as u8).collect();
+        assert_eq!(done.reply, want);
+        assert_eq!(
+            rig.seen.lock().unwrap().rooms.last(),
+            Some(&room_after(&blob))
+        );
+    }
+    // The largest reply that fits is sent whole; one byte more sends nothing.
+    for (extra, sent) in [(0usize, true), (1, false)] {
+        let blob = scalars(&[0]);
+        let room = room_after(&blob) as u64;
+        let blob = scalars(&[room + extra as u64]);
+        let t = TaskPublication::run(REPLY, ident(6), &cfg, &blob);
+        let done = rig
+            .parent
+            .run_task(TaskSlot::Slot0, &t, &opts(), &mut AssumeAlive)
+            .unwrap();
+        assert_eq!(done.reply.len(), if sent { room as usize } else { 0 });
+    }
+    // A task without a reply after one with a reply: nothing left over.
+    let one = scalars(&[1]);
+    let t = TaskPublication::run(OK, ident(8), &cfg, &one);
+    let done = rig
+        .parent
+        .run_task(TaskSlot::Slot0, &t, &opts(), &mut AssumeAlive)
+        .unwrap();
+    assert!(done.reply.is_empty());
+    assert_eq!(rig.finish().unwrap(), ServeExit::Shutdown);
+}
+
+#[test]
+fn a_reply_length_past_the_room_is_a_corrupt_frame() {
+    let mb = Mailbox::create().unwrap();
+    let mut parent = Parent::new(mb);
+    let cfg = EncodedConfig::default();
+    let blob = scalars(&[1]);
+    let t = TaskPublication::run(OK, ident(1), &cfg, &blob);
+    parent.publish(TaskSlot::Slot0, &t).unwrap();
+    // A hostile child: a completion announcing more reply bytes than the frame has room
+    // for after the blob this parent published (and a rewritten args_len to hide it).
+    let f = parent.mailbox().task(TaskSlot::Slot0);
+    f.args_len.store(0, Ordering::Relaxed);
+    f.completion_len.store(
+        (crate::layout::reply_room(blob.len()) + 1) as u32,
+        Ordering::Relaxed,
+    );
+    f.error_code.store(0, Ordering::Relaxed);
+    f.word().publish(MailboxState::TaskDone.as_raw());
+    match parent.poll(TaskSlot::Slot0) {
+        Err(MailboxError::CorruptField { field, .. }) => assert_eq!(field, "completion_len"),
+        other => panic!("{other:?}"),
+    }
 }
 
 #[test]
