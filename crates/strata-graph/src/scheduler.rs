@@ -79,6 +79,22 @@ impl<P: Send> Scheduler<P> {
         inner.payload.as_ref().map(f)
     }
 
+    /// Appends the producers `t` was wired onto at submit (the tasks it depends on,
+    /// completed ones included) to `out`, while `t` is READY or RUNNING; returns whether
+    /// it was. For traces (dependency arrows): it takes the task's slot lock.
+    pub fn producers(&self, t: TaskRef, out: &mut Vec<TaskRef>) -> bool {
+        let slot = self.core.arena.get(t.index);
+        let inner = slot.inner.lock();
+        if !matches!(
+            slot.state_of(t.id),
+            Some(TaskState::Ready | TaskState::Running)
+        ) {
+            return false;
+        }
+        out.extend_from_slice(&inner.producers);
+        true
+    }
+
     /// Completes a running single task. On success its consumers whose producers have all
     /// completed are appended to `ready`; on failure every not-yet-running downstream task
     /// is poisoned and the run records its first error.

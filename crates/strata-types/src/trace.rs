@@ -215,6 +215,8 @@ pub struct ProcessTrace {
     pub clock: ClockSync,
     /// Its spans, on its own clock.
     pub spans: Vec<Span>,
+    /// Names of its threads (`(tid, "orchestrator")`), for the spans' `tid`s.
+    pub threads: Vec<(u64, String)>,
     /// Names of its cores by core id (`"core 0 (AIC)"`), for the core records.
     pub cores: Vec<String>,
     /// Its core records, on its own clock.
@@ -234,6 +236,21 @@ impl ProcessTrace {
             host: host.to_owned(),
             ..ProcessTrace::default()
         }
+    }
+
+    /// Names thread `tid` (once; a later name for the same tid is ignored).
+    pub fn name_thread(&mut self, tid: u64, name: &str) {
+        if !self.threads.iter().any(|(t, _)| *t == tid) && self.threads.len() < MAX_THREADS {
+            self.threads.push((tid, name.to_owned()));
+        }
+    }
+
+    /// The name of thread `tid`, if it has one.
+    pub fn thread_name(&self, tid: u64) -> Option<&str> {
+        self.threads
+            .iter()
+            .find(|(t, _)| *t == tid)
+            .map(|(_, n)| n.as_str())
     }
 }
 
@@ -257,6 +274,8 @@ pub const MAX_PROCESSES: usize = 4096;
 pub const MAX_NOTES: usize = 64;
 /// Most core names per process.
 pub const MAX_CORES: usize = 1024;
+/// Most thread names per process.
+pub const MAX_THREADS: usize = 1024;
 
 const MAGIC: [u8; 4] = *b"STRT";
 const VERSION: u16 = 1;
@@ -264,41 +283,51 @@ const VERSION: u16 = 1;
 const HEADER: usize = 4 + 2 + 2 + 8 + 4 + 4;
 
 impl Trace {
-    /// The process named `name` with pid `pid` on `host`, appended if there is none yet
-    /// (so the spans of many runs of one worker land on one track).
+    /// The process (worker) named `name` on `host`, appended if there is none yet, so the
+    /// spans of many runs of one worker land on one track. Workers are told apart by name
+    /// and host (a worker's name is unique in its tree: the parent names its children);
+    /// `pid` fills in a pid still unknown (0).
     pub fn process_mut(&mut self, name: &str, pid: u32, host: &str) -> &mut ProcessTrace {
-        let at = match self
-            .processes
-            .iter()
-            .position(|p| p.name == name && p.pid == pid && p.host == host)
-        {
+        let at = match self.position(name, host) {
             Some(i) => i,
             None => {
                 self.processes.push(ProcessTrace::new(name, pid, host));
                 self.processes.len() - 1
             }
         };
-        &mut self.processes[at]
+        let p = &mut self.processes[at];
+        if p.pid == 0 {
+            p.pid = pid;
+        }
+        p
+    }
+
+    fn position(&self, name: &str, host: &str) -> Option<usize> {
+        self.processes
+            .iter()
+            .position(|p| p.name == name && p.host == host)
     }
 
     /// Adds `other`'s processes and notes, its clocks composed with `clock` (how
-    /// `other`'s trace clock maps onto this one's). A process of the same name, pid and
-    /// host is merged into the existing one (the existing clock stays: the more precise
-    /// estimate is the caller's to choose, see [`Trace::set_clock`]). `host`, when not
-    /// empty, replaces the empty host of `other`'s processes (they ran on that host).
+    /// `other`'s trace clock maps onto this one's). A process of the same name and host is
+    /// merged into the existing one (whose clock stays: the records are moved onto it).
+    /// `host`, when not empty, replaces the empty host of `other`'s processes (they ran on
+    /// that host).
     pub fn absorb(&mut self, other: Trace, clock: ClockSync, host: &str) {
         for mut p in other.processes {
             if p.host.is_empty() {
                 p.host = host.to_owned();
             }
             let clock = clock.then(p.clock);
-            let known = self
-                .processes
-                .iter()
-                .position(|q| q.name == p.name && q.pid == p.pid && q.host == p.host);
-            match known {
+            match self.position(&p.name, &p.host) {
                 Some(i) => {
                     let q = &mut self.processes[i];
+                    if q.pid == 0 {
+                        q.pid = p.pid;
+                    }
+                    for (tid, name) in &p.threads {
+                        q.name_thread(*tid, name);
+                    }
                     // One track per process: the records of an earlier clock estimate are
                     // moved onto this one's clock (they differ by the two estimates' gap,
                     // well inside both errors).
@@ -332,6 +361,19 @@ impl Trace {
         }
         for n in other.notes {
             self.note(n);
+        }
+    }
+
+    /// Names the processes of a child's trace as its parent knows the child: the first
+    /// process (the child itself) becomes `label`, every other one (the child's own
+    /// children) `"{label} / {name}"`, so names stay unique in the parent's tree.
+    pub fn nest_under(&mut self, label: &str) {
+        for (i, p) in self.processes.iter_mut().enumerate() {
+            p.name = if i == 0 {
+                label.to_owned()
+            } else {
+                format!("{label} / {}", p.name)
+            };
         }
     }
 
@@ -518,8 +560,8 @@ fn put_span(buf: &mut Vec<u8>, s: &Span) {
 const SPAN_MIN: usize = 4 + 4 + 8 + 8 + 2 + 4 + 2 + 8 + 8 + 1;
 /// core, task, block, lane, kernel len, start, end.
 const RECORD_MIN: usize = 4 + 8 + 4 + 1 + 2 + 8 + 8;
-/// name, pid, host, offset, error, dropped ×2, cores, spans, records.
-const PROCESS_MIN: usize = 2 + 4 + 2 + 8 + 8 + 8 + 8 + 4 + 4 + 4;
+/// name, pid, host, offset, error, dropped ×2, threads, cores, spans, records.
+const PROCESS_MIN: usize = 2 + 4 + 2 + 8 + 8 + 8 + 8 + 4 + 4 + 4 + 4;
 
 fn put_record(buf: &mut Vec<u8>, r: &CoreRecord) {
     buf.extend_from_slice(&r.core.to_le_bytes());
@@ -560,6 +602,12 @@ impl Enc {
         let dropped_at = head.len();
         head.extend_from_slice(&0u64.to_le_bytes());
         head.extend_from_slice(&0u64.to_le_bytes());
+        let threads = p.threads.len().min(MAX_THREADS);
+        head.extend_from_slice(&(threads as u32).to_le_bytes());
+        for (tid, name) in &p.threads[..threads] {
+            head.extend_from_slice(&tid.to_le_bytes());
+            put_str(&mut head, name);
+        }
         let cores = p.cores.len().min(MAX_CORES);
         head.extend_from_slice(&(cores as u32).to_le_bytes());
         for c in &p.cores[..cores] {
@@ -737,6 +785,12 @@ impl<'a> Dec<'a> {
         let error_ns = self.u64()?;
         let dropped_spans = self.u64()?;
         let dropped_records = self.u64()?;
+        let n_threads = self.count(10, MAX_THREADS, "thread names")?;
+        let mut threads = Vec::with_capacity(n_threads);
+        for _ in 0..n_threads {
+            let tid = self.u64()?;
+            threads.push((tid, self.string()?));
+        }
         let n_cores = self.count(2, MAX_CORES, "core names")?;
         let mut cores = Vec::with_capacity(n_cores);
         for _ in 0..n_cores {
@@ -761,6 +815,7 @@ impl<'a> Dec<'a> {
                 error_ns,
             },
             spans,
+            threads,
             cores,
             records,
             dropped_spans,
@@ -782,6 +837,7 @@ mod tests {
         p.spans
             .push(Span::new(10, 1, 1, "ab", "l3.run.submit", 110, 5));
         let c = t.process_mut("chip_process dev=0", 11, "");
+        c.name_thread(2, "host thread");
         c.cores = vec!["core 0 (AIC)".into(), "core 1 (AIV)".into()];
         c.spans.push(
             Span::new(11, 2, 3, "cd", "chip.run.runner_run.device_wall", 120, 9)
