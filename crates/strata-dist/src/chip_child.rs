@@ -7,7 +7,10 @@ use crate::control::{ControlCommand, ControlDecodeError, CopyDirection};
 use std::sync::Arc;
 use strata_chip::{ChipConfig, ChipWorker, OrchHandle, RunArgs};
 use strata_host::{ChildEnv, ChildProgram, SharedMemory};
-use strata_mailbox::{codes, ControlReply, ControlRequest, FailureReport, Handler, TaskRequest};
+use strata_mailbox::{
+    codes, ControlReply, ControlRequest, FailureReport, Handler, TaskRequest, TaskSlot,
+};
+use strata_types::trace::Trace;
 use strata_types::TaskArgs;
 
 /// A chip child: hosts one `ChipWorker` (created and started inside the child, after the
@@ -57,11 +60,21 @@ impl ChildProgram for ChipChild {
         if let Some(rank) = self.rank {
             chip.set_comm_context(Some(Arc::new(rank)));
         }
+        if env.mode == strata_host::ExecMode::Threads {
+            // A thread that stands for a process: its spans carry its thread id, so the
+            // chips of one process stay apart (ranks are told apart by pid).
+            // SAFETY: gettid has no preconditions and cannot fail.
+            let tid = unsafe { libc::gettid() };
+            chip.set_trace_pid(tid as u32);
+        }
         chip.init().map_err(|e| e.to_string())?;
         Ok(Box::new(ChipHandler {
             chip,
             shared: env.shared.clone(),
             worker: self.index as u32,
+            label: format!("chip_process dev={}", self.index),
+            trace: None,
+            reply: Vec::new(),
         }))
     }
 }
@@ -70,6 +83,12 @@ struct ChipHandler {
     chip: ChipWorker,
     shared: Arc<SharedMemory>,
     worker: u32,
+    /// This chip's name in traces (its label).
+    label: String,
+    /// The trace of the task just run, if it was traced (sent with its completion).
+    trace: Option<Trace>,
+    /// Its encoding, bounded by the frame's room.
+    reply: Vec<u8>,
 }
 
 fn bad(msg: impl Into<String>) -> FailureReport {
@@ -97,11 +116,32 @@ impl ChipHandler {
 
 impl Handler for ChipHandler {
     fn task(&mut self, req: &TaskRequest<'_>) -> Result<(), FailureReport> {
+        self.trace = None;
         let mut run = self.run_args(req.args)?;
-        self.chip
+        let report = self
+            .chip
             .run(&OrchHandle::from_id(req.callable), &mut run, req.config)
-            .map(|_| ())
-            .map_err(|e| FailureReport::new(e.code().unwrap_or(codes::FAILED), e.to_string()))
+            .map_err(|e| FailureReport::new(e.code().unwrap_or(codes::FAILED), e.to_string()))?;
+        if req.config.traced() {
+            let mut t = Trace::default();
+            let p = t.process_mut(&self.label, 0, "");
+            report.add_to(p);
+            if let Some(s) = p.spans.first() {
+                p.pid = s.pid;
+                let tid = s.tid;
+                p.name_thread(tid, "chip host thread (chip.run)");
+            }
+            self.trace = Some(t);
+        }
+        Ok(())
+    }
+
+    fn reply(&mut self, _slot: TaskSlot, room: usize) -> &[u8] {
+        self.reply = match self.trace.take() {
+            Some(t) => t.encode_bounded(room),
+            None => Vec::new(),
+        };
+        &self.reply
     }
 
     fn control(&mut self, req: &ControlRequest<'_>) -> Result<ControlReply, FailureReport> {

@@ -11,6 +11,7 @@
 
 use crate::config::DistConfig;
 use crate::control::ControlCommand;
+use crate::trace::ChildTrace;
 use std::sync::Arc;
 use std::time::Instant;
 use strata_host::{Children, Doorbell, ExecMode, HostError, Lane, SharedMemory};
@@ -114,6 +115,21 @@ pub trait Endpoint: Send {
     /// thread cannot be killed and is abandoned (detached at shutdown).
     /// Returns whether it was killed (`false`: abandoned).
     fn kill(&mut self) -> bool;
+
+    /// The trace the child sent with the completion [`Endpoint::poll`] just returned for
+    /// frame `slot` (a traced task's), if it sent one — taken once. The local endpoint
+    /// returns the completion's reply bytes; a remote one also says how the node's clock
+    /// maps onto this process's. `None` by default.
+    fn take_trace(&mut self, slot: TaskSlot) -> Option<ChildTrace> {
+        let _ = slot;
+        None
+    }
+
+    /// The child's process id, when it is a process this worker knows (for its track in
+    /// a trace). `None` by default.
+    fn pid(&self) -> Option<u32> {
+        None
+    }
 
     /// Whether the child usually answers a task within a scheduler spin budget (tens of
     /// µs): then a waiting scheduler spins before it parks. A remote child answers after
@@ -316,6 +332,20 @@ impl Endpoint for AnyEndpoint {
         }
     }
 
+    fn take_trace(&mut self, slot: TaskSlot) -> Option<ChildTrace> {
+        match self {
+            AnyEndpoint::Local(l) => l.take_trace(slot),
+            AnyEndpoint::Remote(r) => r.take_trace(slot),
+        }
+    }
+
+    fn pid(&self) -> Option<u32> {
+        match self {
+            AnyEndpoint::Local(l) => l.pid(),
+            AnyEndpoint::Remote(r) => r.pid(),
+        }
+    }
+
     fn abandon(endpoints: Vec<Self>) {
         let (local, remote) = AnyEndpoint::split(endpoints);
         for mut r in remote {
@@ -365,11 +395,19 @@ pub(crate) struct LocalEndpoint {
     kind: ChildKind,
     /// How the child was started (for its shutdown).
     mode: ExecMode,
+    /// Per task frame: the reply of the completion last polled from it (a traced task's
+    /// trace), until taken.
+    replies: [Vec<u8>; 2],
 }
 
 impl LocalEndpoint {
     pub(crate) fn new(lane: Lane, kind: ChildKind, mode: ExecMode) -> Self {
-        LocalEndpoint { lane, kind, mode }
+        LocalEndpoint {
+            lane,
+            kind,
+            mode,
+            replies: [Vec::new(), Vec::new()],
+        }
     }
 
     /// The children behind `endpoints` (in lane order), to shut them down together under
@@ -408,7 +446,22 @@ impl Endpoint for LocalEndpoint {
             return Ok(None);
         };
         parent.reset(slot).map_err(EndpointError::Protocol)?;
+        // An untraced task's reply is empty: no allocation (and nothing stale is kept).
+        self.replies[slot.index()] = done.reply;
         Ok(Some(done.outcome))
+    }
+
+    fn take_trace(&mut self, slot: TaskSlot) -> Option<ChildTrace> {
+        let bytes = std::mem::take(&mut self.replies[slot.index()]);
+        (!bytes.is_empty()).then(|| ChildTrace {
+            bytes,
+            clock: strata_types::trace::ClockSync::SAME_HOST,
+            host: String::new(),
+        })
+    }
+
+    fn pid(&self) -> Option<u32> {
+        self.lane.pid().and_then(|p| u32::try_from(p).ok())
     }
 
     fn control(

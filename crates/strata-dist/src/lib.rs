@@ -38,6 +38,7 @@ mod registry;
 mod sched;
 mod task;
 mod tensor;
+pub mod trace;
 mod worker;
 
 pub use comm::WindowTensor;
@@ -56,6 +57,7 @@ pub use registry::{HostOrchFn, HostOrchHandle, NextLevelCallable, SubHandle};
 pub use strata_chip::DeviceTensor;
 pub use strata_comm::{AllreduceAlgo, CommStats, Domain, ReduceOp, WindowBuffer};
 pub use tensor::RunTensor;
+pub use trace::ChildTrace;
 pub use worker::{DistWorker, RunHandle};
 
 /// Entry points for the fuzz harness (`fuzz/`): the exact code a child runs on bytes its

@@ -37,6 +37,8 @@ pub struct Orch<'w> {
     pub(crate) ready: Vec<ReadyTask>,
     pub(crate) submitted: bool,
     pub(crate) config: Arc<EncodedConfig>,
+    /// The run is traced: every task's configuration asks its child for its trace.
+    pub(crate) traced: bool,
     /// The run's first hand-over left a dormant scheduler thread parked (the caller may be
     /// about to drive the loop itself, `Link::push_ready`); anything that may wait for the
     /// loop wakes it first ([`Orch::wake_deferred`]).
@@ -309,6 +311,9 @@ impl<'w> Orch<'w> {
             None => Ok(self.config.clone()),
             Some(c) => {
                 c.validate()?;
+                if self.traced && !c.traced() {
+                    return Ok(Arc::new(EncodedConfig::new(&c.clone().with_trace(true))?));
+                }
                 Ok(Arc::new(EncodedConfig::new(c)?))
             }
         }

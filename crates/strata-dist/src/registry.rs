@@ -180,6 +180,25 @@ impl Programs {
         h.finalize().into()
     }
 
+    /// Every registered callable's name by id (host orchestrations, sub-worker
+    /// callables, chip orchestrations), for traces.
+    pub(crate) fn callable_names(&self) -> HashMap<CallableId, String> {
+        let mut names: HashMap<CallableId, String> = self
+            .host
+            .iter()
+            .map(|(id, (n, _))| (*id, n.to_string()))
+            .collect();
+        for id in self.subs.ids() {
+            if let Some((n, _)) = self.subs.get(&id) {
+                names.insert(id, n.to_owned());
+            }
+        }
+        for (id, d) in self.chip.orchestrations() {
+            names.insert(id, d.name().to_owned());
+        }
+        names
+    }
+
     pub(crate) fn host_name(&self, id: &CallableId) -> Option<&str> {
         self.host.get(id).map(|(n, _)| &**n)
     }

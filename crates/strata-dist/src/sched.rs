@@ -24,8 +24,9 @@
 use crate::control::ControlCommand;
 use crate::endpoint::{AnyEndpoint, ChildKind, Endpoint, EndpointError, LocalEndpoint};
 use crate::task::{DistTask, Route, Target};
+use crate::trace::{TaskStart, TraceBook};
 use crate::worker::CHIP_FAILED_BELOW;
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -115,11 +116,14 @@ pub(crate) struct Link {
     /// (see [`Link::inject_thread_panic`]).
     thread_fault: Mutex<Option<String>>,
     thread_fault_flag: AtomicBool,
+    /// The traces of the traced runs in flight.
+    pub(crate) trace: TraceBook,
 }
 
 impl Link {
-    pub(crate) fn new(doorbell: Doorbell, next_level_workers: usize) -> Self {
+    pub(crate) fn new(doorbell: Doorbell, next_level_workers: usize, level: u8) -> Self {
         Link {
+            trace: TraceBook::new(level),
             held: (0..next_level_workers)
                 .map(|_| AtomicU64::new(u64::MAX))
                 .collect(),
@@ -273,6 +277,8 @@ struct InFlight {
     deadline: Option<Instant>,
     /// Its budget from dispatch, for the message when it is overdue.
     budget: Duration,
+    /// When its run is traced: what the trace needs of its dispatch.
+    trace: Option<Box<TaskStart>>,
 }
 
 /// A child's two task frames, as the scheduler uses them: the second frame holds the
@@ -388,6 +394,8 @@ pub(crate) struct SchedLoop<E: Endpoint = AnyEndpoint> {
     abandoned_uses: Vec<u64>,
     /// This pass's snapshot of [`Link::held`] (reused).
     held: Vec<u64>,
+    /// Traced runs only: when each ready task was routed (by task id), until published.
+    ready_at: HashMap<u64, u64>,
 }
 
 /// What the scheduler thread hands back when it stops: the children, still running, for
@@ -466,6 +474,7 @@ impl<E: Endpoint> SchedLoop<E> {
             shared: SharedMemory::process().clone(),
             abandoned_uses: Vec::new(),
             held: vec![u64::MAX; n_next],
+            ready_at: HashMap::new(),
         }
     }
 
@@ -609,6 +618,9 @@ impl<E: Endpoint> SchedLoop<E> {
     }
 
     fn route(&mut self, r: ReadyTask) {
+        if self.link.trace.active() && self.link.trace.traced(r.run) {
+            self.ready_at.insert(r.task.id().0, strata_sync::mono_ns());
+        }
         let n_next = self.n_next;
         let route = Route::from_word(r.route);
         if let Route::Worker(w) = route {
@@ -705,9 +717,27 @@ impl<E: Endpoint> SchedLoop<E> {
 
     /// Completes what `lane` ran in frame `slot`.
     fn finish(&mut self, lane: usize, slot: TaskSlot, outcome: Result<(), Failure>) {
-        let Some(f) = self.lanes[lane].frames[slot.index()].take() else {
+        let Some(mut f) = self.lanes[lane].frames[slot.index()].take() else {
             return;
         };
+        if let Some(start) = f.trace.take() {
+            // Before the graph hears of it: the run's waiter takes the trace once the run
+            // is complete.
+            let done = strata_sync::mono_ns();
+            let child = self.endpoints[lane].take_trace(slot);
+            let e = &self.endpoints[lane];
+            self.link.trace.task(
+                &start,
+                f.task.id().0,
+                lane,
+                e.label(),
+                e.pid().unwrap_or(0),
+                slot.index(),
+                done,
+                outcome.is_ok(),
+                child,
+            );
+        }
         let outcome = outcome.map_err(|failure| match failure.origin() {
             Some(_) => failure,
             None => {
@@ -963,6 +993,20 @@ impl<E: Endpoint> SchedLoop<E> {
                 break;
             }
         }
+        let trace = if self.link.trace.active() && self.link.trace.traced(run) {
+            let publish_ns = strata_sync::mono_ns();
+            let mut producers = Vec::new();
+            self.sched.producers(task, &mut producers);
+            Some(Box::new(TaskStart {
+                run,
+                callable: p.callable,
+                ready_ns: self.ready_at.remove(&task.id().0).unwrap_or(publish_ns),
+                publish_ns,
+                deps: producers.iter().map(|t| t.id().0).collect(),
+            }))
+        } else {
+            None
+        };
         if let Some(e) = refused {
             self.lanes[lane].frames[slot.index()] = Some(InFlight {
                 task,
@@ -971,6 +1015,7 @@ impl<E: Endpoint> SchedLoop<E> {
                 uses: Vec::new(),
                 deadline: None,
                 budget,
+                trace,
             });
             let f = Failure::new(FailureKind::Task, format!("{}: {e}", self.label(lane)));
             self.finish(lane, slot, Err(f));
@@ -985,6 +1030,7 @@ impl<E: Endpoint> SchedLoop<E> {
             uses,
             deadline: self.now.checked_add(budget),
             budget,
+            trace,
         });
         if let Err(e) = self.endpoints[lane].publish(slot, &publication) {
             let f = self.endpoint_failure(lane, &e.to_string());

@@ -63,6 +63,9 @@ struct Runtime {
     sched: Option<JoinHandle<SchedExit>>,
     driver: Arc<Driver>,
     config: Arc<EncodedConfig>,
+    /// The default configuration with tracing on (a traced run with no configuration of
+    /// its own reuses it, so its frames keep their config bytes).
+    traced_config: Arc<EncodedConfig>,
     children_pids: Vec<i32>,
     /// Base address of each lane's mailbox mapping, for the test-only frame corruption
     /// hook ([`DistWorker::inject_frame_corruption`]); the mappings live in the lanes,
@@ -112,6 +115,9 @@ pub struct DistWorker {
     minter: Arc<IdentityMinter>,
     state: State,
     rt: Option<Runtime>,
+    /// The name of this worker's track in traces (a nested level-3 worker takes its
+    /// parent's name for it); `None`: `host (level N)`.
+    trace_name: Option<String>,
 }
 
 /// A next-level child added before `init` (level 4), in worker-id order.
@@ -149,7 +155,13 @@ impl DistWorker {
             minter: Arc::new(IdentityMinter::new()),
             state: State::New,
             rt: None,
+            trace_name: None,
         })
+    }
+
+    /// Names this worker's track in the traces of its runs (before `init`).
+    pub(crate) fn set_trace_name(&mut self, name: &str) {
+        self.trace_name = Some(name.to_owned());
     }
 
     /// Sets the execution mode before init (a level-3 child of a level-4 worker running
@@ -532,7 +544,15 @@ impl DistWorker {
         let link = Arc::new(Link::new(
             doorbell,
             kinds.iter().filter(|k| **k != ChildKind::Sub).count(),
+            match cfg.level {
+                Level::L3 => 3,
+                Level::L4 => 4,
+            },
         ));
+        link.trace.set_names(self.programs.callable_names());
+        if let Some(n) = &self.trace_name {
+            link.trace.set_name(n);
+        }
         let mut endpoints: Vec<AnyEndpoint> = children
             .into_lanes()
             .into_iter()
@@ -582,6 +602,7 @@ impl DistWorker {
             sched: Some(handle),
             driver,
             config: Arc::new(EncodedConfig::new(&CallConfig::default())?),
+            traced_config: Arc::new(EncodedConfig::new(&CallConfig::default().with_trace(true))?),
             children_pids,
             mailbox_bases,
             heap_leases,
@@ -703,6 +724,8 @@ impl DistWorker {
         nested: bool,
     ) -> Result<RunHandle, DistError> {
         crate::orch::check_args(args, None)?;
+        let t0 = strata_sync::mono_ns();
+        let level = self.config.level;
         let rt = self.runtime("submit")?;
         let f = rt
             .programs
@@ -710,14 +733,30 @@ impl DistWorker {
             .get(&orch.id)
             .map(|(_, f)| f.clone())
             .ok_or_else(|| DistError::UnknownCallable(orch.id.to_string()))?;
+        // Traced: asked for, or a `tracing` subscriber listens (one check otherwise).
+        let traced = config.traced() || crate::trace::subscriber_listens();
         let encoded = if *config == CallConfig::default() {
             rt.config.clone()
+        } else if *config == CallConfig::default().with_trace(true) {
+            rt.traced_config.clone()
         } else {
             config.validate()?;
             Arc::new(EncodedConfig::new(config)?)
         };
+        let encoded = if traced && !config.traced() {
+            if *config == CallConfig::default() {
+                rt.traced_config.clone()
+            } else {
+                Arc::new(EncodedConfig::new(&config.clone().with_trace(true))?)
+            }
+        } else {
+            encoded
+        };
         let run = rt.graph.begin_run()?;
         let ctx = rt.ctx.clone();
+        if traced {
+            ctx.link.trace.begin(run, &orch.id, t0);
+        }
         let mut o = Orch {
             graph: &mut rt.graph,
             ctx: &ctx,
@@ -726,6 +765,7 @@ impl DistWorker {
             ready: Vec::new(),
             submitted: false,
             config: encoded,
+            traced,
             wake_deferred: false,
             handed_over: false,
             run_tensors: HashMap::new(),
@@ -739,10 +779,16 @@ impl DistWorker {
             },
             held_workers: Vec::new(),
         };
-        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&mut o, args)))
-            .unwrap_or_else(|p| {
-                Err(format!("panicked: {}", strata_sync::panic_message(&*p)).into())
-            });
+        let span = match level {
+            Level::L3 => tracing::info_span!(target: "strata", "l3.run.submit", run = run.0),
+            Level::L4 => tracing::info_span!(target: "strata", "l4.run.submit", run = run.0),
+        };
+        let result = span.in_scope(|| {
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&mut o, args)))
+                .unwrap_or_else(|p| {
+                    Err(format!("panicked: {}", strata_sync::panic_message(&*p)).into())
+                })
+        });
         o.flush();
         if !waits || result.is_err() {
             o.wake_deferred();
@@ -752,7 +798,11 @@ impl DistWorker {
                 if let Err(e) = rt.graph.close_run() {
                     // Nobody waits for this run: the loop must not stay parked on it.
                     ctx.link.wake_dormant();
+                    ctx.link.trace.discard(run);
                     return Err(e.into());
+                }
+                if traced {
+                    ctx.link.trace.submitted(run, t0, strata_sync::mono_ns());
                 }
                 ctx.link.nudge();
                 Ok(RunHandle {
@@ -760,6 +810,10 @@ impl DistWorker {
                     waiter: rt.waiter.clone(),
                     driver: rt.driver.clone(),
                     outcome: None,
+                    traced: traced.then(|| ctx.link.clone()),
+                    trace: None,
+                    emit: !nested,
+                    level,
                 })
             }
             Err(e) => {
@@ -767,6 +821,7 @@ impl DistWorker {
                     FailureKind::Cancelled,
                     format!("orchestration: {}", strata_types::error_chain(&*e)),
                 );
+                ctx.link.trace.discard(run);
                 rt.graph.fail_run(failure)?;
                 ctx.link.nudge();
                 // The run fence: tasks already running finish before the error returns.
@@ -814,18 +869,37 @@ impl DistWorker {
         args: &TaskArgs,
         config: &CallConfig,
     ) -> Result<(), DistError> {
+        self.run_nested(orch, args, config).0
+    }
+
+    /// [`DistWorker::run_for_parent`] that also returns the run's trace when `config`
+    /// asks for one ([`CallConfig::traced`]): what a level-3 worker serving a parent in
+    /// another process tree sends back with the task's end.
+    pub fn run_for_parent_traced(
+        &mut self,
+        orch: &HostOrchHandle,
+        args: &TaskArgs,
+        config: &CallConfig,
+    ) -> (Result<(), DistError>, Option<strata_types::trace::Trace>) {
         self.run_nested(orch, args, config)
     }
 
     /// [`DistWorker::run_with`] for a level-3 worker serving its level-4 parent: the
-    /// task's arguments were admitted by the parent, so the run may pass them on.
+    /// task's arguments were admitted by the parent, so the run may pass them on. Returns
+    /// the run's trace too when it was traced.
     pub(crate) fn run_nested(
         &mut self,
         orch: &HostOrchHandle,
         args: &TaskArgs,
         config: &CallConfig,
-    ) -> Result<(), DistError> {
-        self.submit_run(orch, args, config, true, true)?.wait(None)
+    ) -> (Result<(), DistError>, Option<strata_types::trace::Trace>) {
+        match self.submit_run(orch, args, config, true, true) {
+            Ok(mut h) => {
+                let r = h.wait(None);
+                (r, h.take_trace())
+            }
+            Err(e) => (Err(e), None),
+        }
     }
 
     // ----- device memory outside runs ---------------------------------------------------
@@ -1272,6 +1346,14 @@ pub struct RunHandle {
     driver: Arc<Driver>,
     /// The outcome, once known (the graph forgets the run then).
     outcome: Option<Result<(), Failure>>,
+    /// A traced run: the link whose trace book records it.
+    traced: Option<Arc<Link>>,
+    /// The run's trace, once its outcome was seen.
+    trace: Option<strata_types::trace::Trace>,
+    /// Emit the trace through `tracing` once complete (the root of a tree does; a
+    /// nested worker's trace goes up to its parent instead).
+    emit: bool,
+    level: Level,
 }
 
 impl std::fmt::Debug for RunHandle {
@@ -1284,6 +1366,20 @@ impl RunHandle {
     /// The run id.
     pub fn id(&self) -> RunId {
         self.run
+    }
+
+    /// The run's trace — this worker's spans (`l3.run`, `.submit`, `.wait`; per task
+    /// `.schedule` and `.dispatch` on its child's track) and everything its children sent
+    /// back, on this process's clock — once [`RunHandle::wait`] saw the outcome; `None`
+    /// before, or when the run was not traced ([`CallConfig::traced`], or a `tracing`
+    /// subscriber listening to `strata::trace`). See `docs/tracing.md`.
+    pub fn trace(&self) -> Option<&strata_types::trace::Trace> {
+        self.trace.as_ref()
+    }
+
+    /// Takes the trace out of the handle (see [`RunHandle::trace`]).
+    pub fn take_trace(&mut self) -> Option<strata_types::trace::Trace> {
+        self.trace.take()
     }
 
     /// Whether the run finished.
@@ -1305,6 +1401,14 @@ impl RunHandle {
         if let Some(outcome) = &self.outcome {
             return outcome.clone().map_err(DistError::TaskFailed);
         }
+        if let Some(l) = &self.traced {
+            l.trace.wait_started(self.run, strata_sync::mono_ns());
+        }
+        let span = match self.level {
+            Level::L3 => tracing::info_span!(target: "strata", "l3.run.wait", run = self.run.0),
+            Level::L4 => tracing::info_span!(target: "strata", "l4.run.wait", run = self.run.0),
+        };
+        let _wait = span.enter();
         // Drive the scheduler loop on this thread while the run makes progress (a short
         // run's wait stays at cache-line speed, with no third party); park once it made
         // no progress for the spin budget.
@@ -1329,6 +1433,12 @@ impl RunHandle {
                 Some(outcome) => {
                     let _ = self.waiter.release(self.run);
                     self.outcome = Some(outcome.clone());
+                    if let Some(l) = self.traced.take() {
+                        self.trace = l.trace.finish(self.run, strata_sync::mono_ns());
+                        if let (true, Some(t)) = (self.emit, &self.trace) {
+                            crate::trace::emit(t);
+                        }
+                    }
                     return outcome.map_err(DistError::TaskFailed);
                 }
                 None => {
@@ -1356,6 +1466,9 @@ impl Drop for RunHandle {
     fn drop(&mut self) {
         if self.outcome.is_none() {
             self.waiter.release_when_done(self.run);
+        }
+        if let Some(l) = &self.traced {
+            l.trace.discard(self.run);
         }
     }
 }

@@ -217,6 +217,11 @@ impl Registry {
         self.orchs.get(id).map(|e| &e.desc)
     }
 
+    /// Every registered orchestration: its id and descriptor (in no particular order).
+    pub fn orchestrations(&self) -> impl Iterator<Item = (CallableId, &CallableDescriptor)> + '_ {
+        self.orchs.iter().map(|(id, e)| (*id, &e.desc))
+    }
+
     /// Number of registered kernels.
     pub fn kernel_count(&self) -> usize {
         self.kernels.len()

@@ -8,7 +8,9 @@ use crate::error::DistError;
 use crate::registry::HostOrchHandle;
 use strata_graph::WorkerClass;
 use strata_host::{ChildEnv, ChildProgram};
-use strata_mailbox::{codes, ControlReply, ControlRequest, FailureReport, Handler, TaskRequest};
+use strata_mailbox::{
+    codes, ControlReply, ControlRequest, FailureReport, Handler, TaskRequest, TaskSlot,
+};
 
 /// A level-3 worker child of a level-4 worker: the whole level-3 worker (with its own
 /// children, forked inside this child) serving host orchestrations.
@@ -30,37 +32,55 @@ impl ChildProgram for NestedChild {
 
     fn start(self: Box<Self>, env: &ChildEnv) -> Result<Box<dyn Handler + Send>, String> {
         let mut worker = self.worker;
+        // Its track in traces carries the name its parent knows it by.
+        worker.set_trace_name(&format!("child_worker level=3 id={}", self.index));
         if env.mode == strata_host::ExecMode::Threads {
             // Forking from a thread of a multi-threaded process is refused; a thread child
             // runs its own children as threads too.
             worker.set_exec_mode(strata_host::ExecMode::Threads);
         }
         worker.init().map_err(|e| e.to_string())?;
-        Ok(Box::new(NestedHandler { worker }))
+        Ok(Box::new(NestedHandler {
+            worker,
+            trace: None,
+            reply: Vec::new(),
+        }))
     }
 }
 
 struct NestedHandler {
     worker: DistWorker,
+    /// The trace of the run just served, if it was traced (sent with its completion).
+    trace: Option<strata_types::trace::Trace>,
+    /// Its encoding, bounded by the frame's room.
+    reply: Vec<u8>,
 }
 
 impl Handler for NestedHandler {
     fn task(&mut self, req: &TaskRequest<'_>) -> Result<(), FailureReport> {
         let handle = HostOrchHandle { id: req.callable };
-        self.worker
-            .run_nested(&handle, req.args, req.config)
-            .map_err(|e| {
-                // A chip's failure stays a chip's failure one level up.
-                let code = match &e {
-                    DistError::TaskFailed(f)
-                        if f.origin().map(|o| o.class) == Some(WorkerClass::Chip) =>
-                    {
-                        CHIP_FAILED_BELOW
-                    }
-                    _ => codes::FAILED,
-                };
-                FailureReport::new(code, e.to_string())
-            })
+        let (result, trace) = self.worker.run_nested(&handle, req.args, req.config);
+        self.trace = trace;
+        result.map_err(|e| {
+            // A chip's failure stays a chip's failure one level up.
+            let code = match &e {
+                DistError::TaskFailed(f)
+                    if f.origin().map(|o| o.class) == Some(WorkerClass::Chip) =>
+                {
+                    CHIP_FAILED_BELOW
+                }
+                _ => codes::FAILED,
+            };
+            FailureReport::new(code, e.to_string())
+        })
+    }
+
+    fn reply(&mut self, _slot: TaskSlot, room: usize) -> &[u8] {
+        self.reply = match self.trace.take() {
+            Some(t) => t.encode_bounded(room),
+            None => Vec::new(),
+        };
+        &self.reply
     }
 
     fn control(&mut self, req: &ControlRequest<'_>) -> Result<ControlReply, FailureReport> {

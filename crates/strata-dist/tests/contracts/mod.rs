@@ -56,7 +56,228 @@ pub fn suite<M: Mode>() -> Vec<Scenario> {
         a_failed_run_reports_its_error_on_every_wait,
         alloc_hands_over_batched_tasks_before_waiting_for_ring_space,
         re_registering_a_name_replaces_the_callable,
+        a_traced_level_3_run_yields_one_trace_of_every_process,
+        a_traced_level_4_run_nests_its_children_traces,
     ]
+}
+
+// -------------------------------------------------------------------------------------
+// Traces
+// -------------------------------------------------------------------------------------
+
+fn track<'t>(
+    t: &'t strata_types::trace::Trace,
+    name: &str,
+) -> Result<&'t strata_types::trace::ProcessTrace, String> {
+    t.processes.iter().find(|p| p.name == name).ok_or_else(|| {
+        format!(
+            "no track {name:?}; tracks: {:?}",
+            t.processes.iter().map(|p| &p.name).collect::<Vec<_>>()
+        )
+    })
+}
+
+fn spans_named<'t>(
+    p: &'t strata_types::trace::ProcessTrace,
+    name: &str,
+) -> Vec<&'t strata_types::trace::Span> {
+    p.spans.iter().filter(|s| s.name == name).collect()
+}
+
+fn inside(outer: &strata_types::trace::Span, inner: &strata_types::trace::Span) -> bool {
+    outer.ts <= inner.ts && inner.end() <= outer.end()
+}
+
+/// A traced run of the two-chip sum: the level-3 host's spans (run, submit, wait), each
+/// task's schedule and dispatch spans on its child's track with the dependency arrows of
+/// the graph (the sum waits for both chip tasks), and each chip's own `[STRACE]` spans and
+/// core records, sent back with the completions — all on the host's clock, each chip's
+/// run inside the dispatch that carried it. An untraced run has no trace.
+pub fn a_traced_level_3_run_yields_one_trace_of_every_process<M: Mode>() -> Outcome {
+    let mode = M::VALUE;
+    let mut w = DistWorker::new(l3_config(mode, 2, 1)).ctx("new")?;
+    let p = register_pair_sum(&mut w)?;
+    let (inputs, golden) = pair_inputs(&w, 0.5)?;
+    let out = w.shared_tensor(&[N], DataType::F32).ctx("out")?;
+    w.init().ctx("init")?;
+    let mut h = w
+        .submit(&p.orch, &pair_args(&inputs, &out))
+        .ctx("untraced")?;
+    h.wait(None).ctx("untraced wait")?;
+    check!(h.trace().is_none(), "an untraced run has no trace");
+    let config = strata_types::CallConfig::default()
+        .with_trace(true)
+        .with_swimlane(true);
+    let mut h = w
+        .submit_with(&p.orch, &pair_args(&inputs, &out), &config)
+        .ctx("traced")?;
+    h.wait(None).ctx("traced wait")?;
+    same(&out.to_vec::<f32>().ctx("read")?, &golden)?;
+    let t = h.trace().ok_or("a traced run has a trace")?.clone();
+    check!(t.notes.is_empty(), "nothing lost: {:?}", t.notes);
+    let host = track(&t, "host (level 3)")?;
+    check!(host.pid == std::process::id(), "host pid {}", host.pid);
+    let run = spans_named(host, "l3.run");
+    let submit = spans_named(host, "l3.run.submit");
+    let wait = spans_named(host, "l3.run.wait");
+    check!(
+        (run.len(), submit.len(), wait.len()) == (1, 1, 1),
+        "one run, submit, wait: {:?}",
+        host.spans
+    );
+    check!(
+        inside(run[0], submit[0]) && inside(run[0], wait[0]),
+        "submit and wait inside the run: {:?}",
+        host.spans
+    );
+    let mut chip_tasks = Vec::new();
+    let pids = w.child_pids();
+    let mut chip_pids = Vec::new();
+    for (dev, name) in ["chip_process dev=0", "chip_process dev=1"]
+        .iter()
+        .enumerate()
+    {
+        let c = track(&t, name)?;
+        let dispatch = spans_named(c, "l3.run.dispatch");
+        check!(dispatch.len() == 1, "{name}: one dispatch: {:?}", c.spans);
+        let d = dispatch[0];
+        check!(
+            d.attr("worker") == Some(&dev.to_string()) && d.attr("callable") == Some("vadd"),
+            "{name}: {d:?}"
+        );
+        check!(
+            spans_named(c, "l3.run.schedule").len() == 1,
+            "{name}: one schedule span"
+        );
+        let roots = spans_named(c, "chip.run");
+        check!(roots.len() == 1, "{name}: one chip.run: {:?}", c.spans);
+        check!(
+            inside(d, roots[0]),
+            "{name}: the chip's run inside its dispatch: {d:?} {:?}",
+            roots[0]
+        );
+        check!(
+            c.spans.iter().any(|s| s.is_device()),
+            "{name}: device spans travel too"
+        );
+        check!(
+            c.records.len() == 1 && c.records[0].kernel == "vadd",
+            "{name}: one core record of vadd: {:?}",
+            c.records
+        );
+        check!(
+            inside(
+                d,
+                &strata_types::trace::Span::new(
+                    0,
+                    0,
+                    0,
+                    "",
+                    "r",
+                    c.records[0].start_ns,
+                    c.records[0].end_ns - c.records[0].start_ns
+                )
+            ),
+            "{name}: its core record inside the dispatch"
+        );
+        chip_tasks.push(d.attr("task").ok_or("task attr")?.to_owned());
+        chip_pids.push(c.pid);
+        if mode == ExecMode::Process {
+            check!(
+                pids.contains(&(c.pid as i32)),
+                "{name}: pid {} is a child's ({pids:?})",
+                c.pid
+            );
+        }
+    }
+    check!(
+        chip_pids[0] != chip_pids[1] && !chip_pids.contains(&std::process::id()),
+        "each chip has its own pid (a thread child uses its thread id): {chip_pids:?}"
+    );
+    let sub = track(&t, "sub_worker 0")?;
+    let d = spans_named(sub, "l3.run.dispatch");
+    check!(d.len() == 1, "one sub dispatch: {:?}", sub.spans);
+    let deps: Vec<&str> = d[0].attr("deps").unwrap_or("").split(',').collect();
+    for task in &chip_tasks {
+        check!(
+            deps.contains(&task.as_str()),
+            "the sum depends on chip task {task}: deps {deps:?}"
+        );
+    }
+    // The chip spans went through the mailbox: every chip-run span is one of the run's.
+    for c in ["chip_process dev=0", "chip_process dev=1"] {
+        let names: Vec<&str> = track(&t, c)?
+            .spans
+            .iter()
+            .map(|s| s.name.as_str())
+            .collect();
+        for n in ["chip.run.bind", "chip.run.runner_run", "chip.run.validate"] {
+            check!(names.contains(&n), "{c}: {n} missing: {names:?}");
+        }
+    }
+    w.close().ctx("close")?;
+    Ok(())
+}
+
+/// A traced level-4 run: the level-4 host's spans, each level-3 child's track (named as
+/// its parent knows it) with its own `l3.*` spans and the level-4 dispatch spans, and the
+/// grandchildren's chip spans nested under it.
+pub fn a_traced_level_4_run_nests_its_children_traces<M: Mode>() -> Outcome {
+    let mode = M::VALUE;
+    let mut top = DistWorker::new(DistConfig::l4(0).with_exec_mode(mode)).ctx("new l4")?;
+    let p = register_pair_sum(&mut top)?;
+    let (in0, g0) = pair_inputs(&top, 1.0)?;
+    let o0 = top.shared_tensor(&[N], DataType::F32).ctx("o0")?;
+    let c0 = top
+        .add_worker(DistWorker::new(l3_config(mode, 2, 1)).ctx("child 0")?)
+        .ctx("add 0")?;
+    let a0 = pair_args(&in0, &o0);
+    let outer = top.register_orchestration("outer", move |o, _| {
+        o.submit_next_level(p.orch, &a0, c0)?;
+        Ok(())
+    });
+    top.init().ctx("init")?;
+    let mut h = top
+        .submit_with(
+            &outer,
+            &TaskArgs::new(),
+            &strata_types::CallConfig::default().with_trace(true),
+        )
+        .ctx("submit")?;
+    h.wait(None).ctx("wait")?;
+    same(&o0.to_vec::<f32>().ctx("o0")?, &g0)?;
+    let t = h.take_trace().ok_or("a traced run has a trace")?;
+    check!(t.notes.is_empty(), "nothing lost: {:?}", t.notes);
+    let host = track(&t, "host (level 4)")?;
+    check!(spans_named(host, "l4.run").len() == 1, "{:?}", host.spans);
+    let child = track(&t, "child_worker level=3 id=0")?;
+    let l4d = spans_named(child, "l4.run.dispatch");
+    let l3r = spans_named(child, "l3.run");
+    check!(
+        l4d.len() == 1 && l3r.len() == 1 && inside(l4d[0], l3r[0]),
+        "the level-3 run inside the level-4 dispatch: {:?}",
+        child.spans
+    );
+    for dev in 0..2 {
+        let c = track(
+            &t,
+            &format!("child_worker level=3 id=0 / chip_process dev={dev}"),
+        )?;
+        let runs = spans_named(c, "chip.run");
+        let d = spans_named(c, "l3.run.dispatch");
+        check!(
+            runs.len() == 1 && d.len() == 1 && inside(d[0], runs[0]),
+            "chip {dev}: {:?}",
+            c.spans
+        );
+        check!(
+            inside(l3r[0], d[0]),
+            "chip {dev}'s dispatch inside the level-3 run"
+        );
+    }
+    track(&t, "child_worker level=3 id=0 / sub_worker 0")?;
+    top.close().ctx("close")?;
+    Ok(())
 }
 
 // -------------------------------------------------------------------------------------
