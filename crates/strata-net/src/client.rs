@@ -18,9 +18,10 @@ use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
-use strata_dist::{ChildKind, ControlCommand, Endpoint, EndpointError, TaskOutcome};
+use strata_dist::{ChildKind, ChildTrace, ControlCommand, Endpoint, EndpointError, TaskOutcome};
 use strata_host::{Doorbell, SharedMemory};
 use strata_mailbox::{codes, FailureReport, TaskPublication, TaskSlot};
+use strata_types::trace::ClockSync;
 use strata_types::wire::decode_args;
 use strata_types::{ArgLimits, ArgTag, BufferLocation};
 use tokio::io::AsyncWriteExt;
@@ -159,6 +160,10 @@ struct InFlight {
     /// its write-tagged views touch — only those are written back.
     runs: Vec<Vec<(u64, u64)>>,
     outcome: Option<TaskOutcome>,
+    /// When the TASK frame was queued (ns, this host's `CLOCK_MONOTONIC`).
+    sent_ns: u64,
+    /// A traced task's trace bytes and the clock estimate its round trip gave.
+    trace: Option<(Vec<u8>, Option<ClockSync>)>,
 }
 
 /// A device-memory request waiting for its reply (`memory.rs`).
@@ -450,6 +455,13 @@ pub(crate) enum ControlWaitError {
 /// The endpoint of one remote level-3 worker (see the module docs).
 pub struct RemoteEndpoint {
     pub(crate) s: Arc<Session>,
+    /// Per task frame: the trace of the task last polled from it, until taken.
+    traces: [Option<ChildTrace>; 2],
+    /// The most precise estimate of the node's clock so far (smallest error bound).
+    clock: Option<ClockSync>,
+    /// The node's host name and pid (its track in traces).
+    node_host: String,
+    node_pid: u32,
 }
 
 impl std::fmt::Debug for RemoteEndpoint {
@@ -466,6 +478,8 @@ impl RemoteEndpoint {
     ///
     /// # Errors
     /// The socket cannot be handed to the runtime.
+    // One caller (spec.rs), which has each of these at hand: a struct would only rename them.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn start(
         stream: TcpStream,
         session: u64,
@@ -474,6 +488,7 @@ impl RemoteEndpoint {
         shared: Arc<SharedMemory>,
         heartbeat_timeout: Duration,
         staging_bytes: u64,
+        node: (String, u32),
     ) -> Result<RemoteEndpoint, NetError> {
         let sock = stream
             .try_clone()
@@ -522,7 +537,13 @@ impl RemoteEndpoint {
             main_rx,
         ));
         rt.spawn(heartbeat(s.clone()));
-        Ok(RemoteEndpoint { s })
+        Ok(RemoteEndpoint {
+            s,
+            traces: [None, None],
+            clock: None,
+            node_host: node.0,
+            node_pid: node.1,
+        })
     }
 
     /// The message a failed publish gives.
@@ -650,6 +671,8 @@ impl Endpoint for RemoteEndpoint {
             segments,
             runs,
             outcome: None,
+            sent_ns: strata_sync::mono_ns(),
+            trace: None,
         });
         // TASK first, then its inputs, on the ordered lane (never overtaken by a later
         // task's frames).
@@ -675,7 +698,36 @@ impl Endpoint for RemoteEndpoint {
         }
         let mut st = self.s.lock();
         self.s.done_mask.fetch_and(!bit, Ordering::AcqRel);
-        Ok(st.slots[slot.index()].take().and_then(|f| f.outcome))
+        let Some(mut f) = st.slots[slot.index()].take() else {
+            return Ok(None);
+        };
+        drop(st);
+        self.traces[slot.index()] = f.trace.take().map(|(bytes, measured)| {
+            // The most precise estimate wins: the one whose round trip spent least time
+            // on the network.
+            if let Some(m) = measured {
+                if self.clock.is_none_or(|c| m.error_ns < c.error_ns) {
+                    self.clock = Some(m);
+                }
+            }
+            ChildTrace {
+                bytes,
+                clock: self.clock.unwrap_or(ClockSync {
+                    offset_ns: 0,
+                    error_ns: u64::MAX,
+                }),
+                host: self.node_host.clone(),
+            }
+        });
+        Ok(f.outcome)
+    }
+
+    fn take_trace(&mut self, slot: TaskSlot) -> Option<ChildTrace> {
+        self.traces[slot.index()].take()
+    }
+
+    fn pid(&self) -> Option<u32> {
+        Some(self.node_pid)
     }
 
     fn control(
@@ -912,7 +964,16 @@ fn on_frame(s: &Session, h: &wire::Header, body: &[u8]) -> Result<(), String> {
             )
         }
         FrameType::Done => {
+            let received_ns = strata_sync::mono_ns();
             let d: Done = wire::decode_body(h.kind, body).map_err(|e| e.to_string())?;
+            if d.trace.len() > wire::MAX_TRACE_BYTES {
+                return Err(format!(
+                    "the node sent {} trace bytes with task {} (at most {})",
+                    d.trace.len(),
+                    h.sequence,
+                    wire::MAX_TRACE_BYTES
+                ));
+            }
             let mut st = s.lock();
             let slot = st
                 .slots
@@ -933,6 +994,15 @@ fn on_frame(s: &Session, h: &wire::Header, body: &[u8]) -> Result<(), String> {
             };
             if let Some(f) = st.slots[slot].as_mut() {
                 f.outcome = Some(outcome);
+                if !d.trace.is_empty() {
+                    let clock = ClockSync::from_round_trip(
+                        f.sent_ns,
+                        d.node_recv_ns,
+                        d.node_send_ns,
+                        received_ns,
+                    );
+                    f.trace = Some((d.trace, clock));
+                }
             }
             s.done_mask.fetch_or(1 << slot, Ordering::AcqRel);
             drop(st);

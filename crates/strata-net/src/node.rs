@@ -14,7 +14,7 @@ use crate::error::NetError;
 use crate::io::{hostname, read_frame, runtime, SyncConn};
 use crate::wire::{
     self, clip_message, Cancel, Control, ControlReply, Data, Done, ErrorBody, ErrorCode, FrameType,
-    NodeHello, Ready, Segment, ShutdownAck, Task,
+    NodeHello, Ready, Segment, ShutdownAck, Task, MAX_TRACE_BYTES,
 };
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -92,6 +92,8 @@ enum Job {
         seq: u64,
         task: Task,
         places: Vec<u64>,
+        /// When its TASK frame arrived (ns, this host's `CLOCK_MONOTONIC`).
+        received_ns: u64,
     },
     /// The task failed before it could run (e.g. it does not fit the staging area).
     Refused {
@@ -133,6 +135,7 @@ struct Landing {
     task: Task,
     places: Vec<u64>,
     remaining: u64,
+    received_ns: u64,
 }
 
 struct NodeShared {
@@ -308,22 +311,31 @@ fn run_session(
                 // The session is over; the Abort behind this job ends the loop.
                 continue;
             }
-            Job::Task { seq, task, places } => {
+            Job::Task {
+                seq,
+                task,
+                places,
+                received_ns,
+            } => {
                 let cancelled = ns
                     .cancelled
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .remove(&seq);
-                let failure = if cancelled {
-                    Some((
-                        CANCELLED,
-                        "cancelled by the root before it started".to_owned(),
-                    ))
+                let run_start = strata_sync::mono_ns();
+                let (failure, trace) = if cancelled {
+                    (
+                        Some((
+                            CANCELLED,
+                            "cancelled by the root before it started".to_owned(),
+                        )),
+                        None,
+                    )
                 } else {
-                    run_task(worker, &ns.staging, &minter, &table, &task, &places)
-                        .err()
-                        .map(|e| (codes::FAILED, clip_message(e)))
+                    let (r, trace) = run_task(worker, &ns.staging, &minter, &table, &task, &places);
+                    (r.err().map(|e| (codes::FAILED, clip_message(e))), trace)
                 };
+                let run_end = strata_sync::mono_ns();
                 // Outputs first (the root writes them back as they arrive), then DONE,
                 // then the staging bytes go back once the writer streamed them.
                 let parts: Vec<(u32, u64, u64, u64)> = task
@@ -337,7 +349,39 @@ fn run_session(
                 if !parts.is_empty() {
                     let _ = ns.tx.send(Lane::Main, Out::Bulk { owner: seq, parts });
                 }
-                ns.send(Lane::Main, FrameType::Done, seq, &Done { failure });
+                let mut done = Done::new(failure);
+                if let Some(mut trace) = trace {
+                    // The node's own spans on its level-3 worker's track (the trace's first
+                    // process): the task from its arrival, its inputs' arrival, its run.
+                    let send = strata_sync::mono_ns();
+                    let hid: String = task.callable[..8]
+                        .iter()
+                        .map(|b| format!("{b:02x}"))
+                        .collect();
+                    if let Some(p) = trace.processes.first_mut() {
+                        let pid = std::process::id();
+                        let span = |n: &str, a: u64, b: u64| {
+                            strata_types::trace::Span::new(
+                                pid,
+                                NODE_TID,
+                                seq,
+                                &hid,
+                                n,
+                                a,
+                                b.saturating_sub(a),
+                            )
+                        };
+                        p.name_thread(NODE_TID, "node session (task in, run, done out)");
+                        p.spans.push(span("node.task", received_ns, send));
+                        p.spans
+                            .push(span("node.task.stage_in", received_ns, run_start));
+                        p.spans.push(span("node.task.run", run_start, run_end));
+                    }
+                    done.trace = trace.encode_bounded(MAX_TRACE_BYTES);
+                    done.node_recv_ns = received_ns;
+                    done.node_send_ns = strata_sync::mono_ns();
+                }
+                ns.send(Lane::Main, FrameType::Done, seq, &done);
                 let ns2 = ns.clone();
                 let segs = task.segments.clone();
                 let _ = ns.tx.send(
@@ -354,9 +398,7 @@ fn run_session(
                     Lane::Main,
                     FrameType::Done,
                     seq,
-                    &Done {
-                        failure: Some((codes::FAILED, clip_message(why))),
-                    },
+                    &Done::new(Some((codes::FAILED, clip_message(why)))),
                 );
             }
             Job::Control {
@@ -409,25 +451,37 @@ fn run_task(
     table: &DeviceTable,
     task: &Task,
     places: &[u64],
-) -> Result<(), String> {
+) -> (Result<(), String>, Option<strata_types::trace::Trace>) {
     let mut config_bytes = [0u8; CALL_CONFIG_WIRE_BYTES];
     if task.config.len() > CALL_CONFIG_WIRE_BYTES {
-        return Err(format!(
-            "the task's configuration has {} bytes (at most {CALL_CONFIG_WIRE_BYTES})",
-            task.config.len()
-        ));
+        return (
+            Err(format!(
+                "the task's configuration has {} bytes (at most {CALL_CONFIG_WIRE_BYTES})",
+                task.config.len()
+            )),
+            None,
+        );
     }
     config_bytes[..task.config.len()].copy_from_slice(&task.config);
-    let config =
-        decode_config(&config_bytes).map_err(|e| format!("the task's configuration: {e}"))?;
-    let args = decode_args(&task.args, ArgLimits::HOST)
-        .map_err(|e| format!("the task's arguments: {e}"))?;
-    let local = rewrite(&args, &task.segments, places, staging.region, minter, table)?;
+    let prepared = (|| {
+        let config =
+            decode_config(&config_bytes).map_err(|e| format!("the task's configuration: {e}"))?;
+        let args = decode_args(&task.args, ArgLimits::HOST)
+            .map_err(|e| format!("the task's arguments: {e}"))?;
+        let local = rewrite(&args, &task.segments, places, staging.region, minter, table)?;
+        Ok::<_, String>((config, local))
+    })();
+    let (config, local) = match prepared {
+        Ok(p) => p,
+        Err(e) => return (Err(e), None),
+    };
     let handle = HostOrchHandle::from_id(CallableId(task.callable));
-    worker
-        .run_for_parent(&handle, &local, &config)
-        .map_err(|e| e.to_string())
+    let (r, trace) = worker.run_for_parent_traced(&handle, &local, &config);
+    (r.map_err(|e| e.to_string()), trace)
 }
+
+/// The thread id of the node's own spans (`node.task*`) on its track.
+const NODE_TID: u64 = 1 << 41;
 
 /// The task's arguments over the staging area: tensors of one root buffer (one segment
 /// each, in order of first appearance — the order the root planned them in) become views
@@ -588,6 +642,7 @@ fn node_frame(
     match h.kind {
         FrameType::Heartbeat => Ok(()),
         FrameType::Task => {
+            let received_ns = strata_sync::mono_ns();
             let task: Task = wire::decode_body(h.kind, body).map_err(|e| e.to_string())?;
             let mut places = Vec::with_capacity(task.segments.len());
             let mut failed = None;
@@ -625,6 +680,7 @@ fn node_frame(
                             },
                             places: Vec::new(),
                             remaining,
+                            received_ns,
                         },
                     );
                 }
@@ -639,6 +695,7 @@ fn node_frame(
                     seq: h.sequence,
                     task,
                     places,
+                    received_ns,
                 });
             } else {
                 landing.insert(
@@ -647,6 +704,7 @@ fn node_frame(
                         task,
                         places,
                         remaining,
+                        received_ns,
                     },
                 );
             }
@@ -719,6 +777,7 @@ fn node_frame(
                             seq: d.owner,
                             task: l.task,
                             places: l.places,
+                            received_ns: l.received_ns,
                         });
                     }
                 }

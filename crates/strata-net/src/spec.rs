@@ -329,6 +329,7 @@ impl RemoteNode {
             ctx.shared.clone(),
             self.spec.heartbeat_timeout,
             ready.staging_bytes,
+            (hello.host.clone(), hello.pid),
         )?;
         self.link.connected(&ep.s);
         Ok(Box::new(ep))

@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 /// The frame magic.
 pub const MAGIC: [u8; 4] = *b"STRN";
 /// The protocol version this build speaks (both ends must speak the same).
-pub const PROTOCOL_VERSION: u16 = 1;
+pub const PROTOCOL_VERSION: u16 = 2;
 /// Header bytes.
 pub const HEADER_BYTES: usize = 32;
 /// The largest body a frame may carry (a bulk chunk plus its few bytes of framing, or a
@@ -508,11 +508,36 @@ pub struct Data<'a> {
     pub bytes: &'a [u8],
 }
 
+/// The most trace bytes a DONE carries (a traced task's trace is encoded within it).
+pub const MAX_TRACE_BYTES: usize = 512 * 1024;
+
 /// A task's end.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Done {
     /// `None`: success; else the failure's code and message.
     pub failure: Option<(i32, String)>,
+    /// A traced task's trace ([`strata_types::trace::Trace::encode_bounded`], at most
+    /// [`MAX_TRACE_BYTES`]); empty otherwise. Foreign bytes: decoded defensively.
+    pub trace: Vec<u8>,
+    /// A traced task: when the node received its TASK frame, ns on the node's
+    /// `CLOCK_MONOTONIC` (0 otherwise).
+    pub node_recv_ns: u64,
+    /// A traced task: when the node sent this DONE, on the same clock (0 otherwise). With
+    /// the root's own send and receive times they give the node's clock offset and its
+    /// error bound (`ClockSync::from_round_trip`).
+    pub node_send_ns: u64,
+}
+
+impl Done {
+    /// An untraced task's end.
+    pub fn new(failure: Option<(i32, String)>) -> Done {
+        Done {
+            failure,
+            trace: Vec::new(),
+            node_recv_ns: 0,
+            node_send_ns: 0,
+        }
+    }
 }
 
 /// A device-memory request for one of the node's chips.

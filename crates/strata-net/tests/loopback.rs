@@ -312,8 +312,93 @@ fn two_workers() -> Result<(), String> {
         .map(|i| if i < n { 1 + 30 } else { 1 + 60 })
         .collect();
     check(got == want, format!("sums differ: got {:?}…", &got[..4]))?;
+    traced_remote_run(&mut top, &outer)?;
     top.close().map_err(|e| format!("close: {e}"))?;
     no_children()
+}
+
+/// A traced run over two remote nodes: each node's trace comes back with its DONE, on its
+/// own track (its host's name) with the node's spans and its level-3 run, placed on the
+/// root's clock by the task's round trip. Root and nodes share this host's clock here, so
+/// the true offset is 0: the estimate must be within its own error bound of it, and the
+/// node's run must sit inside the root's dispatch of it, give or take that bound.
+fn traced_remote_run(
+    top: &mut DistWorker,
+    outer: &strata_dist::HostOrchHandle,
+) -> Result<(), String> {
+    let config = strata_types::CallConfig::default().with_trace(true);
+    let mut h = top
+        .submit_with(outer, &TaskArgs::new(), &config)
+        .map_err(|e| e.to_string())?;
+    h.wait(None).map_err(|e| format!("traced run: {e}"))?;
+    let t = h.take_trace().ok_or("a traced run has a trace")?;
+    check(t.notes.is_empty(), format!("notes: {:?}", t.notes))?;
+    let names: Vec<(&str, &str)> = t
+        .processes
+        .iter()
+        .map(|p| (p.name.as_str(), p.host.as_str()))
+        .collect();
+    let root = t
+        .processes
+        .iter()
+        .find(|p| p.name == "host (level 4)" && p.host.is_empty())
+        .ok_or(format!("no root track: {names:?}"))?;
+    check(
+        root.spans.iter().any(|s| s.name == "l4.run"),
+        "the root's l4.run",
+    )?;
+    let nodes: Vec<_> = t
+        .processes
+        .iter()
+        .filter(|p| !p.host.is_empty() && p.spans.iter().any(|s| s.name == "l3.run"))
+        .collect();
+    check(nodes.len() == 2, format!("two node tracks: {names:?}"))?;
+    for node in nodes {
+        let c = node.clock;
+        println!(
+            "{}: clock offset estimate {} ns, error bound {} ns",
+            node.name, c.offset_ns, c.error_ns
+        );
+        check(
+            c.error_ns < u64::MAX && c.offset_ns.unsigned_abs() <= c.error_ns,
+            format!("{}: offset {c:?} (true offset 0 on one host)", node.name),
+        )?;
+        for n in ["node.task", "node.task.stage_in", "node.task.run", "l3.run"] {
+            check(
+                node.spans.iter().filter(|s| s.name == n).count() == 1,
+                format!("{}: one {n}: {:?}", node.name, node.spans),
+            )?;
+        }
+        // The root's view of the same worker: its dispatch span, on the root's track for
+        // the lane (same name, this host).
+        let seen = t
+            .processes
+            .iter()
+            .find(|p| p.name == node.name && p.host.is_empty())
+            .ok_or(format!("no root-side track for {}", node.name))?;
+        let d = seen
+            .spans
+            .iter()
+            .find(|s| s.name == "l4.run.dispatch")
+            .ok_or("the root's dispatch span")?;
+        let run = node.spans.iter().find(|s| s.name == "l3.run").unwrap();
+        let (a, b) = (c.apply(run.ts), c.apply(run.end()));
+        let e = c.error_ns;
+        check(
+            d.ts <= a.saturating_add(e) && b <= d.end().saturating_add(e),
+            format!(
+                "{}: the node's run [{a}, {b}] outside the root's dispatch {d:?} ± {e}",
+                node.name
+            ),
+        )?;
+        check(
+            t.processes
+                .iter()
+                .any(|p| p.name == format!("{} / sub_worker 0", node.name)),
+            format!("the node's sub-worker nested under it: {names:?}"),
+        )?;
+    }
+    Ok(())
 }
 
 /// A remote orchestration fails: the run fails naming the remote worker, a task that

@@ -617,7 +617,7 @@ fn net_seeds(seeds: &Seeds, blobs: &[(&'static str, Vec<u8>)]) {
     put("data", data);
     put(
         "done-ok",
-        encode(FrameType::Done, 9, 5, &Done { failure: None }).unwrap(),
+        encode(FrameType::Done, 9, 5, &Done::new(None)).unwrap(),
     );
     put(
         "done-failed",
@@ -625,9 +625,7 @@ fn net_seeds(seeds: &Seeds, blobs: &[(&'static str, Vec<u8>)]) {
             FrameType::Done,
             9,
             5,
-            &Done {
-                failure: Some((-1, "orchestration failed".into())),
-            },
+            &Done::new(Some((-1, "orchestration failed".into()))),
         )
         .unwrap(),
     );
