@@ -15,6 +15,7 @@ use crate::{Compiled, Prepare, PreparedWorker, Progress};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use strata_chip::Span;
+use strata_types::CallConfig;
 
 /// Prepares a worker for `compiled`, dispatches it `warmup` times then `rounds` times with
 /// `args` (host tensors and scalars: the worker is made here, so there are no resident
@@ -77,8 +78,10 @@ impl PreparedWorker {
         let args = args.into_args();
         let mut progress = Progress::new("dispatches", (warmup + rounds) as u64);
         let mut measured = Vec::with_capacity(rounds);
+        // Level 3 and 4 record their children's spans only for a traced dispatch.
+        let config = CallConfig::default().with_trace(true);
         for i in 0..warmup + rounds {
-            let h = self.submit(program, args.clone())?;
+            let h = self.submit_with(program, args.clone(), &config)?;
             h.result(None)?;
             if i >= warmup {
                 measured.push(h.invocations());
@@ -128,6 +131,29 @@ impl Invocation {
                 }),
             }
         }
+        out
+    }
+
+    /// The chip runs of a level-3/4 trace: every process's `chip.run*` spans, moved onto
+    /// the trace's clock and grouped by `(pid, inv)`, in order of their start. The task
+    /// names come from the dispatch spans (`hid` → `callable=`).
+    pub fn from_trace(t: &strata_types::trace::Trace) -> Vec<Invocation> {
+        let mut names = BTreeMap::new();
+        let mut spans = Vec::new();
+        for p in &t.processes {
+            for s in &p.spans {
+                if let Some(c) = s.attr("callable") {
+                    names.entry(s.hid.clone()).or_insert_with(|| c.to_owned());
+                }
+                if s.name == "chip.run" || s.name.starts_with("chip.run.") {
+                    let mut s = s.clone();
+                    s.ts = p.clock.apply(s.ts);
+                    spans.push(s);
+                }
+            }
+        }
+        let mut out = Invocation::from_spans(&spans, &names);
+        out.sort_by_key(|i| (i.root().map_or(u64::MAX, |r| r.ts), i.pid, i.inv));
         out
     }
 

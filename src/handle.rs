@@ -23,6 +23,8 @@ struct StateInner {
     args: Vec<HeldArg>,
     /// What the chips that ran the dispatch recorded: one launch per chip run.
     trace: Vec<crate::bench::Invocation>,
+    /// A traced level-3/4 dispatch: its whole trace (every process, one clock).
+    full: Option<strata_types::trace::Trace>,
     run: Option<strata_dist::RunHandle>,
     outcome: Option<Result<(), Error>>,
     /// A thread is waiting on `run` (others wait on `done`).
@@ -44,6 +46,7 @@ impl DispatchState {
             inner: Mutex::new(StateInner {
                 args,
                 trace: Vec::new(),
+                full: None,
                 run: Some(run),
                 outcome: None,
                 waiting: false,
@@ -79,6 +82,7 @@ impl DispatchState {
                     Vec::new()
                 },
                 trace,
+                full: None,
                 run: None,
                 outcome: Some(outcome),
                 waiting: false,
@@ -138,6 +142,11 @@ impl DispatchState {
                         return Err(Error::Timeout(timeout.unwrap_or_default()));
                     }
                     r => {
+                        // A failed run's trace is kept too: it shows how far it got.
+                        if let Some(t) = run.take_trace() {
+                            g.trace = crate::bench::Invocation::from_trace(&t);
+                            g.full = Some(t);
+                        }
                         g.outcome = Some(r.map_err(Error::from));
                         g.args.clear();
                         self.done.notify_all();
@@ -220,11 +229,22 @@ impl DispatchHandle {
     }
 
     /// What the chips that ran the dispatch recorded, one [`Invocation`](crate::Invocation)
-    /// (the spans of one chip run: host spans, and device spans on the run's device clock)
-    /// per chip run; empty until the dispatch is done. Level 2 records every dispatch;
-    /// level 3 and 4 record their chips' runs too (see `docs/benchmarks.md`).
+    /// (the spans of one chip run, on the dispatch's clock) per chip run, in order of
+    /// their start; empty until the dispatch is done. Level 2 records every dispatch;
+    /// level 3 and 4 record the chip runs of a traced dispatch
+    /// ([`PreparedWorker::submit_with`](crate::PreparedWorker::submit_with) with
+    /// [`CallConfig::with_trace`](strata_types::CallConfig::with_trace); `benchmark()`
+    /// traces its dispatches) — see `docs/tracing.md`.
     pub fn invocations(&self) -> Vec<crate::bench::Invocation> {
         self.state.lock().trace.clone()
+    }
+
+    /// A traced level-3/4 dispatch's whole trace — every process's spans and core records
+    /// and how their clocks map onto this process's — once it is done; `None` for an
+    /// untraced dispatch, a level-2 one (see [`DispatchHandle::invocations`]) or one not
+    /// finished yet. Export it with [`strata_types::trace::Trace::to_chrome_json`].
+    pub fn trace(&self) -> Option<strata_types::trace::Trace> {
+        self.state.lock().full.clone()
     }
 
     /// Whether the dispatch has finished, successfully or not. Never blocks: while another

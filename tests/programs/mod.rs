@@ -53,6 +53,8 @@ pub fn suite<M: Mode>() -> Vec<Scenario> {
         a_chip_failure_is_one_error_at_every_level,
         inherited_host_memory_is_copied_in_place,
         a_level_2_benchmark_measures_every_round_from_its_spans,
+        a_level_3_benchmark_builds_every_view_from_the_chips_spans,
+        a_level_3_benchmark_flags_unstable_slots_and_flattens_varying_rounds,
     ]
 }
 
@@ -1350,6 +1352,297 @@ pub fn a_level_2_benchmark_measures_every_round_from_its_spans<M: Mode>() -> Out
             .to_string()
             .starts_with("BenchmarkStats(rounds=5, warmup=2): device_wall_us min="),
         "{stats}"
+    );
+    Ok(())
+}
+
+/// How the level-3 benchmark program shapes its rounds: rank 0 runs `a` then `b`, rank 1
+/// runs `a` (stable); rank 0's order flips every round (unstable slots); rank 0 runs one
+/// task in even rounds and two in odd ones (flattened).
+#[derive(Clone, Copy, PartialEq)]
+enum Shape {
+    Stable,
+    Flipping,
+    Varying,
+}
+
+/// Rounds the level-3 benchmark program has run (its host orchestration runs in this
+/// process, so a static counts them in both modes).
+static ROUND: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// A level-3 program of two chips whose rounds have the structure `shape` gives; each task
+/// adds 1 (`a`) or 2 (`b`) to its rank's row.
+fn shaped_program(shape: Shape) -> Program {
+    let mut p = Program::new(
+        "shaped",
+        Signature::new().inout("t", DataType::F32, [Dim::World, Dim::Fixed(64)]),
+    );
+    let add = |p: &mut Program, name: &str, by: f32| {
+        let k = p.kernel(name, move |ctx| {
+            let mut t = ctx.output::<f32>(0)?;
+            for v in t.as_mut_slice().ok_or("contiguous")? {
+                *v += by;
+            }
+            Ok(())
+        });
+        p.chip_orchestration(&format!("{name}_on_chip"), move |o, a| {
+            o.submit_aiv(k, CoreArgs::new().inout(&a.tensor(0)?))?;
+            Ok(())
+        })
+    };
+    let a = add(&mut p, "a", 1.0);
+    let b = add(&mut p, "b", 2.0);
+    p.orchestrate(move |o, args| {
+        let t = args.tensor("t")?;
+        let round = ROUND.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let rank0 = match shape {
+            Shape::Stable => vec![a, b],
+            Shape::Flipping if round % 2 == 1 => vec![b, a],
+            Shape::Flipping => vec![a, b],
+            Shape::Varying if round % 2 == 1 => vec![a, b],
+            Shape::Varying => vec![a],
+        };
+        for task in rank0 {
+            o.submit_next_level(task, &TaskArgs::new().inout(t.row(0)), 0)?;
+        }
+        o.submit_next_level(a, &TaskArgs::new().inout(t.row(1)), 1)?;
+        Ok(())
+    });
+    p
+}
+
+/// A launch's raw span `name`, µs (the figure every view must be built from).
+fn raw_us(inv: &strata::Invocation, name: &str) -> Option<f64> {
+    inv.spans
+        .iter()
+        .find(|s| s.name == name)
+        .map(|s| s.dur as f64 / 1000.0)
+}
+
+const DEVICE_WALL: &str = "chip.run.runner_run.device_wall";
+
+/// `benchmark()` on a level-3 program whose rounds are known: rank 0 runs `a_on_chip` then
+/// `b_on_chip`, rank 1 `a_on_chip`. Every view is recomputed here from the raw spans of
+/// the measured launches (three per round, in order of their start): a rank's figure in a
+/// round is the sum of its launches' spans, the round's the max across ranks, a slot's the
+/// launch at that position of its rank; slots name the
+/// registered chip orchestration (`program/name`). Traced and untraced dispatches of the same worker
+/// record launches and traces as documented.
+pub fn a_level_3_benchmark_builds_every_view_from_the_chips_spans<M: Mode>() -> Outcome {
+    let compiled = shaped_program(Shape::Stable)
+        .compile(&l3::<M>(2))
+        .ctx("compile")?;
+    let t = SharedTensor::zeroed(&[2, 64], DataType::F32).ctx("t")?;
+    let rt = compiled.prepare(Prepare::new()).ctx("prepare")?;
+    let (rounds, warmup) = (4, 2);
+    let stats = rt
+        .benchmark(&compiled, (&t,), rounds, warmup)
+        .ctx("benchmark")?;
+    let got = t.to_vec::<f32>().ctx("t")?;
+    check!(
+        got[..64] == [18.0; 64] && got[64..] == [6.0; 64],
+        "6 dispatches ran (rank 0 adds 3, rank 1 adds 1 each)"
+    );
+    check!(
+        stats.rounds == rounds && stats.warmup == warmup,
+        "{stats:?}"
+    );
+    check!(
+        stats.invocations.len() == 3 * rounds,
+        "three launches per measured round, warm-up excluded: {}",
+        stats.invocations.len()
+    );
+    check!(
+        !stats.fallback_flattened && !stats.unstable_dispatch_slots,
+        "stable shape"
+    );
+    // Ranks and slots from the raw launches alone.
+    let mut ranks: std::collections::BTreeMap<u32, Vec<Vec<&strata::Invocation>>> =
+        Default::default();
+    for (k, round) in stats.invocations.chunks(3).enumerate() {
+        for inv in round {
+            let per_round = ranks.entry(inv.pid).or_default();
+            per_round.resize(k + 1, Vec::new());
+            per_round[k].push(inv);
+        }
+    }
+    check!(
+        ranks.len() == 2,
+        "two ranks (chip pids): {:?}",
+        ranks.keys()
+    );
+    let (&busy, _) = ranks
+        .iter()
+        .find(|(_, r)| r.iter().all(|v| v.len() == 2))
+        .ok_or("one rank runs two launches every round")?;
+    let (&single, _) = ranks
+        .iter()
+        .find(|(_, r)| r.iter().all(|v| v.len() == 1))
+        .ok_or("one rank runs one launch every round")?;
+    let want_tasks: std::collections::BTreeMap<(u32, usize), String> = [
+        ((busy, 0), "shaped/a_on_chip"),
+        ((busy, 1), "shaped/b_on_chip"),
+        ((single, 0), "shaped/a_on_chip"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k, v.to_owned()))
+    .collect();
+    check!(
+        stats.dispatch_tasks() == want_tasks,
+        "dispatch_tasks: {:?}",
+        stats.dispatch_tasks()
+    );
+    let groups = stats.dispatch_groups();
+    check!(
+        groups.len() == 3 && groups.values().all(|g| g.len() == rounds),
+        "three slots, one launch per round each"
+    );
+    // Per rank: the sum of its launches' device walls in each round.
+    let rank_sum = |pid: u32, k: usize, name: &str| -> f64 {
+        ranks[&pid][k]
+            .iter()
+            .map(|i| raw_us(i, name).unwrap_or(0.0))
+            .sum()
+    };
+    let per_rank = stats.per_rank(strata::bench::Metric::Device);
+    for pid in [busy, single] {
+        let want: Vec<f64> = (0..rounds).map(|k| rank_sum(pid, k, DEVICE_WALL)).collect();
+        check!(
+            per_rank.get(&pid) == Some(&want),
+            "per_rank[{pid}] = {:?}, want {want:?}",
+            per_rank.get(&pid)
+        );
+    }
+    // Per round: the max across ranks of those sums (device and host).
+    for k in 0..rounds {
+        let dev = rank_sum(busy, k, DEVICE_WALL).max(rank_sum(single, k, DEVICE_WALL));
+        let host = rank_sum(busy, k, "chip.run").max(rank_sum(single, k, "chip.run"));
+        check!(
+            stats.per_round(strata::bench::RoundMetric::Device)[k] == dev
+                && stats.device_wall_us[k] == dev,
+            "round {k}: device {} want {dev}",
+            stats.device_wall_us[k]
+        );
+        check!(
+            stats.per_round(strata::bench::RoundMetric::Host)[k] == host,
+            "round {k}: host want {host}"
+        );
+        let roots: Vec<&strata::chip::Span> = stats.invocations[3 * k..3 * k + 3]
+            .iter()
+            .map(|i| i.spans.iter().find(|s| s.name == "chip.run").unwrap())
+            .collect();
+        let union = (roots.iter().map(|s| s.ts + s.dur).max().unwrap()
+            - roots.iter().map(|s| s.ts).min().unwrap()) as f64
+            / 1000.0;
+        check!(
+            stats.per_round(strata::bench::RoundMetric::Union)[k] == union,
+            "round {k}: union want {union}"
+        );
+    }
+    // Per dispatch: each slot's own launch, no summing.
+    let per_dispatch = stats.per_dispatch(strata::bench::Metric::Host);
+    for ((pid, slot), v) in &per_dispatch {
+        let want: Vec<f64> = (0..rounds)
+            .map(|k| raw_us(ranks[pid][k][*slot], "chip.run").unwrap_or(-1.0))
+            .collect();
+        check!(
+            v == &want,
+            "per_dispatch[({pid}, {slot})] = {v:?}, want {want:?}"
+        );
+    }
+    check!(per_dispatch.len() == 3, "three slots in per_dispatch");
+    let mean = stats.format_mean_tree(true, strata::bench::Spread::Both, None, None);
+    check!(
+        mean.matches(&format!(
+            "mean of {rounds} launches (warmup {warmup} excluded)"
+        ))
+        .count()
+            == 3,
+        "one mean tree per slot:\n{mean}"
+    );
+
+    // A traced dispatch records its launches and its whole trace; an untraced one neither.
+    let h = rt
+        .submit_with(
+            &compiled,
+            (&t,),
+            &strata::types::CallConfig::default().with_trace(true),
+        )
+        .ctx("traced submit")?;
+    h.result(None).ctx("traced dispatch")?;
+    let trace = h.trace().ok_or("a traced dispatch has a trace")?;
+    check!(
+        h.invocations().len() == 3,
+        "three chip runs: {:?}",
+        h.invocations().len()
+    );
+    check!(
+        trace
+            .processes
+            .iter()
+            .any(|p| p.spans.iter().any(|s| s.name == "l3.run")),
+        "the engine's own span"
+    );
+    let h = rt.submit(&compiled, (&t,)).ctx("untraced submit")?;
+    h.result(None).ctx("untraced dispatch")?;
+    check!(
+        h.trace().is_none() && h.invocations().is_empty(),
+        "an untraced level-3 dispatch records nothing"
+    );
+    rt.close().ctx("close")
+}
+
+/// A slot that runs different tasks in different rounds empties the per-dispatch views and
+/// says so; rounds of different shapes fall back to a flat pool of every launch.
+pub fn a_level_3_benchmark_flags_unstable_slots_and_flattens_varying_rounds<M: Mode>() -> Outcome {
+    let t = SharedTensor::zeroed(&[2, 64], DataType::F32).ctx("t")?;
+    let compiled = shaped_program(Shape::Flipping)
+        .compile(&l3::<M>(2))
+        .ctx("compile")?;
+    ROUND.store(0, std::sync::atomic::Ordering::Relaxed);
+    let stats = strata::benchmark(&compiled, (&t,), 4, 0).ctx("flipping")?;
+    check!(
+        stats.unstable_dispatch_slots && !stats.fallback_flattened,
+        "{stats:?}"
+    );
+    check!(
+        stats.dispatch_groups().is_empty()
+            && stats.per_dispatch(strata::bench::Metric::Device).is_empty()
+            && stats.dispatch_tasks().is_empty(),
+        "the per-dispatch views are empty"
+    );
+    check!(
+        stats.per_rank(strata::bench::Metric::Device).len() == 2 && stats.device_wall_us.len() == 4,
+        "the per-rank and per-round views stay"
+    );
+
+    let compiled = shaped_program(Shape::Varying)
+        .compile(&l3::<M>(2))
+        .ctx("compile")?;
+    ROUND.store(0, std::sync::atomic::Ordering::Relaxed);
+    let stats = strata::benchmark(&compiled, (&t,), 4, 0).ctx("varying")?;
+    check!(stats.fallback_flattened, "{stats:?}");
+    check!(
+        stats.invocations.len() == 2 + 3 + 2 + 3,
+        "every launch: {}",
+        stats.invocations.len()
+    );
+    let want: Vec<f64> = stats
+        .invocations
+        .iter()
+        .map(|i| raw_us(i, DEVICE_WALL).unwrap_or(-1.0))
+        .collect();
+    check!(
+        stats.device_wall_us == want,
+        "one sample per launch, in order"
+    );
+    check!(
+        stats.per_rank(strata::bench::Metric::Device).is_empty()
+            && stats.dispatch_groups().is_empty()
+            && stats
+                .per_round(strata::bench::RoundMetric::Union)
+                .is_empty(),
+        "no rank, slot or round views when flattened"
     );
     Ok(())
 }
