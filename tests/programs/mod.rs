@@ -1425,9 +1425,9 @@ const DEVICE_WALL: &str = "chip.run.runner_run.device_wall";
 /// `b_on_chip`, rank 1 `a_on_chip`. Every view is recomputed here from the raw spans of
 /// the measured launches (three per round, in order of their start): a rank's figure in a
 /// round is the sum of its launches' spans, the round's the max across ranks, a slot's the
-/// launch at that position of its rank; slots name the
-/// registered chip orchestration (`program/name`). Traced and untraced dispatches of the same worker
-/// record launches and traces as documented.
+/// launch at that position of its rank; slots name the registered chip orchestration
+/// (`program/name`). Traced and untraced dispatches of the same worker record launches and
+/// traces as documented.
 pub fn a_level_3_benchmark_builds_every_view_from_the_chips_spans<M: Mode>() -> Outcome {
     let compiled = shaped_program(Shape::Stable)
         .compile(&l3::<M>(2))
