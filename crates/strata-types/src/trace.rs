@@ -37,6 +37,8 @@
 
 use crate::error::TypesError;
 
+mod export;
+
 /// One timed section (one `[STRACE]` line).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Span {
