@@ -145,6 +145,9 @@ impl DispatchState {
                         // A failed run's trace is kept too: it shows how far it got.
                         if let Some(t) = run.take_trace() {
                             g.trace = crate::bench::Invocation::from_trace(&t);
+                            if crate::trace_out::enabled() {
+                                crate::trace_out::record(t.clone());
+                            }
                             g.full = Some(t);
                         }
                         g.outcome = Some(r.map_err(Error::from));

@@ -22,6 +22,7 @@ mod prepared;
 pub mod program;
 mod progress;
 mod tensors;
+mod trace_out;
 mod worker;
 
 pub use bench::{benchmark, BenchmarkStats, Invocation};
@@ -41,6 +42,7 @@ pub use strata_host as host;
 pub use strata_mailbox as mailbox;
 pub use strata_types as types;
 pub use tensors::StackedDeviceTensor;
+pub use trace_out::TRACE_OUT_ENV;
 pub use worker::{Callable, Worker};
 
 #[cfg(test)]

@@ -247,6 +247,7 @@ impl Shared {
         let index = core.find(program)?;
         let held = core.check_args(index, &args)?;
         config.validate()?;
+        let config = &crate::trace_out::config(config);
         // Back-pressure: at most two in flight. The oldest one's error stays with its
         // handle; it does not fail this submit.
         core.prune();
@@ -272,6 +273,12 @@ impl Shared {
             (Backend::Chip(chip), Start::Chip(h)) => {
                 let (outcome, trace) = match run_on_chip(chip, h, &sig, &held, config) {
                     Ok(report) => {
+                        if crate::trace_out::enabled() {
+                            let mut t = strata_types::trace::Trace::default();
+                            let pid = report.process_trace("").pid;
+                            report.add_to(t.process_mut("chip (level 2)", pid, ""));
+                            crate::trace_out::record(t);
+                        }
                         let names = [(hid_of(&h), name.clone())].into_iter().collect();
                         (
                             Ok(()),
@@ -950,6 +957,7 @@ impl PreparedWorker {
         for r in core.adopted.drain(..) {
             let _ = mem.release_region(r);
         }
+        crate::trace_out::flush();
         first.map_or(Ok(()), Err)
     }
 }

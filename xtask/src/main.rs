@@ -16,6 +16,9 @@
 //!   (default 10⁴) through a Process-mode level-3 worker (strata-dist's `soak` test
 //!   binary, in release) and fails if the process tree's resident memory, descriptors,
 //!   `/dev/shm` entries or threads grew between the first and the last tenth.
+//! - `cargo xtask trace <example>` runs one example with `STRATA_TRACE_OUT` set: every
+//!   dispatch traced at every level, written as `target/trace/<example>.json` (Chrome /
+//!   Perfetto) and `target/trace/<example>.svg` (swimlanes).
 //! - `cargo xtask fuzz --list | <target>|all [--seconds N] | --seeds | --replay` fuzzes
 //!   the decoders of bytes another process wrote, on stable Rust (module `fuzz`).
 
@@ -404,6 +407,66 @@ fn sim() -> Result<(), String> {
     }
 }
 
+/// `cargo xtask trace <example>`: the example (release) with `STRATA_TRACE_OUT` pointing
+/// under `target/trace/`, then where its pictures are.
+fn trace(args: &[String]) -> Result<(), String> {
+    let Some(name) = args.first() else {
+        return Err(format!(
+            "usage: cargo xtask trace <example>; examples: {}",
+            examples()?.join(", ")
+        ));
+    };
+    if !examples()?.contains(name) {
+        return Err(format!(
+            "no example {name:?}; examples: {}",
+            examples()?.join(", ")
+        ));
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target"));
+    let dir = target.join("trace");
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let prefix = dir.join(name);
+    for ext in ["json", "svg"] {
+        let _ = std::fs::remove_file(prefix.with_extension(ext));
+    }
+    run_step(
+        &format!("example {name} (traced)"),
+        cargo()
+            .args([
+                "run",
+                "--release",
+                "-q",
+                "-p",
+                "strata",
+                "--example",
+                name,
+                "--",
+            ])
+            .args(&args[1..])
+            .env("STRATA_TRACE_OUT", &prefix),
+    )?;
+    let mut missing = vec![];
+    for ext in ["json", "svg"] {
+        let p = prefix.with_extension(ext);
+        if p.exists() {
+            println!("{}", p.display());
+        } else {
+            missing.push(p.display().to_string());
+        }
+    }
+    if missing.is_empty() {
+        println!("open the .json in https://ui.perfetto.dev (or chrome://tracing), the .svg in a browser");
+        Ok(())
+    } else {
+        Err(format!(
+            "example {name} wrote no trace ({}): it dispatches nothing through a prepared worker",
+            missing.join(", ")
+        ))
+    }
+}
+
 /// `cargo xtask soak`: the soak binary at full scale (its own defaults are the scaled-down
 /// test's), every other argument passed through.
 fn soak(args: &[String]) -> Result<(), String> {
@@ -432,7 +495,7 @@ fn soak(args: &[String]) -> Result<(), String> {
 
 fn usage() -> String {
     format!(
-        "usage: cargo xtask <sim | ci | soak [--tasks N] [--runs M] | bench <name>|list | bench-compare <rev> <bench> [--rounds N] | fuzz ...>\n{}\n  {}",
+        "usage: cargo xtask <sim | ci | soak [--tasks N] [--runs M] | trace <example> | bench <name>|list | bench-compare <rev> <bench> [--rounds N] | fuzz ...>\n{}\n  {}",
         compare::usage(),
         fuzz::usage()
     )
@@ -444,6 +507,7 @@ fn main() -> ExitCode {
         Some("sim") => sim(),
         Some("ci") => ci(),
         Some("soak") => soak(&args[1..]),
+        Some("trace") => trace(&args[1..]),
         Some("bench") => match args.get(1) {
             Some(n) => bench(n),
             None => Err(usage()),
