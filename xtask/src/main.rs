@@ -40,6 +40,12 @@ struct Bench {
 
 const BENCHES: &[Bench] = &[
     Bench {
+        name: "trace",
+        package: "strata",
+        target: "trace_cost",
+        what: "a level-3 dispatch with no subscriber, a subscriber not listening to strata, traced, and a subscriber listening (ratios)",
+    },
+    Bench {
         name: "mailbox",
         package: "strata-mailbox",
         target: "mailbox_rtt",
