@@ -23,9 +23,9 @@ use strata_testkit::bench::{median, Json, Machine, Rounds};
 use tracing::subscriber::Interest;
 use tracing::{span, Event, Metadata, Subscriber};
 
-const ROUNDS: usize = 7;
+const ROUNDS: usize = 21;
 const WARMUP: usize = 30;
-const DISPATCHES: usize = 300;
+const DISPATCHES: usize = 1_000;
 const MODE_ENV: &str = "STRATA_TRACE_COST_MODE";
 
 const MODES: [(&str, &str); 4] = [
