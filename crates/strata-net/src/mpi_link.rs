@@ -170,11 +170,6 @@ impl Peer {
         self.q.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The peer's rank.
-    pub(crate) fn rank(&self) -> i32 {
-        self.rank
-    }
-
     /// Queues `out` on `lane` for the progress thread; `Err` once the session was cut.
     pub(crate) fn send(&self, lane: Lane, out: Out) -> Result<(), ()> {
         {

@@ -1,0 +1,584 @@
+//! The MPI transport end to end (feature `mpi`; `harness = false`: the binary is both the
+//! test driver and the program every rank runs).
+//!
+//! The driver runs each case as `mpirun -n 3 --oversubscribe strata-node launch
+//! --transport mpi -- <this binary> --case NAME`, bounded by a timeout (the whole
+//! process group is killed past it, and the case fails). Rank 0 is the level-4 root,
+//! ranks 1 and 2 its remote level-3 workers; every rank runs the same case function and
+//! only the root's returns (the others serve inside `init` and exit there). The root
+//! checks results against values computed here and prints `ok: NAME`.
+
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+use strata_dist::{DistConfig, DistWorker};
+use strata_net::RemoteSpec;
+use strata_types::{ArgTag, DataType, TaskArgs};
+
+/// Cases and whether each needs the job to survive a rank's death.
+const CASES: &[(&str, bool)] = &[
+    ("remote_vector_sum_over_mpi", false),
+    ("quickstart_allreduce_on_every_rank_over_mpi", false),
+    ("remote_device_memory_over_mpi", false),
+    ("a_rank_killed_mid_task_fails_its_task_with_a_typed_error", true),
+];
+
+/// Past this a case's job is killed and the case fails (never a hang).
+const CASE_TIMEOUT: Duration = Duration::from_secs(120);
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == "--case") {
+        let name = args.get(i + 1).cloned().unwrap_or_default();
+        match run_case(&name) {
+            Ok(()) => {
+                println!("ok: {name}");
+                std::process::exit(0)
+            }
+            Err(e) => {
+                println!("case {name} FAILED: {e}");
+                std::process::exit(1)
+            }
+        }
+    }
+    if args.iter().any(|a| a == "--list") {
+        for (c, _) in CASES {
+            println!("{c}: test");
+        }
+        return;
+    }
+    let filter: Vec<&String> = args
+        .iter()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    std::process::exit(driver(&filter));
+}
+
+fn driver(filter: &[&String]) -> i32 {
+    let exe = std::env::current_exe().expect("own path");
+    if Command::new("mpirun")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_err()
+    {
+        println!("no mpirun: `cargo xtask ci` installs openmpi-bin");
+        println!("0 passed, 0 failed");
+        return 1;
+    }
+    let (mut passed, mut failed) = (0, 0);
+    for &(name, survive) in CASES {
+        if !filter.is_empty() && !filter.iter().any(|f| name.contains(f.as_str())) {
+            continue;
+        }
+        match run_job(&exe, name, survive) {
+            Ok(t) => {
+                passed += 1;
+                println!("test {name} ... ok ({t:.2?})");
+            }
+            Err(e) => {
+                failed += 1;
+                println!("test {name} ... FAILED\n{e}");
+            }
+        }
+    }
+    println!("\ntest result: {}. {passed} passed; {failed} failed", if failed == 0 { "ok" } else { "FAILED" });
+    i32::from(failed > 0)
+}
+
+/// Runs case `name` on 3 ranks under mpirun, in its own process group, killed past
+/// [`CASE_TIMEOUT`].
+fn run_job(exe: &Path, name: &str, survive: bool) -> Result<Duration, String> {
+    let t = Instant::now();
+    let mut cmd = Command::new("mpirun");
+    cmd.args(["--oversubscribe", "-n", "3"])
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .env_remove(strata_net::ENV_SECRET_FILE);
+    if survive {
+        // mpirun ends the whole job when a rank dies, unless told to let it go on: the
+        // root must see the loss itself.
+        cmd.arg("--enable-recovery");
+    }
+    cmd.arg(env!("CARGO_BIN_EXE_strata-node"))
+        .args(["launch", "--transport", "mpi", "--"])
+        .arg(exe)
+        .args(["--case", name])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    let child = cmd.spawn().map_err(|e| format!("mpirun: {e}"))?;
+    let pid = child.id() as i32;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    let out = match rx.recv_timeout(CASE_TIMEOUT) {
+        Ok(o) => o.map_err(|e| e.to_string())?,
+        Err(_) => {
+            // SAFETY: killing the process group this driver started.
+            unsafe { libc::kill(-pid, libc::SIGKILL) };
+            let o = rx.recv().map_err(|e| e.to_string())?.map_err(|e| e.to_string())?;
+            return Err(format!(
+                "the job did not end within {CASE_TIMEOUT:?}\n{}{}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            ));
+        }
+    };
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let errs = String::from_utf8_lossy(&out.stderr).to_string();
+    if !text.lines().any(|l| l == format!("ok: {name}")) || !out.status.success() {
+        return Err(format!("{}\n--- stdout\n{text}--- stderr\n{errs}", out.status));
+    }
+    for l in text.lines().filter(|l| l.starts_with("  ")) {
+        println!("{l}");
+    }
+    Ok(t.elapsed())
+}
+
+fn check(cond: bool, what: impl Into<String>) -> Result<(), String> {
+    if cond {
+        Ok(())
+    } else {
+        Err(what.into())
+    }
+}
+
+fn run_case(name: &str) -> Result<(), String> {
+    match name {
+        "remote_vector_sum_over_mpi" => vector_sum(),
+        "quickstart_allreduce_on_every_rank_over_mpi" => allreduce(),
+        "remote_device_memory_over_mpi" => device_memory(),
+        "a_rank_killed_mid_task_fails_its_task_with_a_typed_error" => rank_killed(),
+        other => Err(format!("no case {other}")),
+    }
+}
+
+const CHIPS: usize = 2;
+
+/// The level-4 vector sum with its two level-3 workers on ranks 1 and 2: chip `r` of
+/// worker `w` adds `a[w][r] + b[w][r]`, the worker's sub-worker sums its chips' results
+/// into `partial[w]`. Three runs; every element checked.
+fn vector_sum() -> Result<(), String> {
+    const N: u64 = 1 << 14;
+    let mut top = DistWorker::new(DistConfig::l4(0)).map_err(|e| e.to_string())?;
+    let workers: Vec<usize> =
+        strata_net::add_launched_workers(&mut top, RemoteSpec::launched().chips(CHIPS).sub_workers(1))
+            .map_err(|e| e.to_string())?
+            .iter()
+            .map(|w| w.id())
+            .collect();
+    let add = top
+        .register_kernel("vadd", |ctx| {
+            let a = ctx.input::<f32>(0)?.to_vec();
+            let b = ctx.input::<f32>(1)?.to_vec();
+            let mut o = ctx.output::<f32>(2)?;
+            let out = o
+                .as_mut_slice()
+                .ok_or_else(|| strata_chip::KernelError::new("vadd needs a contiguous output"))?;
+            for (o, (x, y)) in out.iter_mut().zip(a.iter().zip(&b)) {
+                *o = x + y;
+            }
+            Ok(())
+        })
+        .map_err(|e| e.to_string())?;
+    let vadd = top
+        .register_chip_orchestration("vadd", move |o, a| {
+            let mut core = strata_chip::CoreArgs::new();
+            core.input(&a.tensor(0)?)
+                .input(&a.tensor(1)?)
+                .output(&a.tensor(2)?);
+            o.submit_aiv(add, &core)?;
+            Ok(())
+        })
+        .map_err(|e| e.to_string())?;
+    let sum = top.register_sub("sum", |call| {
+        let n = call.num_tensors();
+        let mut total = call.tensor::<f32>(0)?.to_vec();
+        for i in 1..n - 1 {
+            for (t, x) in total.iter_mut().zip(call.tensor::<f32>(i)?.to_vec()) {
+                *t += x;
+            }
+        }
+        call.tensor_mut::<f32>(n - 1)?.copy_from_slice(&total)?;
+        Ok(())
+    });
+    let level3 = top.register_orchestration("l3_vector_sum", move |o, args| {
+        let [a, b, partial] = args.tensors() else {
+            return Err("l3_vector_sum takes 3 tensors".into());
+        };
+        let mut results = TaskArgs::new();
+        for r in 0..o.world_size() {
+            let result = o.alloc(&[1, N], DataType::F32)?;
+            let args = TaskArgs::new()
+                .input(a.slice(1, r as u64, r as u64 + 1)?)
+                .input(b.slice(1, r as u64, r as u64 + 1)?)
+                .output(&result);
+            o.submit_next_level(vadd, &args, r)?;
+            results = results.input(&result);
+        }
+        o.submit_sub(&sum, &results.output_existing(*partial))?;
+        Ok(())
+    });
+    let nw = workers.len();
+    let n = N as usize;
+    let row = |k: usize| (0..N).map(move |i| (i % 512) as f32 * 0.25 + k as f32);
+    let a: Vec<f32> = (0..nw * CHIPS).flat_map(|r| row(2 * r)).collect();
+    let b: Vec<f32> = (0..nw * CHIPS).flat_map(|r| row(2 * r + 1)).collect();
+    let shape = [nw as u64, CHIPS as u64, N];
+    let at = top.shared_tensor_from(&shape, &a).map_err(|e| e.to_string())?;
+    let bt = top.shared_tensor_from(&shape, &b).map_err(|e| e.to_string())?;
+    let pt = top
+        .shared_tensor_from(&[nw as u64, N], &vec![0f32; nw * n])
+        .map_err(|e| e.to_string())?;
+    let (aa, ba, pa, ws) = (at.clone(), bt.clone(), pt.clone(), workers.clone());
+    let outer = top.register_orchestration("l4_vector_sum", move |o, _| {
+        for (i, &w) in ws.iter().enumerate() {
+            let args = TaskArgs::new()
+                .input(aa.arg(ArgTag::Input).row(i)?)
+                .input(ba.arg(ArgTag::Input).row(i)?)
+                .output_existing(pa.arg(ArgTag::OutputExisting).row(i)?);
+            o.submit_next_level(level3, &args, w)?;
+        }
+        Ok(())
+    });
+    top.init().map_err(|e| format!("init: {e}"))?;
+    check(nw == 2, format!("{nw} remote workers, 2 expected"))?;
+    for _ in 0..3 {
+        top.run(&outer, &TaskArgs::new())
+            .map_err(|e| format!("run: {e}"))?;
+    }
+    let got = pt.to_vec::<f32>().map_err(|e| e.to_string())?;
+    for w in 0..nw {
+        for i in 0..n {
+            let want = (0..CHIPS).fold(0.0f32, |s, c| {
+                let r = w * CHIPS + c;
+                s + (a[r * n + i] + b[r * n + i])
+            });
+            check(
+                got[w * n + i] == want,
+                format!("partial[{w}][{i}] = {}, want {want}", got[w * n + i]),
+            )?;
+        }
+    }
+    top.close().map_err(|e| format!("close: {e}"))
+}
+
+/// The distributed quickstart on every remote rank: each level-3 worker's two chips
+/// allreduce their rows through a window buffer; the root checks every rank's result.
+fn allreduce() -> Result<(), String> {
+    use strata_comm::{signal_cells, AllreduceAlgo, Comm, DistributedTensor, ReduceOp};
+    const N: u64 = 1024;
+    let mut top = DistWorker::new(DistConfig::l4(0)).map_err(|e| e.to_string())?;
+    let workers: Vec<usize> =
+        strata_net::add_launched_workers(&mut top, RemoteSpec::launched().chips(2))
+            .map_err(|e| e.to_string())?
+            .iter()
+            .map(|w| w.id())
+            .collect();
+    let kernel = top
+        .register_kernel("allreduce_user", |ctx| {
+            let s = ctx.scalars();
+            let data_t = DistributedTensor::from_scalars(&s[0..4])?;
+            let signal_t = DistributedTensor::from_scalars(&s[4..8])?;
+            let comm = Comm::from_kernel(ctx)?;
+            let (data, signal) = (comm.window(&data_t)?, comm.window(&signal_t)?);
+            let input = ctx.input::<f32>(0)?.to_vec();
+            data.write(data.rank(), 0, &input)?;
+            data.allreduce(&signal, ReduceOp::Sum, AllreduceAlgo::Auto)?;
+            let mut out = ctx.output::<f32>(1)?;
+            let out = out
+                .as_mut_slice()
+                .ok_or_else(|| strata_chip::KernelError::new("contiguous output"))?;
+            data.read(data.rank(), 0, out)?;
+            Ok(())
+        })
+        .map_err(|e| e.to_string())?;
+    let chip_orch = top
+        .register_chip_orchestration("allreduce_user", move |o, a| {
+            let mut core = strata_chip::CoreArgs::new();
+            core.input(&a.tensor(0)?).output(&a.tensor(1)?);
+            for i in 0..a.scalar_count() {
+                core.scalar_bits(a.scalar::<u64>(i)?);
+            }
+            o.submit_aiv(kernel, &core)?;
+            Ok(())
+        })
+        .map_err(|e| e.to_string())?;
+    // What each remote level-3 worker runs: its [2, N] input rows and output rows.
+    let quickstart = top.register_orchestration("quickstart", move |o, args| {
+        let [x, y] = args.tensors() else {
+            return Err("quickstart takes 2 tensors".into());
+        };
+        let cells = signal_cells(2, AllreduceAlgo::Auto);
+        let buf = o.alloc_window_buffer(4 * N + 4 * cells)?;
+        let data = o.window(&buf, 0, &[1, N], DataType::F32)?;
+        let signal = o.window(&buf, 4 * N, &[cells], DataType::I32)?;
+        let mut per_rank = Vec::new();
+        for r in 0..2u64 {
+            let mut a = TaskArgs::new()
+                .input(x.slice(1, r, r + 1)?)
+                .output_existing(y.slice(1, r, r + 1)?)
+                .inout(&data)
+                .inout(&signal);
+            data.push_to(&mut a)?;
+            signal.push_to(&mut a)?;
+            per_rank.push(a);
+        }
+        o.submit_next_level_group(chip_orch, &per_rank, &[0, 1])?;
+        Ok(())
+    });
+    let nw = workers.len() as u64;
+    // Worker w's chip r holds (r * 9 + 1 + w) * i.
+    let xs: Vec<f32> = (0..nw)
+        .flat_map(|w| (0..2u64).flat_map(move |r| (1..=N).map(move |i| ((r * 9 + 1 + w) * i) as f32)))
+        .collect();
+    let x = top
+        .shared_tensor_from(&[nw, 2, N], &xs)
+        .map_err(|e| e.to_string())?;
+    let y = top
+        .shared_tensor_from(&[nw, 2, N], &vec![0f32; xs.len()])
+        .map_err(|e| e.to_string())?;
+    let (xa, ya, ws) = (x.clone(), y.clone(), workers.clone());
+    let outer = top.register_orchestration("outer", move |o, _| {
+        for (i, &w) in ws.iter().enumerate() {
+            let args = TaskArgs::new()
+                .input(xa.arg(ArgTag::Input).slice(0, i as u64, i as u64 + 1)?)
+                .output_existing(ya.arg(ArgTag::OutputExisting).slice(0, i as u64, i as u64 + 1)?);
+            o.submit_next_level(quickstart, &args, w)?;
+        }
+        Ok(())
+    });
+    top.init().map_err(|e| format!("init: {e}"))?;
+    check(nw == 2, format!("{nw} remote workers, 2 expected"))?;
+    top.run(&outer, &TaskArgs::new())
+        .map_err(|e| format!("run: {e}"))?;
+    let got = y.to_vec::<f32>().map_err(|e| e.to_string())?;
+    for w in 0..nw {
+        for r in 0..2u64 {
+            for i in 1..=N {
+                let want = ((1 + w) + (10 + w)) as f32 * i as f32;
+                let at = ((w * 2 + r) * N + i - 1) as usize;
+                check(
+                    got[at] == want,
+                    format!("worker {w} chip {r} element {i}: {}, want {want}", got[at]),
+                )?;
+            }
+        }
+    }
+    top.close().map_err(|e| format!("close: {e}"))
+}
+
+/// Registers a chip kernel `y = x + k` (tensor 0 in, tensor 1 out, scalar 0 = k as f32
+/// bits) and a host orchestration submitting it to the chip named by scalar 1.
+fn register_add_on_chip(top: &mut DistWorker) -> Result<strata_dist::HostOrchHandle, String> {
+    let k = top
+        .register_kernel("add_k", |ctx| {
+            let x = ctx.input::<f32>(0)?.to_vec();
+            let add = f32::from_bits(ctx.scalars()[0] as u32);
+            let mut y = ctx.output::<f32>(1)?;
+            let y = y
+                .as_mut_slice()
+                .ok_or_else(|| strata_chip::KernelError::new("add_k needs a contiguous output"))?;
+            for (o, v) in y.iter_mut().zip(x) {
+                *o = v + add;
+            }
+            Ok(())
+        })
+        .map_err(|e| e.to_string())?;
+    let chip_orch = top
+        .register_chip_orchestration("add_k_chip", move |o, a| {
+            let mut core = strata_chip::CoreArgs::new();
+            core.input(&a.tensor(0)?)
+                .output(&a.tensor(1)?)
+                .scalar_bits(a.scalar::<u64>(0)?);
+            o.submit_aiv(k, &core)?;
+            Ok(())
+        })
+        .map_err(|e| e.to_string())?;
+    Ok(top.register_orchestration("add_on_chip", move |o, a| {
+        let chip = a.scalar_at::<u64>(1).ok_or("no chip scalar")? as usize;
+        let mut t = TaskArgs::new();
+        t.push_tensor(a.tensors()[0])?.push_tensor(a.tensors()[1])?;
+        t.push_scalar(a.scalar_at::<u64>(0).ok_or("no k scalar")?)?;
+        o.submit_next_level(chip_orch, &t, chip)?;
+        Ok(())
+    }))
+}
+
+/// Device memory of rank 1's chips over MPI: offset writes and reads checked byte for
+/// byte against a host model, a 3 MiB copy in several pieces each way, and remote
+/// tensors as arguments of a kernel (`y = x + 5`).
+fn device_memory() -> Result<(), String> {
+    let mut top = DistWorker::new(DistConfig::l4(0)).map_err(|e| e.to_string())?;
+    let add = register_add_on_chip(&mut top)?;
+    let ws = strata_net::add_launched_workers(
+        &mut top,
+        RemoteSpec::launched().chips(2).staging_bytes(4 << 20),
+    )
+    .map_err(|e| e.to_string())?;
+    let w = ws.first().ok_or("no remote worker")?.clone();
+    let wid = w.id();
+    let cell: std::sync::Arc<std::sync::Mutex<Vec<strata_net::RemoteTensor>>> = Default::default();
+    let c2 = cell.clone();
+    let run = top.register_orchestration("run", move |o, a| {
+        let k = a.scalar_at::<u64>(0).ok_or("no k")?;
+        let ts = c2.lock().map_err(|_| "poisoned")?.clone();
+        for (chip, pair) in ts.chunks(2).enumerate() {
+            let mut t = TaskArgs::new();
+            t.push_tensor(pair[0].arg(ArgTag::Input))?
+                .push_tensor(pair[1].arg(ArgTag::OutputExisting))?;
+            t.push_scalar(k)?.push_scalar(chip as u64)?;
+            o.submit_next_level(add, &t, wid)?;
+        }
+        Ok(())
+    });
+    top.init().map_err(|e| format!("init: {e}"))?;
+    let err = |e: strata_net::NetError| e.to_string();
+    let n = 4096usize;
+    let mut model: Vec<Vec<u8>> = Vec::new();
+    let mut tensors = Vec::new();
+    for chip in 0..2 {
+        let x = w
+            .alloc(&mut top, chip, &[n as u64], DataType::F32)
+            .map_err(err)?;
+        let y = w
+            .alloc(&mut top, chip, &[n as u64], DataType::F32)
+            .map_err(err)?;
+        let vals: Vec<f32> = (0..n).map(|i| (i + 1000 * chip) as f32).collect();
+        let bytes: Vec<u8> = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
+        w.copy_to(&mut top, &x, 0, &bytes).map_err(err)?;
+        model.push(bytes);
+        tensors.push(x);
+        tensors.push(y);
+    }
+    let patch: Vec<u8> = (0..333u32).map(|i| (i * 7 % 251) as u8).collect();
+    w.copy_to(&mut top, &tensors[0], 403, &patch).map_err(err)?;
+    model[0][403..403 + 333].copy_from_slice(&patch);
+    let mut back = vec![0u8; 1000];
+    w.copy_from(&mut top, &tensors[0], 397, &mut back)
+        .map_err(err)?;
+    check(back == model[0][397..1397], "offset read-back differs")?;
+    *cell.lock().map_err(|_| "poisoned")? = tensors.clone();
+    let mut args = TaskArgs::new();
+    args.push_scalar(5.0f32.to_bits() as u64)
+        .map_err(|e| e.to_string())?;
+    top.run(&run, &args).map_err(|e| format!("run: {e}"))?;
+    for chip in 0..2 {
+        let mut y = vec![0u8; 4 * n];
+        w.copy_from(&mut top, &tensors[2 * chip + 1], 0, &mut y)
+            .map_err(err)?;
+        let want: Vec<u8> = model[chip]
+            .chunks_exact(4)
+            .flat_map(|c| (f32::from_le_bytes([c[0], c[1], c[2], c[3]]) + 5.0).to_le_bytes())
+            .collect();
+        check(y == want, format!("chip {chip}: y != x + 5"))?;
+    }
+    let big_n = (3 << 20) / 4 + 17;
+    let big = w
+        .alloc(&mut top, 1, &[big_n as u64], DataType::F32)
+        .map_err(err)?;
+    let data: Vec<u8> = (0..big_n * 4 - 5)
+        .map(|i| (i as u32).wrapping_mul(2_654_435_761).to_le_bytes()[3])
+        .collect();
+    w.copy_to(&mut top, &big, 5, &data).map_err(err)?;
+    let mut got = vec![0u8; data.len()];
+    w.copy_from(&mut top, &big, 5, &mut got).map_err(err)?;
+    check(got == data, "the multi-piece copy differs")?;
+    w.free(&mut top, big).map_err(err)?;
+    for t in tensors {
+        w.free(&mut top, t).map_err(err)?;
+    }
+    top.close().map_err(|e| format!("close: {e}"))
+}
+
+/// Rank 1 dies (SIGKILL) while it runs a task: the run fails with the endpoint's typed
+/// error naming worker and rank within the heartbeat bound, the task reading its output
+/// never runs, rank 2's independent task ran, later submits are refused, close returns.
+fn rank_killed() -> Result<(), String> {
+    let mut top = DistWorker::new(DistConfig::l4(1)).map_err(|e| e.to_string())?;
+    let ws: Vec<usize> = strata_net::add_launched_workers(
+        &mut top,
+        RemoteSpec::launched()
+            .sub_workers(1)
+            .heartbeat_timeout(Duration::from_secs(1)),
+    )
+    .map_err(|e| e.to_string())?
+    .iter()
+    .map(|w| w.id())
+    .collect();
+    let die = top.register_orchestration("die", |_, _| {
+        // The node runs orchestrations on its main thread: it dies mid-task.
+        // SAFETY: killing this process on purpose.
+        unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+        Ok(())
+    });
+    let bump = top.register_sub("bump", |c| {
+        c.tensor_mut::<u64>(0)?.update(|v| v + 1);
+        Ok(())
+    });
+    let bump_remote = top.register_orchestration("bump_remote", move |o, a| {
+        o.submit_sub(&bump, a)?;
+        Ok(())
+    });
+    let x = top
+        .shared_tensor_from(&[2], &[0u64, 0])
+        .map_err(|e| e.to_string())?;
+    let (xa, ws2) = (x.clone(), ws.clone());
+    let run = top.register_orchestration("run", move |o, _| {
+        let mut a = TaskArgs::new();
+        a.push_tensor(xa.arg_view(xa.view().slice(0, 0, 1)?, ArgTag::InOut)?)?;
+        o.submit_next_level(die, &a, ws2[0])?;
+        o.submit_sub(&bump, &a)?;
+        let mut b = TaskArgs::new();
+        b.push_tensor(xa.arg_view(xa.view().slice(0, 1, 2)?, ArgTag::InOut)?)?;
+        o.submit_next_level(bump_remote, &b, ws2[1])?;
+        Ok(())
+    });
+    top.init().map_err(|e| format!("init: {e}"))?;
+    check(ws.len() == 2, format!("{} remote workers, 2 expected", ws.len()))?;
+    let t = Instant::now();
+    let mut h = top
+        .submit(&run, &TaskArgs::new())
+        .map_err(|e| e.to_string())?;
+    let e = h
+        .wait(Some(Duration::from_secs(60)))
+        .err()
+        .ok_or("the run should fail")?;
+    let msg = e.to_string();
+    println!("  failed in {:.2?}: {msg}", t.elapsed());
+    check(
+        matches!(
+            e,
+            strata_dist::DistError::TaskFailed(ref f) if f.kind() == strata_graph::FailureKind::Endpoint
+        ),
+        format!("not an endpoint failure: {e:?}"),
+    )?;
+    check(
+        msg.contains(&format!("worker {}", ws[0])) && msg.contains("rank=1"),
+        msg.clone(),
+    )?;
+    check(
+        x.to_vec::<u64>().map_err(|e| e.to_string())? == vec![0, 1],
+        format!(
+            "x = {:?}: the downstream task ran or rank 2's did not",
+            x.to_vec::<u64>()
+        ),
+    )?;
+    let later = top
+        .submit(&run, &TaskArgs::new())
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    check(
+        later.contains("unusable") || later.contains("close"),
+        format!("later submit: {later:?}"),
+    )?;
+    let _ = top.close();
+    Ok(())
+}
