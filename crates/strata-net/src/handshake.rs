@@ -66,7 +66,8 @@ pub fn expect<C: FrameConn>(
     if conn.session() != 0 && f.header.session != conn.session() {
         return Err(NetError::Protocol(format!(
             "a frame of session {:#x} on session {:#x}",
-            f.header.session, conn.session()
+            f.header.session,
+            conn.session()
         )));
     }
     Ok(f.body)
@@ -115,7 +116,11 @@ pub fn initiate<C: FrameConn>(
 ///
 /// # Errors
 /// [`NetError::Auth`]; a silent or slow initiator past `deadline`; any protocol error.
-pub fn respond<C: FrameConn>(conn: &mut C, secret: &Secret, deadline: Instant) -> Result<Intro, NetError> {
+pub fn respond<C: FrameConn>(
+    conn: &mut C,
+    secret: &Secret,
+    deadline: Instant,
+) -> Result<Intro, NetError> {
     let f = conn.recv("the handshake's HELLO", deadline)?;
     if f.header.kind != FrameType::Hello {
         let msg = format!("expected HELLO first, got {:?}", f.header.kind);

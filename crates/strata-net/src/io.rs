@@ -48,8 +48,12 @@ pub trait FrameConn {
     ///
     /// # Errors
     /// The transport failed or the deadline passed.
-    fn send_frame(&mut self, kind: FrameType, frame: Vec<u8>, deadline: Instant)
-        -> Result<(), NetError>;
+    fn send_frame(
+        &mut self,
+        kind: FrameType,
+        frame: Vec<u8>,
+        deadline: Instant,
+    ) -> Result<(), NetError>;
     /// Receives one frame by `deadline`.
     ///
     /// # Errors

@@ -253,10 +253,10 @@ pub fn program_env(
         host.unwrap_or_else(|| "127.0.0.1".into())
     } else {
         host.ok_or_else(|| {
-        NetError::Config(format!(
-            "{}: cannot tell where rank 0 runs; pass `strata-node launch --root HOST`",
-            e.launcher
-        ))
+            NetError::Config(format!(
+                "{}: cannot tell where rank 0 runs; pass `strata-node launch --root HOST`",
+                e.launcher
+            ))
         })?
     };
     let port = opts.port.unwrap_or_else(|| job_port(&e.job));

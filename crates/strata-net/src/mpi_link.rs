@@ -278,15 +278,16 @@ impl FrameConn for MpiConn {
         _deadline: Instant,
     ) -> Result<(), NetError> {
         // The progress thread sends it; a peer that never takes it is found by the
-        // receive that follows (its deadline), as a full socket buffer would be.
-        self.peer
-            .send(Lane::Main, Out::Frame(frame))
-            .map_err(|()| {
-                NetError::Protocol(format!(
-                    "sending {kind:?} to MPI rank {}: the session was closed",
-                    self.peer.rank
-                ))
-            })
+        // receive that follows (its deadline), as a full socket buffer would be. On the
+        // priority lane: the session's first heartbeat (also a priority frame) must not
+        // overtake the start-up frames queued before it, and nothing of the session's
+        // ordered lane exists yet.
+        self.peer.send(Lane::Prio, Out::Frame(frame)).map_err(|()| {
+            NetError::Protocol(format!(
+                "sending {kind:?} to MPI rank {}: the session was closed",
+                self.peer.rank
+            ))
+        })
     }
 
     fn recv(&mut self, what: &str, deadline: Instant) -> Result<RawFrame, NetError> {
@@ -395,7 +396,6 @@ impl Hub {
 
 static HUB: OnceLock<Result<&'static Hub, String>> = OnceLock::new();
 
-
 fn start() -> Result<&'static Hub, String> {
     let (tx, rx) = std::sync::mpsc::channel::<Result<&'static Hub, String>>();
     // FUNNELED: the thread that initializes MPI is the one allowed to call it, so it
@@ -403,8 +403,7 @@ fn start() -> Result<&'static Hub, String> {
     std::thread::Builder::new()
         .name("strata-mpi".into())
         .spawn(move || {
-            let Some((universe, _level)) =
-                mpi::initialize_with_threading(mpi::Threading::Funneled)
+            let Some((universe, _level)) = mpi::initialize_with_threading(mpi::Threading::Funneled)
             else {
                 let _ = tx.send(Err(
                     "MPI was already initialized in this process by someone else".into(),
@@ -477,9 +476,9 @@ fn start() -> Result<&'static Hub, String> {
         .map_err(|e| format!("cannot start the MPI progress thread: {e}"))?;
     match rx.recv_timeout(Duration::from_secs(60)) {
         Ok(r) => r,
-        Err(_) => Err(
-            "MPI_Init did not finish within 60 s (is this process started by mpirun?)".into(),
-        ),
+        Err(_) => {
+            Err("MPI_Init did not finish within 60 s (is this process started by mpirun?)".into())
+        }
     }
 }
 
@@ -574,7 +573,13 @@ fn progress(hub: &'static Hub, comm: ffi::MPI_Comm) {
 }
 
 /// Starts a send of `frame` to `p` with `tag`.
-fn isend(p: &Peer, w: &mut Wire, comm: ffi::MPI_Comm, frame: Vec<u8>, tag: i32) -> Result<(), String> {
+fn isend(
+    p: &Peer,
+    w: &mut Wire,
+    comm: ffi::MPI_Comm,
+    frame: Vec<u8>,
+    tag: i32,
+) -> Result<(), String> {
     let len = i32::try_from(frame.len()).map_err(|_| "a frame past 2 GiB".to_owned())?;
     // SAFETY: reading one of MPI's constant handles.
     let mut req: ffi::MPI_Request = unsafe { ffi::RSMPI_REQUEST_NULL };
@@ -593,7 +598,11 @@ fn isend(p: &Peer, w: &mut Wire, comm: ffi::MPI_Comm, frame: Vec<u8>, tag: i32) 
     };
     if rc != 0 {
         w.failed.push(InFlight { req, _buf: frame });
-        return Err(format!("MPI_Isend to rank {}: {}", p.rank, error_string(rc)));
+        return Err(format!(
+            "MPI_Isend to rank {}: {}",
+            p.rank,
+            error_string(rc)
+        ));
     }
     w.bytes += frame.len();
     w.inflight.push_back(InFlight { req, _buf: frame });

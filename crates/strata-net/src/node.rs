@@ -240,7 +240,14 @@ pub(crate) fn serve<C: IntoLink>(
         return 1;
     }
     let session = conn.session();
-    let status = run_session(conn.into_link(), session, &mut worker, &shared, lease.id(), opts);
+    let status = run_session(
+        conn.into_link(),
+        session,
+        &mut worker,
+        &shared,
+        lease.id(),
+        opts,
+    );
     drop(lease);
     status
 }
@@ -265,8 +272,8 @@ pub(crate) fn serve_mpi(
             .map_err(|e| format!("the level-3 worker failed to start on {}: {e}", hostname())),
         Err(e) => Err(format!("cannot create the staging area: {e}")),
     };
-    let conn = crate::mpi_link::MpiConn::to(0, crate::spec::fresh_session().unwrap_or(1))
-        .and_then(|mut c| {
+    let conn = crate::mpi_link::MpiConn::to(0, crate::spec::fresh_session().unwrap_or(1)).and_then(
+        |mut c| {
             crate::handshake::initiate(
                 &mut c,
                 secret,
@@ -276,7 +283,8 @@ pub(crate) fn serve_mpi(
                 opts.deadline,
             )?;
             Ok(c)
-        });
+        },
+    );
     let mut conn = match conn {
         Ok(c) => c,
         Err(e) => {
@@ -321,7 +329,14 @@ pub(crate) fn serve_mpi(
         return ended(&conn, &mut worker, 1);
     }
     let session = conn.session();
-    let status = run_session(conn.into_link(), session, &mut worker, &shared, lease.id(), opts);
+    let status = run_session(
+        conn.into_link(),
+        session,
+        &mut worker,
+        &shared,
+        lease.id(),
+        opts,
+    );
     drop(lease);
     status
 }

@@ -510,8 +510,7 @@ impl RemoteNode {
 
     /// A launched rank's side over MPI ([`crate::node::serve_mpi`]).
     fn serve_mpi(self: Box<Self>, worker: DistWorker, node: NodeContext, deadline: Instant) -> i32 {
-        let secret = match Secret::from_hex(&std::env::var(ENV_LAUNCH_SECRET).unwrap_or_default())
-        {
+        let secret = match Secret::from_hex(&std::env::var(ENV_LAUNCH_SECRET).unwrap_or_default()) {
             Ok(s) => s,
             Err(e) => {
                 eprintln!("strata-net: cannot serve worker {}: {e}", node.worker_id);
@@ -524,8 +523,15 @@ impl RemoteNode {
 
 #[cfg(not(feature = "mpi"))]
 impl RemoteNode {
-    fn accept_mpi(&self, _: u32, _: &RemoteContext, _: String) -> Result<Box<dyn Endpoint>, NetError> {
-        launch_transport().and(Err(NetError::Config("no MPI transport in this build".into())))
+    fn accept_mpi(
+        &self,
+        _: u32,
+        _: &RemoteContext,
+        _: String,
+    ) -> Result<Box<dyn Endpoint>, NetError> {
+        launch_transport().and(Err(NetError::Config(
+            "no MPI transport in this build".into(),
+        )))
     }
 
     fn serve_mpi(self: Box<Self>, _: DistWorker, node: NodeContext, _: Instant) -> i32 {

@@ -21,7 +21,10 @@ const CASES: &[(&str, bool)] = &[
     ("remote_vector_sum_over_mpi", false),
     ("quickstart_allreduce_on_every_rank_over_mpi", false),
     ("remote_device_memory_over_mpi", false),
-    ("a_rank_killed_mid_task_fails_its_task_with_a_typed_error", true),
+    (
+        "a_rank_killed_mid_task_fails_its_task_with_a_typed_error",
+        true,
+    ),
 ];
 
 /// Past this a case's job is killed and the case fails (never a hang).
@@ -85,7 +88,10 @@ fn driver(filter: &[&String]) -> i32 {
             }
         }
     }
-    println!("\ntest result: {}. {passed} passed; {failed} failed", if failed == 0 { "ok" } else { "FAILED" });
+    println!(
+        "\ntest result: {}. {passed} passed; {failed} failed",
+        if failed == 0 { "ok" } else { "FAILED" }
+    );
     i32::from(failed > 0)
 }
 
@@ -108,37 +114,89 @@ fn run_job(exe: &Path, name: &str, survive: bool) -> Result<Duration, String> {
         .arg(exe)
         .args(["--case", name])
         .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
         .process_group(0);
-    let child = cmd.spawn().map_err(|e| format!("mpirun: {e}"))?;
+    // Output to files and a polled wait: the driver stays single-threaded, so every
+    // spawn forks a one-thread process.
+    let dir = std::env::temp_dir();
+    let (so, se) = (
+        dir.join(format!("strata-mpi-test-{}-{name}.out", std::process::id())),
+        dir.join(format!("strata-mpi-test-{}-{name}.err", std::process::id())),
+    );
+    let file = |p: &Path| std::fs::File::create(p).map_err(|e| format!("{}: {e}", p.display()));
+    cmd.stdout(file(&so)?).stderr(file(&se)?);
+    let shm_before = shm_entries();
+    let mut child = cmd.spawn().map_err(|e| format!("mpirun: {e}"))?;
     let pid = child.id() as i32;
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(child.wait_with_output());
-    });
-    let out = match rx.recv_timeout(CASE_TIMEOUT) {
-        Ok(o) => o.map_err(|e| e.to_string())?,
-        Err(_) => {
-            // SAFETY: killing the process group this driver started.
-            unsafe { libc::kill(-pid, libc::SIGKILL) };
-            let o = rx.recv().map_err(|e| e.to_string())?.map_err(|e| e.to_string())?;
-            return Err(format!(
-                "the job did not end within {CASE_TIMEOUT:?}\n{}{}",
-                String::from_utf8_lossy(&o.stdout),
-                String::from_utf8_lossy(&o.stderr)
-            ));
+    let status = loop {
+        match child.try_wait().map_err(|e| e.to_string())? {
+            Some(st) => break Some(st),
+            None if t.elapsed() > CASE_TIMEOUT => break None,
+            None => std::thread::sleep(Duration::from_millis(20)),
         }
     };
-    let text = String::from_utf8_lossy(&out.stdout).to_string();
-    let errs = String::from_utf8_lossy(&out.stderr).to_string();
-    if !text.lines().any(|l| l == format!("ok: {name}")) || !out.status.success() {
-        return Err(format!("{}\n--- stdout\n{text}--- stderr\n{errs}", out.status));
+    let read = |p: &Path| {
+        let s = std::fs::read_to_string(p).unwrap_or_default();
+        let _ = std::fs::remove_file(p);
+        s
+    };
+    let Some(status) = status else {
+        // SAFETY: killing the process group this driver started.
+        unsafe { libc::kill(-pid, libc::SIGKILL) };
+        let _ = child.wait();
+        return Err(format!(
+            "the job did not end within {CASE_TIMEOUT:?}\n{}{}",
+            read(&so),
+            read(&se)
+        ));
+    };
+    let (text, errs) = (read(&so), read(&se));
+    // Nothing of the job is left: no process of this program, no shared memory.
+    let exe_s = exe.to_string_lossy().to_string();
+    let left: Vec<String> = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .parse::<u32>()
+                .is_ok_and(|p| p != std::process::id())
+        })
+        .filter_map(|e| std::fs::read_link(e.path().join("exe")).ok())
+        .map(|p| p.to_string_lossy().to_string())
+        .filter(|p| *p == exe_s)
+        .collect();
+    let shm_after = shm_entries();
+    let new_shm: Vec<&String> = shm_after
+        .iter()
+        .filter(|e| !shm_before.contains(e))
+        .collect();
+    if !left.is_empty() || !new_shm.is_empty() {
+        return Err(format!(
+            "left behind: {} processes of the program, shared memory {new_shm:?}",
+            left.len()
+        ));
+    }
+    if !text.lines().any(|l| l == format!("ok: {name}")) || !status.success() {
+        return Err(format!("{status}\n--- stdout\n{text}--- stderr\n{errs}"));
     }
     for l in text.lines().filter(|l| l.starts_with("  ")) {
         println!("{l}");
     }
     Ok(t.elapsed())
+}
+
+/// Open MPI's shared-memory segments in `/dev/shm` (strata's own regions of these
+/// processes are anonymous memfds, gone with them; other users of the machine may create
+/// named ones meanwhile, so those are not compared).
+fn shm_entries() -> Vec<String> {
+    std::fs::read_dir("/dev/shm")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().to_string())
+        .filter(|n| n.starts_with("vader_segment"))
+        .collect()
 }
 
 fn check(cond: bool, what: impl Into<String>) -> Result<(), String> {
@@ -167,12 +225,14 @@ const CHIPS: usize = 2;
 fn vector_sum() -> Result<(), String> {
     const N: u64 = 1 << 14;
     let mut top = DistWorker::new(DistConfig::l4(0)).map_err(|e| e.to_string())?;
-    let workers: Vec<usize> =
-        strata_net::add_launched_workers(&mut top, RemoteSpec::launched().chips(CHIPS).sub_workers(1))
-            .map_err(|e| e.to_string())?
-            .iter()
-            .map(|w| w.id())
-            .collect();
+    let workers: Vec<usize> = strata_net::add_launched_workers(
+        &mut top,
+        RemoteSpec::launched().chips(CHIPS).sub_workers(1),
+    )
+    .map_err(|e| e.to_string())?
+    .iter()
+    .map(|w| w.id())
+    .collect();
     let add = top
         .register_kernel("vadd", |ctx| {
             let a = ctx.input::<f32>(0)?.to_vec();
@@ -231,8 +291,12 @@ fn vector_sum() -> Result<(), String> {
     let a: Vec<f32> = (0..nw * CHIPS).flat_map(|r| row(2 * r)).collect();
     let b: Vec<f32> = (0..nw * CHIPS).flat_map(|r| row(2 * r + 1)).collect();
     let shape = [nw as u64, CHIPS as u64, N];
-    let at = top.shared_tensor_from(&shape, &a).map_err(|e| e.to_string())?;
-    let bt = top.shared_tensor_from(&shape, &b).map_err(|e| e.to_string())?;
+    let at = top
+        .shared_tensor_from(&shape, &a)
+        .map_err(|e| e.to_string())?;
+    let bt = top
+        .shared_tensor_from(&shape, &b)
+        .map_err(|e| e.to_string())?;
     let pt = top
         .shared_tensor_from(&[nw as u64, N], &vec![0f32; nw * n])
         .map_err(|e| e.to_string())?;
@@ -336,7 +400,9 @@ fn allreduce() -> Result<(), String> {
     let nw = workers.len() as u64;
     // Worker w's chip r holds (r * 9 + 1 + w) * i.
     let xs: Vec<f32> = (0..nw)
-        .flat_map(|w| (0..2u64).flat_map(move |r| (1..=N).map(move |i| ((r * 9 + 1 + w) * i) as f32)))
+        .flat_map(|w| {
+            (0..2u64).flat_map(move |r| (1..=N).map(move |i| ((r * 9 + 1 + w) * i) as f32))
+        })
         .collect();
     let x = top
         .shared_tensor_from(&[nw, 2, N], &xs)
@@ -349,7 +415,11 @@ fn allreduce() -> Result<(), String> {
         for (i, &w) in ws.iter().enumerate() {
             let args = TaskArgs::new()
                 .input(xa.arg(ArgTag::Input).slice(0, i as u64, i as u64 + 1)?)
-                .output_existing(ya.arg(ArgTag::OutputExisting).slice(0, i as u64, i as u64 + 1)?);
+                .output_existing(ya.arg(ArgTag::OutputExisting).slice(
+                    0,
+                    i as u64,
+                    i as u64 + 1,
+                )?);
             o.submit_next_level(quickstart, &args, w)?;
         }
         Ok(())
@@ -541,7 +611,10 @@ fn rank_killed() -> Result<(), String> {
         Ok(())
     });
     top.init().map_err(|e| format!("init: {e}"))?;
-    check(ws.len() == 2, format!("{} remote workers, 2 expected", ws.len()))?;
+    check(
+        ws.len() == 2,
+        format!("{} remote workers, 2 expected", ws.len()),
+    )?;
     let t = Instant::now();
     let mut h = top
         .submit(&run, &TaskArgs::new())
