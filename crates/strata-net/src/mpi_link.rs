@@ -55,6 +55,10 @@ pub const TAG_BULK: i32 = 4;
 /// Tag of the empty message that ends a session (what a closed socket says over TCP).
 pub const TAG_CLOSE: i32 = 5;
 
+/// Tag of the raw MPI measurements ([`raw`]): plain `MPI_Send` / `MPI_Recv` between two
+/// progress threads, the floor the transport is measured against.
+pub const TAG_RAW: i32 = 6;
+
 /// Bytes of sends a peer may have outstanding (four bulk chunks: enough to keep the
 /// fabric busy while the receiver drains, little enough to bound memory per peer).
 pub const WINDOW_BYTES: usize = 4 * (CHUNK_BYTES + 64);
@@ -342,6 +346,8 @@ pub struct Hub {
     stopped: Mutex<bool>,
     stopped_cv: Condvar,
     pid: u32,
+    /// A raw measurement asked of the progress thread ([`raw`]) and where its result goes.
+    raw: Mutex<Option<RawJob>>,
 }
 
 impl std::fmt::Debug for Hub {
@@ -460,6 +466,7 @@ fn start() -> Result<&'static Hub, String> {
                 stopped: Mutex::new(false),
                 stopped_cv: Condvar::new(),
                 pid: std::process::id(),
+                raw: Mutex::new(None),
             }));
             // SAFETY: registers a plain `extern "C" fn` with the C library.
             unsafe { libc::atexit(at_exit) };
@@ -552,6 +559,12 @@ fn progress(hub: &'static Hub, comm: ffi::MPI_Comm) {
         }
         active |= receive(hub, comm, &mut buf);
         active |= deliver(hub);
+        let job = hub.raw.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(job) = job {
+            let r = run_raw(comm, &job.op);
+            let _ = job.done.send(r);
+            active = true;
+        }
         if hub.stop.load(Ordering::Acquire) {
             let by = *stop_by.get_or_insert_with(|| Instant::now() + Duration::from_secs(2));
             let idle = hub.peers.iter().all(|p| {
@@ -836,6 +849,11 @@ fn receive(hub: &'static Hub, comm: ffi::MPI_Comm, buf: &mut [u8]) -> bool {
             broken(p, &mut q, why);
             continue;
         }
+        if tag == TAG_RAW {
+            drop(q);
+            serve_raw(comm, src, &buf[..n]);
+            continue;
+        }
         if tag == TAG_CLOSE {
             q.closed = Some(None);
             p.changed.notify_all();
@@ -901,4 +919,170 @@ fn deliver(hub: &'static Hub) -> bool {
         }
     }
     any
+}
+
+/// A raw MPI measurement between this rank and `peer` ([`raw`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RawOp {
+    /// `n` round trips: a 64-byte `MPI_Send`, a 32-byte reply (`MPI_Recv`).
+    PingPong {
+        /// The peer rank.
+        peer: u32,
+        /// Round trips.
+        n: u32,
+    },
+    /// `bytes` sent to the peer in one `MPI_Send`, acknowledged with one byte.
+    Send {
+        /// The peer rank.
+        peer: u32,
+        /// Bytes.
+        bytes: u64,
+    },
+    /// `bytes` received from the peer in one `MPI_Recv`.
+    Receive {
+        /// The peer rank.
+        peer: u32,
+        /// Bytes.
+        bytes: u64,
+    },
+}
+
+/// What a [`RawOp`] measured: per round trip in µs (ping-pong), or one figure in GB/s.
+pub type RawResult = Result<Vec<f64>, String>;
+
+struct RawJob {
+    op: RawOp,
+    done: std::sync::mpsc::Sender<RawResult>,
+}
+
+/// Runs a raw MPI measurement on the progress thread — plain blocking `MPI_Send` /
+/// `MPI_Recv` on the transport's communicator, the peer's progress thread answering in a
+/// blocking loop too — so that a benchmark compares the transport with MPI itself
+/// between the same two processes. The sessions' traffic waits meanwhile (keep `n`
+/// small against the heartbeat timeout).
+///
+/// # Errors
+/// MPI is not running here, the peer is not a rank of the job, or MPI failed.
+pub fn raw(op: RawOp) -> RawResult {
+    let hub = Hub::get().map_err(|e| e.to_string())?;
+    let peer = match op {
+        RawOp::PingPong { peer, .. } | RawOp::Send { peer, .. } | RawOp::Receive { peer, .. } => {
+            peer
+        }
+    };
+    if peer == hub.rank || peer >= hub.size {
+        return Err(format!("rank {peer} is not a peer of rank {}", hub.rank));
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    *hub.raw.lock().unwrap_or_else(|e| e.into_inner()) = Some(RawJob { op, done: tx });
+    hub.thread.unpark();
+    rx.recv()
+        .map_err(|_| "the MPI progress thread ended".to_owned())?
+}
+
+/// The first message of a raw exchange: kind (`p`, `s`, `f`, `e`) and a byte count.
+fn raw_head(kind: u8, bytes: u64) -> [u8; 9] {
+    let mut h = [0u8; 9];
+    h[0] = kind;
+    h[1..].copy_from_slice(&bytes.to_le_bytes());
+    h
+}
+
+fn mpi_send(comm: ffi::MPI_Comm, buf: &[u8], peer: i32) -> Result<(), String> {
+    let n = i32::try_from(buf.len()).map_err(|_| "a message past 2 GiB".to_owned())?;
+    // SAFETY: a live buffer of `n` bytes; blocking send on this thread's communicator.
+    let rc = unsafe { ffi::MPI_Send(buf.as_ptr().cast(), n, ffi::RSMPI_UINT8_T, peer, TAG_RAW, comm) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(format!("MPI_Send to rank {peer}: {}", error_string(rc)))
+    }
+}
+
+fn mpi_recv(comm: ffi::MPI_Comm, buf: &mut [u8], peer: i32) -> Result<usize, String> {
+    let n = i32::try_from(buf.len()).map_err(|_| "a message past 2 GiB".to_owned())?;
+    // SAFETY: a plain C struct MPI fills in.
+    let mut status: ffi::MPI_Status = unsafe { std::mem::zeroed() };
+    // SAFETY: a live buffer of `n` bytes; blocking receive on this thread's communicator.
+    let rc = unsafe {
+        ffi::MPI_Recv(buf.as_mut_ptr().cast(), n, ffi::RSMPI_UINT8_T, peer, TAG_RAW, comm, &mut status)
+    };
+    if rc != 0 {
+        return Err(format!("MPI_Recv from rank {peer}: {}", error_string(rc)));
+    }
+    let mut count = 0;
+    // SAFETY: the status MPI just filled in.
+    unsafe { ffi::MPI_Get_count(&status, ffi::RSMPI_UINT8_T, &mut count) };
+    Ok(count.max(0) as usize)
+}
+
+/// The measuring side of a [`RawOp`].
+fn run_raw(comm: ffi::MPI_Comm, op: &RawOp) -> RawResult {
+    match *op {
+        RawOp::PingPong { peer, n } => {
+            let p = peer as i32;
+            mpi_send(comm, &raw_head(b'p', u64::from(n)), p)?;
+            let (req, mut rep) = ([7u8; 64], [0u8; 32]);
+            let mut out = Vec::with_capacity(n as usize);
+            for _ in 0..n {
+                let t = Instant::now();
+                mpi_send(comm, &req, p)?;
+                mpi_recv(comm, &mut rep, p)?;
+                out.push(t.elapsed().as_secs_f64() * 1e6);
+            }
+            Ok(out)
+        }
+        RawOp::Send { peer, bytes } => {
+            let p = peer as i32;
+            let buf = vec![5u8; bytes as usize];
+            let t = Instant::now();
+            mpi_send(comm, &raw_head(b's', bytes), p)?;
+            mpi_send(comm, &buf, p)?;
+            mpi_recv(comm, &mut [0u8; 1], p)?;
+            Ok(vec![bytes as f64 / t.elapsed().as_secs_f64() / 1e9])
+        }
+        RawOp::Receive { peer, bytes } => {
+            let p = peer as i32;
+            let mut buf = vec![0u8; bytes as usize];
+            let t = Instant::now();
+            mpi_send(comm, &raw_head(b'f', bytes), p)?;
+            mpi_recv(comm, &mut buf, p)?;
+            Ok(vec![bytes as f64 / t.elapsed().as_secs_f64() / 1e9])
+        }
+    }
+}
+
+/// The answering side of a [`RawOp`], started by its first message `head` from `src`:
+/// blocking sends and receives until the exchange is over.
+fn serve_raw(comm: ffi::MPI_Comm, src: i32, head: &[u8]) {
+    let (kind, bytes) = match head {
+        [k, rest @ ..] if rest.len() == 8 => {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(rest);
+            (*k, u64::from_le_bytes(b))
+        }
+        _ => return,
+    };
+    // Bounded: a raw exchange is a benchmark's, at most a few hundred MiB.
+    if bytes > 1 << 32 {
+        return;
+    }
+    let r = match kind {
+        b'p' => {
+            let (mut req, rep) = ([0u8; 64], [9u8; 32]);
+            (0..bytes).try_for_each(|_| {
+                mpi_recv(comm, &mut req, src)?;
+                mpi_send(comm, &rep, src)
+            })
+        }
+        b's' => {
+            let mut buf = vec![0u8; bytes as usize];
+            mpi_recv(comm, &mut buf, src).and_then(|_| mpi_send(comm, &[1], src))
+        }
+        b'f' => mpi_send(comm, &vec![3u8; bytes as usize], src),
+        _ => Ok(()),
+    };
+    if let Err(e) = r {
+        eprintln!("strata-net: a raw MPI exchange with rank {src} failed: {e}");
+    }
 }
