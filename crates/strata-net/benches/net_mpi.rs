@@ -130,7 +130,7 @@ fn start_daemon(dir: &std::path::Path) -> (Child, String) {
 fn driver() -> i32 {
     let exe = std::env::current_exe().expect("exe");
     let mut child = match Command::new("mpirun")
-        .args(["--oversubscribe", "-n", "2"])
+        .args(["--oversubscribe", "--bind-to", "none", "-n", "2"])
         .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
         .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
         .arg(env!("CARGO_BIN_EXE_strata-node"))
@@ -142,7 +142,9 @@ fn driver() -> i32 {
     {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("bench net (MPI): cannot start mpirun ({e}); `cargo xtask ci` installs openmpi-bin");
+            eprintln!(
+                "bench net (MPI): cannot start mpirun ({e}); `cargo xtask ci` installs openmpi-bin"
+            );
             return 1;
         }
     };
@@ -196,13 +198,7 @@ fn main() {
     } = &mut t;
     let top = std::cell::RefCell::new(top);
     let peer = 1u32;
-    let raw_rtt = |n: usize| {
-        raw(RawOp::PingPong {
-            peer,
-            n: n as u32,
-        })
-        .expect("raw MPI ping-pong")
-    };
+    let raw_rtt = |n: usize| raw(RawOp::PingPong { peer, n: n as u32 }).expect("raw MPI ping-pong");
 
     raw_rtt(RTT_WARMUP);
     for orch in [&*mpi_chip, &*mpi_host, &*tcp_chip, &*tcp_host] {
@@ -293,13 +289,24 @@ fn main() {
     println!("{}", machine.line());
     println!("\n1. round trip (µs), vs a raw MPI ping-pong between the same processes");
     print!("{}", rtt.table("µs", 1));
-    println!("\n2. bulk {} MiB (GB/s), vs one raw MPI_Send / MPI_Recv", BULK >> 20);
+    println!(
+        "\n2. bulk {} MiB (GB/s), vs one raw MPI_Send / MPI_Recv",
+        BULK >> 20
+    );
     print!("{}", bulk.table("GB/s", 3));
     let mut j = Json::new();
     j.num("mpi_rtt_us", rtt.median("MPI remote task -> chip"), 2)
-        .num("mpi_host_rtt_us", rtt.median("MPI remote task (host orch)"), 2)
+        .num(
+            "mpi_host_rtt_us",
+            rtt.median("MPI remote task (host orch)"),
+            2,
+        )
         .num("tcp_rtt_us", rtt.median("TCP remote task -> chip"), 2)
-        .num("tcp_host_rtt_us", rtt.median("TCP remote task (host orch)"), 2)
+        .num(
+            "tcp_host_rtt_us",
+            rtt.median("TCP remote task (host orch)"),
+            2,
+        )
         .num("raw_mpi_rtt_us", rtt.median("raw MPI ping-pong"), 2)
         .num("rtt_ratio", rtt.ratio_median("MPI remote task -> chip"), 3)
         .num(

@@ -991,7 +991,16 @@ fn raw_head(kind: u8, bytes: u64) -> [u8; 9] {
 fn mpi_send(comm: ffi::MPI_Comm, buf: &[u8], peer: i32) -> Result<(), String> {
     let n = i32::try_from(buf.len()).map_err(|_| "a message past 2 GiB".to_owned())?;
     // SAFETY: a live buffer of `n` bytes; blocking send on this thread's communicator.
-    let rc = unsafe { ffi::MPI_Send(buf.as_ptr().cast(), n, ffi::RSMPI_UINT8_T, peer, TAG_RAW, comm) };
+    let rc = unsafe {
+        ffi::MPI_Send(
+            buf.as_ptr().cast(),
+            n,
+            ffi::RSMPI_UINT8_T,
+            peer,
+            TAG_RAW,
+            comm,
+        )
+    };
     if rc == 0 {
         Ok(())
     } else {
@@ -1005,7 +1014,15 @@ fn mpi_recv(comm: ffi::MPI_Comm, buf: &mut [u8], peer: i32) -> Result<usize, Str
     let mut status: ffi::MPI_Status = unsafe { std::mem::zeroed() };
     // SAFETY: a live buffer of `n` bytes; blocking receive on this thread's communicator.
     let rc = unsafe {
-        ffi::MPI_Recv(buf.as_mut_ptr().cast(), n, ffi::RSMPI_UINT8_T, peer, TAG_RAW, comm, &mut status)
+        ffi::MPI_Recv(
+            buf.as_mut_ptr().cast(),
+            n,
+            ffi::RSMPI_UINT8_T,
+            peer,
+            TAG_RAW,
+            comm,
+            &mut status,
+        )
     };
     if rc != 0 {
         return Err(format!("MPI_Recv from rank {peer}: {}", error_string(rc)));
@@ -1014,6 +1031,23 @@ fn mpi_recv(comm: ffi::MPI_Comm, buf: &mut [u8], peer: i32) -> Result<usize, Str
     // SAFETY: the status MPI just filled in.
     unsafe { ffi::MPI_Get_count(&status, ffi::RSMPI_UINT8_T, &mut count) };
     Ok(count.max(0) as usize)
+}
+
+thread_local! {
+    /// The raw exchanges' buffer, kept (and so touched) between rounds: a fresh buffer's
+    /// page faults would be measured as MPI's cost.
+    static RAW_BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` with the progress thread's raw buffer of at least `n` bytes.
+fn with_raw_buf<R>(n: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
+    RAW_BUF.with(|b| {
+        let mut b = b.borrow_mut();
+        if b.len() < n {
+            b.resize(n, 5);
+        }
+        f(&mut b[..n])
+    })
 }
 
 /// The measuring side of a [`RawOp`].
@@ -1034,20 +1068,22 @@ fn run_raw(comm: ffi::MPI_Comm, op: &RawOp) -> RawResult {
         }
         RawOp::Send { peer, bytes } => {
             let p = peer as i32;
-            let buf = vec![5u8; bytes as usize];
-            let t = Instant::now();
-            mpi_send(comm, &raw_head(b's', bytes), p)?;
-            mpi_send(comm, &buf, p)?;
-            mpi_recv(comm, &mut [0u8; 1], p)?;
-            Ok(vec![bytes as f64 / t.elapsed().as_secs_f64() / 1e9])
+            with_raw_buf(bytes as usize, |buf| {
+                let t = Instant::now();
+                mpi_send(comm, &raw_head(b's', bytes), p)?;
+                mpi_send(comm, buf, p)?;
+                mpi_recv(comm, &mut [0u8; 1], p)?;
+                Ok(vec![bytes as f64 / t.elapsed().as_secs_f64() / 1e9])
+            })
         }
         RawOp::Receive { peer, bytes } => {
             let p = peer as i32;
-            let mut buf = vec![0u8; bytes as usize];
-            let t = Instant::now();
-            mpi_send(comm, &raw_head(b'f', bytes), p)?;
-            mpi_recv(comm, &mut buf, p)?;
-            Ok(vec![bytes as f64 / t.elapsed().as_secs_f64() / 1e9])
+            with_raw_buf(bytes as usize, |buf| {
+                let t = Instant::now();
+                mpi_send(comm, &raw_head(b'f', bytes), p)?;
+                mpi_recv(comm, buf, p)?;
+                Ok(vec![bytes as f64 / t.elapsed().as_secs_f64() / 1e9])
+            })
         }
     }
 }
@@ -1075,11 +1111,10 @@ fn serve_raw(comm: ffi::MPI_Comm, src: i32, head: &[u8]) {
                 mpi_send(comm, &rep, src)
             })
         }
-        b's' => {
-            let mut buf = vec![0u8; bytes as usize];
-            mpi_recv(comm, &mut buf, src).and_then(|_| mpi_send(comm, &[1], src))
-        }
-        b'f' => mpi_send(comm, &vec![3u8; bytes as usize], src),
+        b's' => with_raw_buf(bytes as usize, |buf| {
+            mpi_recv(comm, buf, src).and_then(|_| mpi_send(comm, &[1], src))
+        }),
+        b'f' => with_raw_buf(bytes as usize, |buf| mpi_send(comm, buf, src)),
         _ => Ok(()),
     };
     if let Err(e) = r {

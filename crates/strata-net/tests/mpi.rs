@@ -100,7 +100,7 @@ fn driver(filter: &[&String]) -> i32 {
 fn run_job(exe: &Path, name: &str, survive: bool) -> Result<Duration, String> {
     let t = Instant::now();
     let mut cmd = Command::new("mpirun");
-    cmd.args(["--oversubscribe", "-n", "3"])
+    cmd.args(["--oversubscribe", "--bind-to", "none", "-n", "3"])
         .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
         .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
         .env_remove(strata_net::ENV_SECRET_FILE);
