@@ -573,6 +573,8 @@ impl RemoteEndpoint {
                 sock,
             })
         };
+        // (One arm without the `mpi` feature.)
+        #[allow(clippy::infallible_destructuring_match)]
         let stream = match link {
             Link::Tcp(stream) => stream,
             #[cfg(feature = "mpi")]

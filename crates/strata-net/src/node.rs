@@ -11,7 +11,9 @@
 
 use crate::client::{pump, IntoLink, Lane, Link, Out, Tx, CANCELLED, HEARTBEAT_INTERVAL};
 use crate::error::NetError;
-use crate::io::{hostname, read_frame, runtime, FrameConn};
+#[cfg(feature = "mpi")]
+use crate::io::FrameConn;
+use crate::io::{hostname, read_frame, runtime};
 use crate::wire::{
     self, clip_message, Cancel, Control, ControlReply, Data, Done, ErrorBody, ErrorCode, FrameType,
     NodeHello, Ready, Segment, ShutdownAck, Task,
@@ -380,6 +382,8 @@ fn run_session(
         grace: opts.heartbeat_timeout,
     });
     let rt = runtime();
+    // (One arm without the `mpi` feature.)
+    #[allow(clippy::infallible_destructuring_match)]
     let stream = match link {
         Link::Tcp(stream) => stream,
         #[cfg(feature = "mpi")]
