@@ -95,7 +95,7 @@ pub fn tag_of(kind: FrameType) -> i32 {
 /// A whole frame received as one message: its header and body, checked.
 ///
 /// # Errors
-/// Any malformed frame ([`wire::WireError`]), or a frame whose tag is not its channel's.
+/// Any malformed frame ([`crate::WireError`]), or a frame whose tag is not its channel's.
 pub fn decode_message(buf: &[u8], tag: i32) -> Result<(Header, &[u8]), NetError> {
     let raw: &[u8; HEADER_BYTES] = buf
         .get(..HEADER_BYTES)
