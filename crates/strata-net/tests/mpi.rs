@@ -16,14 +16,29 @@ use strata_dist::{DistConfig, DistWorker};
 use strata_net::RemoteSpec;
 use strata_types::{ArgTag, DataType, TaskArgs};
 
-/// Cases and whether each needs the job to survive a rank's death.
-const CASES: &[(&str, bool)] = &[
-    ("remote_vector_sum_over_mpi", false),
-    ("quickstart_allreduce_on_every_rank_over_mpi", false),
-    ("remote_device_memory_over_mpi", false),
+/// How a case's job ends besides rank 0's `ok:` line.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Ends {
+    /// Every rank exits 0.
+    Clean,
+    /// A rank is killed: mpirun must let the job go on (`--enable-recovery`).
+    RankKilled,
+    /// The root refuses the other ranks: they exit non-zero, and mpirun must not end the
+    /// job on that before the root reported (`orte_abort_on_non_zero_status 0`).
+    NodesRefused,
+}
+
+const CASES: &[(&str, Ends)] = &[
+    ("remote_vector_sum_over_mpi", Ends::Clean),
+    ("quickstart_allreduce_on_every_rank_over_mpi", Ends::Clean),
+    ("remote_device_memory_over_mpi", Ends::Clean),
     (
         "a_rank_killed_mid_task_fails_its_task_with_a_typed_error",
-        true,
+        Ends::RankKilled,
+    ),
+    (
+        "a_rank_with_other_registrations_is_refused_at_startup",
+        Ends::NodesRefused,
     ),
 ];
 
@@ -73,11 +88,11 @@ fn driver(filter: &[&String]) -> i32 {
         return 1;
     }
     let (mut passed, mut failed) = (0, 0);
-    for &(name, survive) in CASES {
+    for &(name, ends) in CASES {
         if !filter.is_empty() && !filter.iter().any(|f| name.contains(f.as_str())) {
             continue;
         }
-        match run_job(&exe, name, survive) {
+        match run_job(&exe, name, ends) {
             Ok(t) => {
                 passed += 1;
                 println!("test {name} ... ok ({t:.2?})");
@@ -97,17 +112,23 @@ fn driver(filter: &[&String]) -> i32 {
 
 /// Runs case `name` on 3 ranks under mpirun, in its own process group, killed past
 /// [`CASE_TIMEOUT`].
-fn run_job(exe: &Path, name: &str, survive: bool) -> Result<Duration, String> {
+fn run_job(exe: &Path, name: &str, ends: Ends) -> Result<Duration, String> {
     let t = Instant::now();
     let mut cmd = Command::new("mpirun");
     cmd.args(["--oversubscribe", "--bind-to", "none", "-n", "3"])
         .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
         .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
         .env_remove(strata_net::ENV_SECRET_FILE);
-    if survive {
+    match ends {
+        Ends::Clean => {}
         // mpirun ends the whole job when a rank dies, unless told to let it go on: the
         // root must see the loss itself.
-        cmd.arg("--enable-recovery");
+        Ends::RankKilled => {
+            cmd.arg("--enable-recovery");
+        }
+        Ends::NodesRefused => {
+            cmd.args(["--mca", "orte_abort_on_non_zero_status", "0"]);
+        }
     }
     cmd.arg(env!("CARGO_BIN_EXE_strata-node"))
         .args(["launch", "--transport", "mpi", "--"])
@@ -177,7 +198,11 @@ fn run_job(exe: &Path, name: &str, survive: bool) -> Result<Duration, String> {
             left.len()
         ));
     }
-    if !text.lines().any(|l| l == format!("ok: {name}")) || !status.success() {
+    // A refused rank says why before it exits (mpirun, told not to abort on it, exits 0).
+    let status_ok = status.success()
+        && (ends != Ends::NodesRefused
+            || errs.contains("the root ended the session: the program on"));
+    if !text.lines().any(|l| l == format!("ok: {name}")) || !status_ok {
         return Err(format!("{status}\n--- stdout\n{text}--- stderr\n{errs}"));
     }
     for l in text.lines().filter(|l| l.starts_with("  ")) {
@@ -213,6 +238,7 @@ fn run_case(name: &str) -> Result<(), String> {
         "quickstart_allreduce_on_every_rank_over_mpi" => allreduce(),
         "remote_device_memory_over_mpi" => device_memory(),
         "a_rank_killed_mid_task_fails_its_task_with_a_typed_error" => rank_killed(),
+        "a_rank_with_other_registrations_is_refused_at_startup" => registry_mismatch(),
         other => Err(format!("no case {other}")),
     }
 }
@@ -654,4 +680,24 @@ fn rank_killed() -> Result<(), String> {
     )?;
     let _ = top.close();
     Ok(())
+}
+
+/// Rank 1 registers one callable more than the others (as a program started with other
+/// arguments would): the root's `init` refuses it after its NODE_HELLO with the same
+/// typed error as over TCP, naming the registry digests.
+fn registry_mismatch() -> Result<(), String> {
+    let mut top = DistWorker::new(DistConfig::l4(0)).map_err(|e| e.to_string())?;
+    strata_net::add_launched_workers(&mut top, RemoteSpec::launched())
+        .map_err(|e| e.to_string())?;
+    top.register_orchestration("common", |_, _| Ok(()));
+    if strata_net::launch_rank().map_err(|e| e.to_string())? == Some(1) {
+        top.register_orchestration("only_on_rank_1", |_, _| Ok(()));
+    }
+    let e = top.init().err().ok_or("init should fail")?;
+    let msg = e.to_string();
+    println!("  refused: {msg}");
+    check(
+        msg.contains("rank=1") && msg.contains("registered different callables"),
+        msg,
+    )
 }
