@@ -952,6 +952,17 @@ impl<'a> Window<'a> {
         self.signal().rows_barrier("barrier")
     }
 
+    /// This rank's barrier rows of the window's buffer (the first `nranks` cells of its
+    /// signal area, acquire-loaded): row `s` counts domain rank `s`'s barrier arrivals this
+    /// rank has not consumed — 0 everywhere between barriers and collectives, since they
+    /// are self-clearing. A diagnostic (a program that checks its barriers left no tally).
+    pub fn barrier_rows(&self) -> Vec<i32> {
+        let sig = self.signal();
+        (0..u64::from(sig.g.nranks))
+            .map(|row| signal::load_cell(sig.g.cell(self.rank, row)))
+            .collect()
+    }
+
     /// The credit barrier on cells `0..nranks` of a signal-area window.
     pub(crate) fn rows_barrier(&self, what: &str) -> Result<(), CommError> {
         let g = &self.g;

@@ -198,9 +198,10 @@ impl<'a> KernelCtx<'a> {
     /// The error of `input` / `output` on an argument in external memory.
     fn refuse_external(&self, i: usize, a: &KTensor, what: &str) -> Result<(), KernelError> {
         if is_external(self.desc.addr_of(a)) {
+            // (Short: the failure of the task names the kernel, and a child's message
+            // crosses the mailbox in 255 bytes.)
             return Err(KernelError(format!(
-                "kernel {:?}: argument {i} is a window (distributed memory that peers may write while this kernel runs), so ctx.{what}({i}) cannot lend it as a slice: open it with ctx.window({i}) (use strata_comm::KernelWindows) or access its elements atomically with ctx.shared({i})",
-                self.kernel_name()
+                "argument {i} is a window (peers may write it while the kernel runs): ctx.{what}({i}) cannot lend it as a slice; use ctx.window({i}) (strata_comm::KernelWindows) or ctx.shared({i})"
             )));
         }
         Ok(())

@@ -7,7 +7,7 @@ use crate::aicpu::tensor::{
     ArgTensor, ChipTensor, CoreArgs, MixedKernels, TaskOutputs, TensorCreateInfo,
 };
 use crate::config::RingSizing;
-use crate::device::arena::{is_external, Arena};
+use crate::device::arena::{external_order_identity, is_external, Arena};
 use crate::error::{codes, ChipError};
 use crate::task::{KTensor, Meta, Shape, TaskDesc};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -668,24 +668,7 @@ impl ChipOrch {
                     } else {
                         ArgTag::NoDep
                     };
-                    let access = if is_external(t.addr) {
-                        // External memory (a window): a kernel holding any view of the
-                        // buffer may write it and signal through it, so the task counts
-                        // as writing the whole buffer: tasks that name it run one at a
-                        // time, in submit order.
-                        let whole = Footprint::bytes(0, t.size).map_err(|e| {
-                            self.latch(codes::INVALID_ARGS, format!("tensor argument {i}: {e}"))
-                        })?;
-                        let tag = if dep_tag == ArgTag::NoDep {
-                            ArgTag::NoDep
-                        } else {
-                            ArgTag::InOut
-                        };
-                        Access::new(t.key, whole, tag)
-                    } else {
-                        Access::new(t.key, Footprint::of_view(&t.view), dep_tag)
-                    };
-                    accesses.push(access);
+                    accesses.push(Access::new(t.key, Footprint::of_view(&t.view), dep_tag));
                     kt.push(KTensor {
                         addr: t.addr,
                         created: false,
@@ -729,6 +712,28 @@ impl ChipOrch {
                     heap += bytes;
                 }
             }
+        }
+        // External memory (windows): a kernel holding any view of a buffer may write it
+        // and signal through it, so the task also writes the buffer's ordering key, once
+        // per buffer: tasks that name the buffer run one at a time, in submit order.
+        for (i, t) in kt.iter().enumerate() {
+            if t.created || !t.tracked || !is_external(t.addr) {
+                continue;
+            }
+            if kt[..i]
+                .iter()
+                .any(|u| !u.created && u.tracked && u.addr == t.addr)
+            {
+                continue;
+            }
+            let whole = Footprint::bytes(0, t.size.max(1)).map_err(|e| {
+                self.latch(codes::INVALID_ARGS, format!("tensor argument {i}: {e}"))
+            })?;
+            let key = BufferKey::new(
+                external_order_identity(t.addr),
+                KeySpace::Device(self.chip_id),
+            );
+            accesses.push(Access::new(key, whole, ArgTag::InOut));
         }
         if let Some((i, j)) = aliasing_pair(kt) {
             return Err(self.latch(

@@ -156,6 +156,13 @@ pub(crate) fn external_identity(offset: u64) -> BufferIdentity {
     BufferIdentity::new(EXTERNAL_OWNER, offset, 1).expect("generation 1 is not zero")
 }
 
+/// The identity of an external buffer's ordering key (at device address `addr`): every
+/// task that names the buffer writes it, so tasks on one window buffer run one at a time.
+pub(crate) fn external_order_identity(addr: u64) -> BufferIdentity {
+    const ORDER_OWNER: OwnerNonce = OwnerNonce(u64::from_le_bytes(*b"EXTORDER"));
+    BufferIdentity::new(ORDER_OWNER, addr, 1).expect("generation 1 is not zero")
+}
+
 /// Device memory: one anonymous mapping, addressed by byte offsets ("device addresses"),
 /// and the external memory attached to the chip, if any (device addresses from
 /// [`EXTERNAL_BASE`]).
