@@ -212,7 +212,7 @@ fn descriptor_hash(kind: Kind, extra: &[u64], tensors: &[&DistributedTensor]) ->
     eat(kind.code());
     extra.iter().for_each(|&w| eat(w));
     for t in tensors {
-        t.to_scalars().into_iter().for_each(&mut eat);
+        t.encode().into_iter().for_each(&mut eat);
     }
     (h ^ (h >> 29) ^ (h >> 32)) as u32
 }

@@ -16,7 +16,8 @@ use strata_types::{bf16, f16, DataType, Element, TensorView};
 
 /// What a chip child installs for its kernels:
 /// `chip.set_comm_context(Some(Arc::new(RankContext::new(arena, rank, timeout))))`.
-/// Kernels reach it through [`Comm::from_kernel`].
+/// Kernels reach it through [`Comm::from_kernel`] and open their window arguments with
+/// [`KernelWindows::window`] (`ctx.window(i)`).
 pub struct RankContext {
     arena: Arc<CommArena>,
     world_rank: u32,

@@ -130,7 +130,7 @@ impl DistributedTensor {
     /// The encoding (a tensor's identity in a collective's descriptor hash):
     /// `[tag:12 | ndim:4 | dtype:8 | slot:8 | generation:32, byte offset, shape lo, shape hi]`,
     /// the shape packed at 64, 64, 42, 32 or 25 bits per dim for 1..=5 dims.
-    pub(crate) fn to_scalars(&self) -> [u64; Self::SCALARS] {
+    pub(crate) fn encode(&self) -> [u64; Self::SCALARS] {
         let s0 = (TAG << 52)
             | (u64::from(self.ndim) << 48)
             | (u64::from(self.dtype.code()) << 40)
@@ -144,9 +144,9 @@ impl DistributedTensor {
         [s0, self.offset, packed as u64, (packed >> 64) as u64]
     }
 
-    /// Decodes [`DistributedTensor::to_scalars`] (the tests' round trip).
+    /// Decodes [`DistributedTensor::encode`] (the tests' round trip).
     #[cfg(test)]
-    fn from_scalars(s: &[u64]) -> Result<Self, CommError> {
+    fn decode(s: &[u64]) -> Result<Self, CommError> {
         let bad = |reason: String| CommError::BadTensor { reason };
         if s.len() < Self::SCALARS {
             return Err(bad(format!("{} words given", s.len())));
@@ -189,13 +189,13 @@ mod tests {
             vec![(1 << 25) - 1, 5, 1, 2, 3],
         ] {
             let t = DistributedTensor::new(255, 0xDEAD_BEEF, 4096, &shape, DataType::I8).unwrap();
-            let s = t.to_scalars();
-            assert_eq!(DistributedTensor::from_scalars(&s).unwrap(), t);
+            let s = t.encode();
+            assert_eq!(DistributedTensor::decode(&s).unwrap(), t);
         }
         assert!(DistributedTensor::new(0, 1, 0, &[1 << 25, 1, 1, 1, 1], DataType::F32).is_err());
         assert!(DistributedTensor::new(0, 1, 2, &[4], DataType::F32).is_err());
         assert!(DistributedTensor::new(0, 1, 0, &[], DataType::F32).is_err());
-        assert!(DistributedTensor::from_scalars(&[1, 2, 3, 4]).is_err());
-        assert!(DistributedTensor::from_scalars(&[1, 2]).is_err());
+        assert!(DistributedTensor::decode(&[1, 2, 3, 4]).is_err());
+        assert!(DistributedTensor::decode(&[1, 2]).is_err());
     }
 }
