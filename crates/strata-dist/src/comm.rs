@@ -621,3 +621,51 @@ fn register_builtins(registry: &mut strata_chip::Registry) -> Result<Builtins, D
         )?,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn placement(nranks: u32) -> BufferPlacement {
+        BufferPlacement {
+            arena_offset: 72 << 10,
+            rank_stride: 2048,
+            data_bytes: 256,
+            nranks,
+        }
+    }
+
+    #[test]
+    fn a_whole_window_narrows_to_each_ranks_copy_and_other_views_are_checked() {
+        let p = placement(3);
+        // The whole window [3, 2, 4] f32 at byte 64 of each copy (rank stride 512 f32).
+        let whole = TensorView::new(DataType::F32, &[3, 2, 4], &[512, 4, 1], 64).unwrap();
+        for rank in 0..3u32 {
+            let v = narrow_view(&whole, &p, rank).unwrap();
+            assert_eq!(v.shape(), &[2, 4]);
+            assert_eq!(v.strides(), &[4, 1]);
+            assert_eq!(v.byte_offset(), 64 + 2048 * u64::from(rank));
+        }
+        // A rank's own copy passes as it is; another rank's copy is refused.
+        let own = TensorView::new(DataType::F32, &[2, 4], &[4, 1], 2048 + 64).unwrap();
+        assert_eq!(narrow_view(&own, &p, 1).unwrap(), own);
+        let e = narrow_view(&own, &p, 2).unwrap_err();
+        assert!(
+            e.contains("domain rank 1's copy") && e.contains("domain rank 2"),
+            "{e}"
+        );
+        // A view over two copies that is not the whole window.
+        let two = TensorView::new(DataType::F32, &[2, 8], &[512, 1], 0).unwrap();
+        assert!(narrow_view(&two, &p, 0)
+            .unwrap_err()
+            .contains("several ranks"));
+        // One rank: the whole window [1, 1, 1] is not confused with a copy of shape
+        // [1, 1]: a copy's leading stride never spans a whole rank stride (the signal area
+        // follows the data).
+        let p1 = placement(1);
+        let whole1 = TensorView::new(DataType::I32, &[1, 1, 1], &[512, 1, 1], 0).unwrap();
+        assert_eq!(narrow_view(&whole1, &p1, 0).unwrap().shape(), &[1, 1]);
+        let copy1 = TensorView::contiguous(DataType::I32, &[1, 1]).unwrap();
+        assert_eq!(narrow_view(&copy1, &p1, 0).unwrap().shape(), &[1, 1]);
+    }
+}
