@@ -56,8 +56,8 @@ fn quickstart() -> Program {
         let data = o.window(&buf, 0, &[1, N], DataType::F32)?;
         for r in 0..o.world_size() {
             let a = TaskArgs::new()
-                .input(x.row(r)?)
-                .output_existing(y.row(r)?)
+                .input(x.row(r))
+                .output_existing(y.row(r))
                 .inout(&data);
             o.submit_next_level(chip_orch, &a, r)?;
         }

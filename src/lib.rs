@@ -14,19 +14,23 @@
 //! facade of the engine itself (register, init, submit, close). The layers are re-exported
 //! below; [`prelude`] brings what programs use into scope.
 
+pub mod bench;
 mod error;
 mod handle;
 pub mod prelude;
 mod prepared;
 pub mod program;
+mod progress;
 mod tensors;
 mod worker;
 
+pub use bench::{benchmark, BenchmarkStats, Invocation};
 pub use error::Error;
 pub use handle::{DispatchHandle, MAX_WAIT};
 pub use prepared::{CopyRange, Prepare, PreparedWorker, Registration};
 pub use program::args::{Arg, IntoArgs, ProgramArgs, ProgramTensor};
 pub use program::{Compiled, Program, Signature, Target};
+pub use progress::Progress;
 pub use strata_chip as chip;
 pub use strata_chip::DeviceTensor;
 pub use strata_comm as comm;
@@ -38,3 +42,18 @@ pub use strata_mailbox as mailbox;
 pub use strata_types as types;
 pub use tensors::StackedDeviceTensor;
 pub use worker::{Callable, Worker};
+
+#[cfg(test)]
+mod tests {
+    /// A prepared worker and its handles can be shared with and moved to other threads
+    /// (dispatch from one thread, wait from another).
+    #[test]
+    fn prepared_workers_and_handles_are_send_and_sync() {
+        fn both<T: Send + Sync>() {}
+        both::<crate::PreparedWorker>();
+        both::<crate::DispatchHandle>();
+        both::<crate::Registration>();
+        both::<crate::Compiled>();
+        both::<crate::Error>();
+    }
+}

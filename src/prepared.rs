@@ -270,8 +270,17 @@ impl Shared {
                 DispatchState::running(id, name, run, held)
             }
             (Backend::Chip(chip), Start::Chip(h)) => {
-                let outcome = run_on_chip(chip, h, &sig, &held, config);
-                DispatchState::finished(id, name, outcome, held)
+                let (outcome, trace) = match run_on_chip(chip, h, &sig, &held, config) {
+                    Ok(report) => {
+                        let names = [(hid_of(&h), name.clone())].into_iter().collect();
+                        (
+                            Ok(()),
+                            crate::bench::Invocation::from_spans(&report.spans(), &names),
+                        )
+                    }
+                    Err(e) => (Err(e), Vec::new()),
+                };
+                DispatchState::finished_traced(id, name, outcome, held, trace)
             }
             _ => {
                 return Err(Error::Internal(
@@ -1264,7 +1273,7 @@ fn run_on_chip(
     sig: &crate::program::signature::BoundSignature,
     held: &[HeldArg],
     config: &CallConfig,
-) -> Result<(), Error> {
+) -> Result<strata_chip::RunReport, Error> {
     let mem = SharedMemory::process();
     let mut run = RunArgs::new();
     let mut given = held.iter();
@@ -1300,8 +1309,15 @@ fn run_on_chip(
             },
         }
     }
-    chip.run(&h, &mut run, config)?;
-    Ok(())
+    Ok(chip.run(&h, &mut run, config)?)
+}
+
+/// The hash a chip's spans name an orchestration by: its digest's first 8 bytes, hex.
+fn hid_of(h: &OrchHandle) -> String {
+    h.id().as_bytes()[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// A program registered on a prepared worker: calling it dispatches the program

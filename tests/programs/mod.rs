@@ -52,6 +52,7 @@ pub fn suite<M: Mode>() -> Vec<Scenario> {
         prewarm_builds_the_ring_heaps_while_preparing,
         a_chip_failure_is_one_error_at_every_level,
         inherited_host_memory_is_copied_in_place,
+        a_level_2_benchmark_measures_every_round_from_its_spans,
     ]
 }
 
@@ -1278,5 +1279,77 @@ pub fn inherited_host_memory_is_copied_in_place<M: Mode>() -> Outcome {
         "plain memory still needs staging: {e}"
     );
     rt.close().ctx("close")?;
+    Ok(())
+}
+
+/// `benchmark()` on a level-2 program: one launch per measured round, warm-up rounds left
+/// out, every figure the one its raw spans give.
+pub fn a_level_2_benchmark_measures_every_round_from_its_spans<M: Mode>() -> Outcome {
+    let mut p = Program::new("touch", Signature::new().inout("t", DataType::F32, [64u64]));
+    let k = p.kernel("touch", |ctx| {
+        let mut t = ctx.output::<f32>(0)?;
+        for v in t.as_mut_slice().ok_or("contiguous")? {
+            *v += 1.0;
+        }
+        Ok(())
+    });
+    p.orchestrate_chip(move |o, a| {
+        o.submit_aiv(k, CoreArgs::new().inout(&a.tensor(0)?))?;
+        Ok(())
+    });
+    let compiled = p
+        .compile(&Target::chip(ChipConfig::default()))
+        .ctx("compile")?;
+    let t = SharedTensor::zeroed(&[64], DataType::F32).ctx("t")?;
+    let e = strata::benchmark(&compiled, (&t,), 0, 1).unwrap_err();
+    check!(e.to_string().contains("rounds must be at least 1"), "{e}");
+    let stats = strata::benchmark(&compiled, (&t,), 5, 2).ctx("benchmark")?;
+    check!(
+        t.to_vec::<f32>().ctx("t")? == vec![7.0; 64],
+        "2 warm-up + 5 measured dispatches ran (each adds 1)"
+    );
+    check!(stats.rounds == 5 && stats.warmup == 2, "{stats:?}");
+    check!(
+        stats.invocations.len() == 5,
+        "one launch per measured round"
+    );
+    for (i, inv) in stats.invocations.iter().enumerate() {
+        let raw = |name: &str| {
+            inv.spans
+                .iter()
+                .find(|s| s.name == name)
+                .map(|s| s.dur as f64 / 1000.0)
+        };
+        check!(
+            raw("chip.run.runner_run.device_wall") == Some(stats.device_wall_us[i]),
+            "round {i}: the device sample is the device_wall span"
+        );
+        check!(
+            raw("chip.run") == Some(stats.host_wall_us[i]),
+            "round {i}: the host sample is the chip.run span"
+        );
+        check!(
+            inv.task_name == "touch",
+            "the launch names its program: {}",
+            inv.task_name
+        );
+    }
+    check!(
+        !stats.all_zero_device(),
+        "the emulator times its device phases"
+    );
+    let mean = stats.format_mean_tree(true, strata::bench::Spread::Stdev, None, None);
+    check!(
+        mean.starts_with(
+            "mean of 5 launches (warmup 2 excluded); each node: mean ±stdev:\nchip.run"
+        ),
+        "{mean}"
+    );
+    check!(
+        stats
+            .to_string()
+            .starts_with("BenchmarkStats(rounds=5, warmup=2): device_wall_us min="),
+        "{stats}"
+    );
     Ok(())
 }

@@ -78,6 +78,12 @@ const BENCHES: &[Bench] = &[
         target: "allreduce",
         what: "2-rank allreduce through L3 (2 forked chips, a loop inside one dispatch): latency 8 B / 256 B / 4 KiB, bandwidth 1 MiB / 64 MiB, vs Open MPI MPI_Allreduce (vader) and single-core memcpy",
     },
+    Bench {
+        name: "net",
+        package: "strata-net",
+        target: "net",
+        what: "strata-net over loopback: no-op remote task round trip (L4 -> remote L3 -> chip -> back) vs a raw TCP request/response; remote device copy_to / copy_from throughput vs raw TCP streaming; tasks/s with many in flight",
+    },
 ];
 
 fn workspace_root() -> PathBuf {
@@ -123,6 +129,10 @@ fn ci() -> Result<(), String> {
             "warnings",
         ]),
     )?;
+    // strata-net's launcher test runs `mpirun -n 3 strata-node launch -- ...` (Debian's
+    // Open MPI) and its namespace tests `ip`, `tc`, `ss` and `iptables`: installed here so
+    // a fresh machine has them.
+    ensure_test_tools()?;
     run_step(
         "cargo test --workspace",
         cargo().args(["test", "--workspace"]),
@@ -167,6 +177,50 @@ fn ci() -> Result<(), String> {
         CI_FUZZ_SECONDS.to_string(),
     ])?;
     Ok(())
+}
+
+/// Installs the Debian packages strata-net's tests need when their commands are missing:
+/// `openmpi-bin` (`mpirun`, the launcher test), `iproute2` (`ip`, `tc`, `ss`) and
+/// `iptables` (the network-namespace tests).
+fn ensure_test_tools() -> Result<(), String> {
+    let runs = |c: &str, arg: &str| {
+        Command::new(c)
+            .arg(arg)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    let missing: Vec<&str> = [
+        ("mpirun", "--version", "openmpi-bin"),
+        ("ip", "-V", "iproute2"),
+        ("ss", "-V", "iproute2"),
+        ("iptables", "--version", "iptables"),
+    ]
+    .into_iter()
+    .filter(|(c, arg, _)| !runs(c, arg))
+    .map(|(_, _, p)| p)
+    .fold(Vec::new(), |mut v, p| {
+        if !v.contains(&p) {
+            v.push(p);
+        }
+        v
+    });
+    if missing.is_empty() {
+        return Ok(());
+    }
+    eprintln!("xtask: installing {} with apt-get", missing.join(" "));
+    run_step(
+        "apt-get update",
+        Command::new("apt-get").args(["update", "-q"]),
+    )?;
+    run_step(
+        "apt-get install",
+        Command::new("apt-get")
+            .args(["install", "-y", "-q"])
+            .args(&missing)
+            .env("DEBIAN_FRONTEND", "noninteractive"),
+    )
 }
 
 /// Seconds of fuzzing per target in `cargo xtask ci`.

@@ -122,6 +122,11 @@ pub enum DistError {
     /// worker is closed and every child reaped regardless.
     #[error("the worker closed, but: {0}")]
     Close(String),
+    /// A remote next-level child ([`crate::RemoteChild`]) could not be reached or refused
+    /// its session at `init`; the message names it and says how to fix it. Nothing of
+    /// the tree is left running.
+    #[error("remote child failed to start: {0}")]
+    RemoteStart(String),
     /// A failure of the engine itself (a thread that could not start or panicked); the
     /// message says which. Please report it.
     #[error("internal error: {0}")]

@@ -32,13 +32,10 @@ impl<'w> Orch<'w> {
         Ok(comm.claim(self.run))
     }
 
-    /// Number of chips (world ranks 0..n: world rank = next-level worker id).
+    /// The world: the next-level workers, ranks `0..n` (world rank = next-level worker
+    /// id) — the chips of a level-3 worker, the level-3 children of a level-4 one.
     pub fn world_size(&self) -> usize {
-        if self.ctx.comm.is_some() {
-            self.ctx.next.len()
-        } else {
-            0
-        }
+        self.ctx.next.len()
     }
 
     /// A comm domain over chips `workers` (their order is the domain's rank numbering).
