@@ -909,6 +909,26 @@ impl PreparedWorker {
         }
     }
 
+    /// What the worker's window allocator did so far: domains created, window buffers
+    /// allocated and freed, persistent zero-fills. `None` for a level-2 worker (it has no
+    /// windows) or a level-3 worker whose windows were never set up.
+    ///
+    /// With [`Prepare::persistent_windows`], a program that allocates its window buffer in
+    /// every dispatch allocates it once: the counters show it. Without it, a dispatch's
+    /// window buffers are freed when the next dispatch claims the windows (its tasks may
+    /// run until then), the last ones at close.
+    ///
+    /// # Errors
+    /// After close.
+    pub fn comm_stats(&self) -> Result<Option<strata_comm::CommStats>, Error> {
+        let mut core = self.core("comm_stats")?;
+        core.drain();
+        Ok(match &core.backend {
+            Backend::Dist(d) => d.comm_stats(),
+            Backend::Chip(_) => None,
+        })
+    }
+
     // ----- close -------------------------------------------------------------------------
 
     /// Drains the dispatches in flight (oldest first), frees the device tensors this
