@@ -59,9 +59,9 @@ pub const TAG_CLOSE: i32 = 5;
 /// progress threads, the floor the transport is measured against.
 pub const TAG_RAW: i32 = 6;
 
-/// Bytes of sends a peer may have outstanding (four bulk chunks: enough to keep the
+/// Bytes of sends a peer may have outstanding (eight bulk chunks: enough to keep the
 /// fabric busy while the receiver drains, little enough to bound memory per peer).
-pub const WINDOW_BYTES: usize = 4 * (CHUNK_BYTES + 64);
+pub const WINDOW_BYTES: usize = 8 * (CHUNK_BYTES + 64);
 
 /// Frames a peer may have sent before its session reads them (the handshake needs a
 /// handful); more is a protocol error.
@@ -849,7 +849,9 @@ fn receive(hub: &'static Hub, comm: ffi::MPI_Comm, buf: &mut [u8]) -> bool {
             broken(p, &mut q, why);
             continue;
         }
-        if tag == TAG_RAW {
+        // Raw exchanges only with a peer whose session is up (a rank of this job that
+        // passed the handshake), so nothing else can hold the progress thread in one.
+        if tag == TAG_RAW && q.handler.is_some() {
             drop(q);
             serve_raw(comm, src, &buf[..n]);
             continue;
@@ -1099,8 +1101,9 @@ fn serve_raw(comm: ffi::MPI_Comm, src: i32, head: &[u8]) {
         }
         _ => return,
     };
-    // Bounded: a raw exchange is a benchmark's, at most a few hundred MiB.
-    if bytes > 1 << 32 {
+    // Bounded: a raw exchange is a benchmark's, at most a few hundred MiB or a million
+    // round trips.
+    if bytes > 1 << 32 || (kind == b'p' && bytes > 1 << 20) {
         return;
     }
     let r = match kind {
