@@ -212,13 +212,14 @@ fn mpi_steps() -> Result<(), String> {
     )?;
     let left = CI_MPI_BOUND.saturating_sub(t.elapsed());
     run_step_bounded(
-        "cargo test -p strata-net --features mpi --test mpi (mpirun -n 3)",
+        "cargo test -p strata-net --features mpi --lib --test mpi (mpirun -n 3)",
         cargo().args([
             "test",
             "-p",
             "strata-net",
             "--features",
             "mpi",
+            "--lib",
             "--test",
             "mpi",
         ]),

@@ -1124,3 +1124,62 @@ fn serve_raw(comm: ffi::MPI_Comm, src: i32, head: &[u8]) {
         eprintln!("strata-net: a raw MPI exchange with rank {src} failed: {e}");
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(kind: FrameType) -> Vec<u8> {
+        match kind {
+            FrameType::Heartbeat | FrameType::Shutdown => wire::encode(kind, 7, 1, &()).unwrap(),
+            FrameType::Cancel => wire::encode(kind, 7, 1, &wire::Cancel { task: 3 }).unwrap(),
+            _ => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn every_frame_type_has_its_channel_tag() {
+        let tags: Vec<i32> = (1..=15u8)
+            .map(|b| tag_of(FrameType::from_u8(b).unwrap()))
+            .collect();
+        // HELLO … READY control; TASK task; DATA bulk; DONE task; CONTROL, REPLY control;
+        // HEARTBEAT; CANCEL, SHUTDOWN, ACK control.
+        assert_eq!(
+            tags,
+            [1, 1, 1, 1, 1, 1, 2, 4, 2, 1, 1, 3, 1, 1, 1],
+            "{tags:?}"
+        );
+    }
+
+    #[test]
+    fn a_message_decodes_only_whole_checked_and_on_its_channel() {
+        let hb = frame(FrameType::Heartbeat);
+        let (h, body) = decode_message(&hb, TAG_HEARTBEAT).unwrap();
+        assert_eq!(
+            (h.kind, h.session, body.len()),
+            (FrameType::Heartbeat, 7, 0)
+        );
+        // Another channel's tag.
+        let e = decode_message(&hb, TAG_TASK).unwrap_err();
+        assert!(e.to_string().contains("tag 2"), "{e}");
+        // Shorter than a header.
+        let e = decode_message(&hb[..10], TAG_HEARTBEAT).unwrap_err();
+        assert!(e.to_string().contains("shorter than a frame header"), "{e}");
+        // A body the header does not announce.
+        let c = frame(FrameType::Cancel);
+        let mut longer = c.clone();
+        longer.push(0);
+        let e = decode_message(&longer, TAG_CONTROL).unwrap_err();
+        assert!(e.to_string().contains("body bytes"), "{e}");
+        // A flipped body byte: the checksum.
+        let mut bad = c.clone();
+        let last = bad.len() - 1;
+        bad[last] ^= 0xff;
+        assert!(matches!(
+            decode_message(&bad, TAG_CONTROL),
+            Err(NetError::Wire(_))
+        ));
+        assert!(decode_message(&c, TAG_CONTROL).is_ok());
+        assert!(decode_message(&frame(FrameType::Shutdown), TAG_CONTROL).is_ok());
+    }
+}
