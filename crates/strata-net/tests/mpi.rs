@@ -362,7 +362,7 @@ fn vector_sum() -> Result<(), String> {
 /// The distributed quickstart on every remote rank: each level-3 worker's two chips
 /// allreduce their rows through a window buffer; the root checks every rank's result.
 fn allreduce() -> Result<(), String> {
-    use strata_comm::{signal_cells, AllreduceAlgo, Comm, DistributedTensor, ReduceOp};
+    use strata_comm::prelude::*;
     const N: u64 = 1024;
     let mut top = DistWorker::new(DistConfig::l4(0)).map_err(|e| e.to_string())?;
     let workers: Vec<usize> =
@@ -371,16 +371,12 @@ fn allreduce() -> Result<(), String> {
             .iter()
             .map(|w| w.id())
             .collect();
+    // Tensor 0: this chip's input row; 1: its output row; 2: its copy of the data window.
     let kernel = top
         .register_kernel("allreduce_user", |ctx| {
-            let s = ctx.scalars();
-            let data_t = DistributedTensor::from_scalars(&s[0..4])?;
-            let signal_t = DistributedTensor::from_scalars(&s[4..8])?;
-            let comm = Comm::from_kernel(ctx)?;
-            let (data, signal) = (comm.window(&data_t)?, comm.window(&signal_t)?);
-            let input = ctx.input::<f32>(0)?.to_vec();
-            data.write(data.rank(), 0, &input)?;
-            data.allreduce(&signal, ReduceOp::Sum, AllreduceAlgo::Auto)?;
+            let data = ctx.window(2)?;
+            data.write(data.rank(), 0, &ctx.input::<f32>(0)?.to_vec())?;
+            data.allreduce(ReduceOp::Sum, AllreduceAlgo::Auto)?;
             let mut out = ctx.output::<f32>(1)?;
             let out = out
                 .as_mut_slice()
@@ -392,35 +388,27 @@ fn allreduce() -> Result<(), String> {
     let chip_orch = top
         .register_chip_orchestration("allreduce_user", move |o, a| {
             let mut core = strata_chip::CoreArgs::new();
-            core.input(&a.tensor(0)?).output(&a.tensor(1)?);
-            for i in 0..a.scalar_count() {
-                core.scalar_bits(a.scalar::<u64>(i)?);
-            }
+            core.input(&a.tensor(0)?)
+                .output(&a.tensor(1)?)
+                .inout(&a.tensor(2)?);
             o.submit_aiv(kernel, &core)?;
             Ok(())
         })
         .map_err(|e| e.to_string())?;
-    // What each remote level-3 worker runs: its [2, N] input rows and output rows.
+    // What each remote level-3 worker runs: its [1, 2, N] input and output rows.
     let quickstart = top.register_orchestration("quickstart", move |o, args| {
         let [x, y] = args.tensors() else {
             return Err("quickstart takes 2 tensors".into());
         };
-        let cells = signal_cells(2, AllreduceAlgo::Auto);
-        let buf = o.alloc_window_buffer(4 * N + 4 * cells)?;
+        let buf = o.alloc_window_buffer(4 * N)?;
         let data = o.window(&buf, 0, &[1, N], DataType::F32)?;
-        let signal = o.window(&buf, 4 * N, &[cells], DataType::I32)?;
-        let mut per_rank = Vec::new();
-        for r in 0..2u64 {
-            let mut a = TaskArgs::new()
+        for r in 0..o.world_size() as u64 {
+            let a = TaskArgs::new()
                 .input(x.slice(1, r, r + 1)?)
                 .output_existing(y.slice(1, r, r + 1)?)
-                .inout(&data)
-                .inout(&signal);
-            data.push_to(&mut a)?;
-            signal.push_to(&mut a)?;
-            per_rank.push(a);
+                .inout(&data);
+            o.submit_next_level(chip_orch, &a, r as usize)?;
         }
-        o.submit_next_level_group(chip_orch, &per_rank, &[0, 1])?;
         Ok(())
     });
     let nw = workers.len() as u64;
