@@ -572,6 +572,28 @@ fn progress(hub: &'static Hub, comm: ffi::MPI_Comm) {
                 q.idle || q.cut || q.closed.is_some()
             });
             if idle || Instant::now() >= by {
+                // Sessions still open (the program ended without closing its level-4
+                // worker): their peers are told now, rather than finding out by their
+                // heartbeat timeout while this rank waits in MPI_Finalize.
+                for (p, w) in hub.peers.iter().zip(wires.iter_mut()) {
+                    let open = {
+                        let q = p.lock();
+                        q.handler.is_some() && !q.cut && q.closed.is_none()
+                    };
+                    if open {
+                        p.cut();
+                        pump(p, w, comm);
+                    }
+                }
+                let until = Instant::now() + Duration::from_millis(200);
+                while Instant::now() < until
+                    && wires.iter_mut().zip(&hub.peers).any(|(w, p)| {
+                        pump(p, w, comm);
+                        !w.inflight.is_empty()
+                    })
+                {
+                    std::thread::yield_now();
+                }
                 return;
             }
         }

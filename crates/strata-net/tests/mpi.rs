@@ -26,6 +26,9 @@ enum Ends {
     /// The root refuses the other ranks: they exit non-zero, and mpirun must not end the
     /// job on that before the root reported (`orte_abort_on_non_zero_status 0`).
     NodesRefused,
+    /// The root ends without closing its level-4 worker: its ranks are told, end their
+    /// sessions and exit non-zero (mpirun told not to abort on that, as above).
+    RootLeft,
 }
 
 const CASES: &[(&str, Ends)] = &[
@@ -39,6 +42,10 @@ const CASES: &[(&str, Ends)] = &[
     (
         "a_rank_with_other_registrations_is_refused_at_startup",
         Ends::NodesRefused,
+    ),
+    (
+        "a_root_that_exits_without_close_ends_its_ranks",
+        Ends::RootLeft,
     ),
 ];
 
@@ -126,7 +133,7 @@ fn run_job(exe: &Path, name: &str, ends: Ends) -> Result<Duration, String> {
         Ends::RankKilled => {
             cmd.arg("--enable-recovery");
         }
-        Ends::NodesRefused => {
+        Ends::NodesRefused | Ends::RootLeft => {
             cmd.args(["--mca", "orte_abort_on_non_zero_status", "0"]);
         }
     }
@@ -200,8 +207,16 @@ fn run_job(exe: &Path, name: &str, ends: Ends) -> Result<Duration, String> {
     }
     // A refused rank says why before it exits (mpirun, told not to abort on it, exits 0).
     let status_ok = status.success()
-        && (ends != Ends::NodesRefused
-            || errs.contains("the root ended the session: the program on"));
+        && match ends {
+            Ends::NodesRefused => errs.contains("the root ended the session: the program on"),
+            // Both ranks.
+            Ends::RootLeft => {
+                errs.matches("the session ends: the root ended the session")
+                    .count()
+                    == 2
+            }
+            Ends::Clean | Ends::RankKilled => true,
+        };
     if !text.lines().any(|l| l == format!("ok: {name}")) || !status_ok {
         return Err(format!("{status}\n--- stdout\n{text}--- stderr\n{errs}"));
     }
@@ -239,6 +254,7 @@ fn run_case(name: &str) -> Result<(), String> {
         "remote_device_memory_over_mpi" => device_memory(),
         "a_rank_killed_mid_task_fails_its_task_with_a_typed_error" => rank_killed(),
         "a_rank_with_other_registrations_is_refused_at_startup" => registry_mismatch(),
+        "a_root_that_exits_without_close_ends_its_ranks" => root_left(),
         other => Err(format!("no case {other}")),
     }
 }
@@ -688,4 +704,30 @@ fn registry_mismatch() -> Result<(), String> {
         msg.contains("rank=1") && msg.contains("registered different callables"),
         msg,
     )
+}
+
+/// The root runs a task on each rank, then the process exits without closing its
+/// level-4 worker: at exit the MPI progress thread tells both ranks, which end their
+/// sessions (their stderr says so, checked by the driver) instead of waiting out the
+/// heartbeat timeout, and the job ends within its bound.
+fn root_left() -> Result<(), String> {
+    let mut top = DistWorker::new(DistConfig::l4(0)).map_err(|e| e.to_string())?;
+    let ws: Vec<usize> = strata_net::add_launched_workers(&mut top, RemoteSpec::launched())
+        .map_err(|e| e.to_string())?
+        .iter()
+        .map(|w| w.id())
+        .collect();
+    let noop = top.register_orchestration("noop", |_, _| Ok(()));
+    let run = top.register_orchestration("run", move |o, _| {
+        for &w in &ws {
+            o.submit_next_level(noop, &TaskArgs::new(), w)?;
+        }
+        Ok(())
+    });
+    top.init().map_err(|e| format!("init: {e}"))?;
+    top.run(&run, &TaskArgs::new())
+        .map_err(|e| format!("run: {e}"))?;
+    println!("ok: a_root_that_exits_without_close_ends_its_ranks");
+    // No close, no destructors: what the exit handler finds.
+    std::process::exit(0)
 }
