@@ -4,7 +4,7 @@
 //!   progress bar, then prints a summary table (example, result, time).
 //! - `cargo xtask ci` runs what `.ci/run` runs: fmt, clippy, the test suite, strata-net's
 //!   `mpi` feature (lints, docs, its tests under `mpirun -n 3`, bounded), loom models, docs,
-//!   and a short run of every fuzz target.
+//!   and a short run of every fuzz target. `cargo xtask ci-mpi` runs its MPI step alone.
 //! - `cargo xtask bench <name>` runs one side-by-side benchmark; each prints a human table
 //!   and, as its last line, one JSON object with its figures. Each alternates its
 //!   variants with its peer or floor in rounds and prints the machine (CPU model, load
@@ -538,7 +538,7 @@ fn soak(args: &[String]) -> Result<(), String> {
 
 fn usage() -> String {
     format!(
-        "usage: cargo xtask <sim | ci | soak [--tasks N] [--runs M] | bench <name>|list | bench-compare <rev> <bench> [--rounds N] | fuzz ...>\n{}\n  {}",
+        "usage: cargo xtask <sim | ci | ci-mpi | soak [--tasks N] [--runs M] | bench <name>|list | bench-compare <rev> <bench> [--rounds N] | fuzz ...>\n{}\n  {}",
         compare::usage(),
         fuzz::usage()
     )
@@ -549,6 +549,7 @@ fn main() -> ExitCode {
     let result = match args.first().map(String::as_str) {
         Some("sim") => sim(),
         Some("ci") => ci(),
+        Some("ci-mpi") => ensure_test_tools().and_then(|()| mpi_steps()),
         Some("soak") => soak(&args[1..]),
         Some("bench") => match args.get(1) {
             Some(n) => bench(n),
