@@ -66,10 +66,7 @@ fn a_kernel_past_its_timeout_shows_the_signal_it_waits_on_and_who_waits_for_it()
     let c = CallConfig::default().with_timeout(Duration::from_millis(150));
     let e = chip.run(&orch, &mut RunArgs::new(), &c).unwrap_err();
     assert!(matches!(e, ChipError::KernelTimeout { .. }), "{e}");
-    let (a, b) = (
-        ids[0].load(Ordering::SeqCst),
-        ids[1].load(Ordering::SeqCst),
-    );
+    let (a, b) = (ids[0].load(Ordering::SeqCst), ids[1].load(Ordering::SeqCst));
     let w = e.wait_for().expect("a wait-for state");
     assert_eq!(w.place, "chip");
     assert_eq!(
@@ -108,7 +105,10 @@ fn a_kernel_past_its_timeout_shows_the_signal_it_waits_on_and_who_waits_for_it()
     // The text is the end of the error's message; the headline is the message without it.
     let text = e.to_string();
     assert!(text.ends_with(&format!("\n{w}")), "{text}");
-    assert!(text.contains("waits for signal cell 5 >= 1, value 0"), "{text}");
+    assert!(
+        text.contains("waits for signal cell 5 >= 1, value 0"),
+        "{text}"
+    );
     assert_eq!(format!("{}\n{w}", e.headline()), text);
     chip.close().unwrap();
 }

@@ -116,3 +116,92 @@ fn a_chip_without_comm_context_tells_the_kernel_so() {
         .unwrap();
     chip.close().unwrap();
 }
+
+/// A missing notify: a kernel waits for a signal cell nobody increments. Its wait gives
+/// up at the rank's deadline, and the chip's error carries the wait-for state: the cell,
+/// the condition, the value it last saw, and the task that waits for the kernel.
+#[test]
+fn a_wait_for_a_notify_nobody_sends_names_the_cell_and_its_value() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::time::Duration;
+    use strata_types::{PendingTask, SignalWait};
+    let mut w = world(1, 1 << 20);
+    let dom = w.alloc.world().unwrap();
+    let buf = w.alloc.alloc_window_buffer(&dom, 4096).unwrap();
+    let sig = w.alloc.window(&buf, 0, &[8], DataType::I32).unwrap();
+    let mut chip = ChipWorker::new(ChipConfig {
+        device_memory_bytes: 512 << 20,
+        aic_cores: 0,
+        aiv_cores: 1,
+        ..ChipConfig::default()
+    })
+    .unwrap();
+    let waiter = chip
+        .register_kernel_fn("wait_flag", |ctx| {
+            let comm = Comm::from_kernel(ctx)?;
+            let s = comm.window(&DistributedTensor::from_scalars(ctx.scalars())?)?;
+            s.wait(&[3], 1, WaitCmp::Ge)?;
+            Ok(())
+        })
+        .unwrap();
+    let consumer = chip.register_kernel_fn("consumer", |_| Ok(())).unwrap();
+    let ids = Arc::new([AtomicU64::new(0), AtomicU64::new(0)]);
+    let i = ids.clone();
+    let orch = chip
+        .register_orchestration_fn("o", move |o, args| {
+            let scalars: Vec<u64> = (0..args.scalar_count())
+                .map(|i| args.scalar::<u64>(i))
+                .collect::<Result<_, _>>()?;
+            let a = o.submit_aiv(waiter, CoreArgs::new().scalars(&scalars))?;
+            let b = o.submit_aiv(consumer, CoreArgs::new().dep(a.task_id()))?;
+            i[0].store(a.task_id().id().unwrap(), Ordering::SeqCst);
+            i[1].store(b.task_id().id().unwrap(), Ordering::SeqCst);
+            Ok(())
+        })
+        .unwrap();
+    chip.init().unwrap();
+    let ctx = RankContext::new(w.arena.clone(), 0, Duration::from_millis(100));
+    chip.set_comm_context(Some(Arc::new(ctx)));
+    let mut args = RunArgs::new();
+    for v in sig.to_scalars() {
+        args.scalar(v);
+    }
+    let e = chip
+        .run(&orch, &mut args, &CallConfig::default())
+        .unwrap_err();
+    let (a, b) = (ids[0].load(Ordering::SeqCst), ids[1].load(Ordering::SeqCst));
+    let wf = e
+        .wait_for()
+        .unwrap_or_else(|| panic!("no wait-for state: {e}"));
+    assert_eq!(
+        wf.signals,
+        vec![SignalWait {
+            task: a,
+            core: 0,
+            rank: 0,
+            cell: 3,
+            cmp: ">=".into(),
+            expected: 1,
+            value: 0,
+            gave_up: true,
+        }]
+    );
+    assert_eq!(
+        wf.pending,
+        vec![PendingTask {
+            task: b,
+            name: "consumer".into(),
+            ready: false,
+            producers: vec![a],
+            workers: vec![],
+        }]
+    );
+    assert!(wf.running.is_empty(), "{wf}");
+    assert!(
+        e.to_string().contains(&format!(
+            "task {a} on core 0 (rank 0) gave up waiting for signal cell 3 >= 1, value 0"
+        )),
+        "{e}"
+    );
+    chip.close().unwrap();
+}

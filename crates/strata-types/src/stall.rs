@@ -461,7 +461,11 @@ impl fmt::Display for WaitFor {
                 s.task,
                 s.core,
                 s.rank,
-                if s.gave_up { "gave up waiting for" } else { "waits for" },
+                if s.gave_up {
+                    "gave up waiting for"
+                } else {
+                    "waits for"
+                },
                 s.cell,
                 s.cmp,
                 s.expected,

@@ -125,7 +125,10 @@ mod tests {
         let n = SignalNote::new(&slot, 7);
         n.waiting(2, 5, ">=", 1, 0);
         let v = slot.read(7).unwrap();
-        assert_eq!((v.rank, v.cell, v.cmp, v.expected, v.value), (2, 5, ">=", 1, 0));
+        assert_eq!(
+            (v.rank, v.cell, v.cmp, v.expected, v.value),
+            (2, 5, ">=", 1, 0)
+        );
         assert!(!v.gave_up);
         assert_eq!(slot.read(8), None);
         n.seen(-3);

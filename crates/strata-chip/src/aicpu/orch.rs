@@ -347,13 +347,14 @@ impl ChipOrch {
                     .iter()
                     .map(|t| t.id().0)
                     .collect();
-                let mut wait_for = self.sched.wait_for(stalled.clone()).unwrap_or_else(|| {
-                    strata_types::WaitFor {
-                        place: "chip".into(),
-                        stalled,
-                        ..Default::default()
-                    }
-                });
+                let mut wait_for =
+                    self.sched
+                        .wait_for(stalled.clone())
+                        .unwrap_or_else(|| strata_types::WaitFor {
+                            place: "chip".into(),
+                            stalled,
+                            ..Default::default()
+                        });
                 wait_for.rings.push(strata_types::RingWait {
                     ring: ring as u32,
                     heap_bytes: ring_bytes,
@@ -371,11 +372,17 @@ impl ChipOrch {
                 Some(code) => {
                     let hint = match &e {
                         GraphError::ScopeDeadlock { ring, .. }
-                        | GraphError::FlowControlDeadlock { ring, .. } => knob(*ring, "task_window", &self.rings),
+                        | GraphError::FlowControlDeadlock { ring, .. } => {
+                            knob(*ring, "task_window", &self.rings)
+                        }
                         GraphError::HeapDeadlock { ring, .. }
                         | GraphError::HeapRequestTooLarge { ring, .. }
-                        | GraphError::HeapDisabled { ring, .. } => knob(*ring, "heap_bytes", &self.rings),
-                        GraphError::DepPoolOverflow { ring, .. } => knob(*ring, "dep_pool", &self.rings),
+                        | GraphError::HeapDisabled { ring, .. } => {
+                            knob(*ring, "heap_bytes", &self.rings)
+                        }
+                        GraphError::DepPoolOverflow { ring, .. } => {
+                            knob(*ring, "dep_pool", &self.rings)
+                        }
                         _ => String::new(),
                     };
                     self.latch(code, format!("{e}{hint}"))

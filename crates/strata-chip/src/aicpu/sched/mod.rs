@@ -253,10 +253,7 @@ impl SchedCell {
     /// The scheduler's wait-for snapshot now (running kernels, their signal waits, tasks
     /// not started), headed by `stalled`; `None` if the loop is broken or gone.
     pub(crate) fn wait_for(&self, stalled: String) -> Option<strata_types::WaitFor> {
-        self.seat
-            .with(|s| s.wait_for(stalled, None))
-            .ok()
-            .flatten()
+        self.seat.with(|s| s.wait_for(stalled, None)).ok().flatten()
     }
 
     /// Why the loop is broken (a pass panicked), if it is.

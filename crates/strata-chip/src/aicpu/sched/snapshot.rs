@@ -22,8 +22,10 @@ impl Sched {
             stalled,
             ..WaitFor::default()
         };
+        // The kernel that gave up has left its core but its task is not finished: it is
+        // listed by its signal wait, not as a task waiting for a core.
+        let mut on_core: HashSet<u64> = extra.iter().map(|s| s.task).collect();
         w.signals.extend(extra);
-        let mut on_core = HashSet::new();
         for (c, core) in self.cores.iter().enumerate() {
             let Some(o) = core.outstanding.front() else {
                 continue;
