@@ -438,7 +438,7 @@ pub fn s15_handles_cache_their_outcome_and_time_out_without_losing_the_dispatch<
     let h = rt.submit(&compiled, (&g, &count)).ctx("submit")?;
     let e = h.result(Some(std::time::Duration::ZERO)).unwrap_err();
     check!(
-        matches!(e, Error::Timeout(_)),
+        matches!(e, Error::Timeout { .. }),
         "pending: a timeout, got {e}"
     );
     let e = h
