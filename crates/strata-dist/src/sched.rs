@@ -1252,10 +1252,7 @@ impl Driver {
     /// The scheduler's wait-for state now, headed by `stalled` (`None` if the loop broke
     /// or was taken down).
     pub(crate) fn wait_for(&self, stalled: String) -> Option<strata_types::WaitFor> {
-        self.seat
-            .with(|lp| lp.wait_for(stalled))
-            .ok()
-            .flatten()
+        self.seat.with(|lp| lp.wait_for(stalled)).ok().flatten()
     }
 
     /// The loop broke: nothing more is admitted, with the panic as the reason.

@@ -1337,10 +1337,7 @@ impl RunHandle {
                     }
                     if left.is_some_and(|l| l <= slice) {
                         let after = timeout.unwrap_or_default();
-                        let stalled = format!(
-                            "run {} did not finish within {after:?}",
-                            self.run.0
-                        );
+                        let stalled = format!("run {} did not finish within {after:?}", self.run.0);
                         let wait_for = self.driver.wait_for(stalled).map(Arc::new);
                         return Err(DistError::WaitTimeout { after, wait_for });
                     }

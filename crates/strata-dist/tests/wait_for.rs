@@ -54,7 +54,9 @@ fn a_chip_childs_missing_notify_reaches_the_level3_error() -> Outcome {
     let waiter = w
         .register_kernel("wait_flag", |ctx| {
             let s = DistributedTensor::from_scalars(ctx.scalars())?;
-            Comm::from_kernel(ctx)?.window(&s)?.wait(&[3], 1, WaitCmp::Ge)?;
+            Comm::from_kernel(ctx)?
+                .window(&s)?
+                .wait(&[3], 1, WaitCmp::Ge)?;
             Ok(())
         })
         .ctx("kernel")?;
@@ -79,7 +81,10 @@ fn a_chip_childs_missing_notify_reaches_the_level3_error() -> Outcome {
         Ok(())
     });
     w.init().ctx("init")?;
-    let e = w.run(&orch, &TaskArgs::new()).err().ok_or_else(|| "the run fails".to_string())?;
+    let e = w
+        .run(&orch, &TaskArgs::new())
+        .err()
+        .ok_or_else(|| "the run fails".to_string())?;
     let DistError::TaskFailed(f) = &e else {
         return Err(format!("not a task failure: {e}"));
     };
@@ -158,12 +163,15 @@ fn a_group_blocked_by_a_stuck_single_shows_both() -> Outcome {
     let mut run = w.submit(&orch, &TaskArgs::new()).ctx("submit")?;
     let e = run
         .wait(Some(Duration::from_millis(200)))
-        .err().ok_or_else(|| "the wait times out".to_string())?;
+        .err()
+        .ok_or_else(|| "the wait times out".to_string())?;
     let outcome = (|| -> Outcome {
         let DistError::WaitTimeout { wait_for, .. } = &e else {
             return Err(format!("not a wait timeout: {e}"));
         };
-        let wf = wait_for.as_ref().ok_or_else(|| "a wait-for state".to_string())?;
+        let wf = wait_for
+            .as_ref()
+            .ok_or_else(|| "a wait-for state".to_string())?;
         check!(wf.place == "level-3 worker", "{wf}");
         check!(
             running(wf)
@@ -218,7 +226,10 @@ fn a_task_past_its_deadline_carries_the_engines_wait_for_state() -> Outcome {
         Ok(())
     });
     w.init().ctx("init")?;
-    let e = w.run(&orch, &TaskArgs::new()).err().ok_or_else(|| "the run fails".to_string())?;
+    let e = w
+        .run(&orch, &TaskArgs::new())
+        .err()
+        .ok_or_else(|| "the run fails".to_string())?;
     let DistError::TaskFailed(f) = &e else {
         return Err(format!("not a task failure: {e}"));
     };

@@ -56,7 +56,7 @@ pub use identity::{
 };
 pub use stall::{
     Executor, PendingTask, RingWait, RunningTask, SignalWait, WaitFor, WAIT_FOR_MAX_BYTES,
-    WAIT_FOR_MAX_ENTRIES, WAIT_FOR_MAX_IDS, WAIT_FOR_MAX_TEXT,
+    WAIT_FOR_MAX_ENTRIES, WAIT_FOR_MAX_HEADING, WAIT_FOR_MAX_IDS, WAIT_FOR_MAX_TEXT,
 };
 pub use tag::ArgTag;
 pub use view::{ContiguousRuns, ElementOffsets, TensorView, MAX_DIMS};

@@ -17,8 +17,11 @@ pub const WAIT_FOR_MAX_ENTRIES: usize = 8;
 /// Most task ids or worker ids kept per entry.
 pub const WAIT_FOR_MAX_IDS: usize = 8;
 
-/// Longest text kept per name or heading, in bytes.
+/// Longest text kept per name (and per comparison), in bytes.
 pub const WAIT_FOR_MAX_TEXT: usize = 64;
+
+/// Longest text kept for [`WaitFor::place`] and [`WaitFor::stalled`], in bytes.
+pub const WAIT_FOR_MAX_HEADING: usize = 160;
 
 const ENCODING_VERSION: u8 = 1;
 
@@ -171,18 +174,18 @@ impl WaitFor {
         cut(&mut self.signals, &mut omitted);
         cut(&mut self.rings, &mut omitted);
         self.omitted = omitted;
-        truncate(&mut self.place);
-        truncate(&mut self.stalled);
+        truncate(&mut self.place, WAIT_FOR_MAX_HEADING);
+        truncate(&mut self.stalled, WAIT_FOR_MAX_HEADING);
         for p in &mut self.pending {
-            truncate(&mut p.name);
+            truncate(&mut p.name, WAIT_FOR_MAX_TEXT);
             p.producers.truncate(WAIT_FOR_MAX_IDS);
             p.workers.truncate(WAIT_FOR_MAX_IDS);
         }
         for r in &mut self.running {
-            truncate(&mut r.name);
+            truncate(&mut r.name, WAIT_FOR_MAX_TEXT);
         }
         for s in &mut self.signals {
-            truncate(&mut s.cmp);
+            truncate(&mut s.cmp, WAIT_FOR_MAX_TEXT);
         }
         for r in &mut self.rings {
             r.held_by.truncate(WAIT_FOR_MAX_IDS);
@@ -350,9 +353,9 @@ fn malformed(what: String) -> TypesError {
     TypesError::Malformed(format!("wait-for snapshot: {what}"))
 }
 
-fn truncate(s: &mut String) {
-    if s.len() > WAIT_FOR_MAX_TEXT {
-        let mut end = WAIT_FOR_MAX_TEXT;
+fn truncate(s: &mut String, max: usize) {
+    if s.len() > max {
+        let mut end = max;
         while !s.is_char_boundary(end) {
             end -= 1;
         }
@@ -361,8 +364,8 @@ fn truncate(s: &mut String) {
 }
 
 fn put_str(out: &mut Vec<u8>, s: &str) {
-    // Bounded by `truncate` to WAIT_FOR_MAX_TEXT (< 256) bytes.
-    let b = &s.as_bytes()[..s.len().min(WAIT_FOR_MAX_TEXT)];
+    // Bounded by `truncate` (to at most WAIT_FOR_MAX_HEADING < 256 bytes).
+    let b = &s.as_bytes()[..s.len().min(WAIT_FOR_MAX_HEADING)];
     out.push(b.len() as u8);
     out.extend_from_slice(b);
 }
@@ -408,7 +411,7 @@ impl Reader<'_> {
     }
     fn str(&mut self) -> Result<String, TypesError> {
         let n = self.u8()? as usize;
-        if n > WAIT_FOR_MAX_TEXT {
+        if n > WAIT_FOR_MAX_HEADING {
             return Err(malformed(format!("{n}-byte text")));
         }
         String::from_utf8(self.take(n)?.to_vec()).map_err(|_| malformed("text not UTF-8".into()))
