@@ -141,7 +141,7 @@ fn an_undersized_heap_ring_names_itself_its_size_and_the_task_holding_it() {
         .register_orchestration_fn("o", move |o, _| {
             let t = TensorCreateInfo::new(DataType::F32, &[768]); // 3072 bytes
             o.scope_begin()?;
-            let a = o.submit_aiv(holder, CoreArgs::new().output_new(t.clone()))?;
+            let a = o.submit_aiv(holder, CoreArgs::new().output_new(t))?;
             h.store(a.task_id().id().unwrap(), Ordering::SeqCst);
             o.scope_end()?;
             // The same ring (one scope deep: ring 1) cannot hold a second 3 KiB tensor
