@@ -10,6 +10,9 @@ use strata::Arg;
 use strata_testkit::suite::Variant;
 use strata_testkit::{check, contracts, Ctx, Outcome, Scenario};
 
+mod comm;
+use comm::*;
+
 /// An execution mode as a suite variant.
 pub trait Mode: Variant<Value = ExecMode> {}
 impl<V: Variant<Value = ExecMode>> Mode for V {}
@@ -53,11 +56,16 @@ pub fn suite<M: Mode>() -> Vec<Scenario> {
         a_chip_failure_is_one_error_at_every_level,
         inherited_host_memory_is_copied_in_place,
         a_level_2_benchmark_measures_every_round_from_its_spans,
+        s1_quickstart_allreduce_gives_the_sum_on_every_rank,
+        s4_notify_wait_handshake,
+        s5_persistent_windows_are_allocated_once_and_reset,
+        s6_barrier_tally,
+        s9_rank_identity_scale_and_round_trip,
     ]
 }
 
 /// A level-3 target of `chips` chips in mode `M`.
-fn l3<M: Mode>(chips: usize) -> Target {
+pub fn l3<M: Mode>(chips: usize) -> Target {
     Target::l3(chips).configure(|c| c.exec_mode = M::VALUE)
 }
 

@@ -444,8 +444,15 @@ impl DistWorker {
         match cfg.level {
             Level::L3 => {
                 for (i, c) in cfg.chips.iter().enumerate() {
-                    let rank = arena.as_ref().map(|a| {
-                        strata_comm::RankContext::new(a.clone(), i as u32, cfg.comm_wait_timeout)
+                    let rank = arena.as_ref().zip(comm.as_ref()).map(|(a, c)| {
+                        (
+                            strata_comm::RankContext::new(
+                                a.clone(),
+                                i as u32,
+                                cfg.comm_wait_timeout,
+                            ),
+                            c.region,
+                        )
                     });
                     programs.push(Box::new(ChipChild::new(
                         i,

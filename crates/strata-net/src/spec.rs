@@ -163,6 +163,12 @@ impl RemoteSpec {
         self
     }
 
+    /// The level-3 configuration the node builds its worker from (chips, sub-workers,
+    /// timeouts, …).
+    pub fn level3_config(&self) -> &DistConfig {
+        &self.config
+    }
+
     fn load_secret(&self) -> Result<Secret, NetError> {
         if let Some(s) = &self.secret {
             return Ok(s.clone());
