@@ -681,6 +681,7 @@ impl<'a> Window<'a> {
             ctx: self.ctx,
             g: self.g.signal(),
             rank: self.rank,
+            note: self.note,
         }
     }
 

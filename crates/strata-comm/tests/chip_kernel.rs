@@ -202,6 +202,8 @@ fn a_wait_for_a_notify_nobody_sends_names_the_cell_and_its_value() {
     let dom = w.alloc.world().unwrap();
     let buf = w.alloc.alloc_window_buffer(&dom, 4096).unwrap();
     let sig = w.alloc.window(&buf, 0, &[8], DataType::I32).unwrap();
+    let copy = w.alloc.rank_copy(&sig, 0).unwrap();
+    // One AIV core and no AIC core: the kernel runs on core 0.
     let mut chip = ChipWorker::new(ChipConfig {
         device_memory_bytes: 512 << 20,
         aic_cores: 0,
@@ -211,9 +213,7 @@ fn a_wait_for_a_notify_nobody_sends_names_the_cell_and_its_value() {
     .unwrap();
     let waiter = chip
         .register_kernel_fn("wait_flag", |ctx| {
-            let comm = Comm::from_kernel(ctx)?;
-            let s = comm.window(&DistributedTensor::from_scalars(ctx.scalars())?)?;
-            s.wait(&[3], 1, WaitCmp::Ge)?;
+            ctx.window(0)?.wait(&[3], 1, WaitCmp::Ge)?;
             Ok(())
         })
         .unwrap();
@@ -222,23 +222,36 @@ fn a_wait_for_a_notify_nobody_sends_names_the_cell_and_its_value() {
     let i = ids.clone();
     let orch = chip
         .register_orchestration_fn("o", move |o, args| {
-            let scalars: Vec<u64> = (0..args.scalar_count())
-                .map(|i| args.scalar::<u64>(i))
-                .collect::<Result<_, _>>()?;
-            let a = o.submit_aiv(waiter, CoreArgs::new().scalars(&scalars))?;
+            let a = o.submit_aiv(
+                waiter,
+                CoreArgs::new().tensor(&args.tensor(0)?, ArgTag::InOut),
+            )?;
             let b = o.submit_aiv(consumer, CoreArgs::new().dep(a.task_id()))?;
             i[0].store(a.task_id().id().unwrap(), Ordering::SeqCst);
             i[1].store(b.task_id().id().unwrap(), Ordering::SeqCst);
             Ok(())
         })
         .unwrap();
+    let arena = w.arena.clone();
+    // SAFETY: as in `chip` above: the arena's mapping lives as long as the `Arc` the chip
+    // keeps, is page-aligned, and is only accessed through atomics and raw copies.
+    let ext =
+        unsafe { ExternalMemory::new(0, arena.base_ptr(), arena.len() as u64, arena.clone()) }
+            .unwrap();
+    chip.attach_external_memory(ext).unwrap();
+    chip.set_comm_context(Some(Arc::new(RankContext::new(
+        arena,
+        0,
+        Duration::from_millis(100),
+    ))));
     chip.init().unwrap();
-    let ctx = RankContext::new(w.arena.clone(), 0, Duration::from_millis(100));
-    chip.set_comm_context(Some(Arc::new(ctx)));
     let mut args = RunArgs::new();
-    for v in sig.to_scalars() {
-        args.scalar(v);
-    }
+    args.external(
+        copy.buffer_offset,
+        copy.buffer_bytes,
+        copy.view,
+        ArgTag::InOut,
+    );
     let e = chip
         .run(&orch, &mut args, &CallConfig::default())
         .unwrap_err();

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use strata_chip::{ChipConfig, CoreArgs};
-use strata_comm::{Comm, DistributedTensor, WaitCmp};
+use strata_comm::{KernelWindows, WaitCmp};
 use strata_dist::*;
 use strata_graph::{FailureKind, WorkerClass};
 use strata_host::ExecMode;
@@ -53,20 +53,14 @@ fn a_chip_childs_missing_notify_reaches_the_level3_error() -> Outcome {
     let mut w = DistWorker::new(cfg).ctx("new")?;
     let waiter = w
         .register_kernel("wait_flag", |ctx| {
-            let s = DistributedTensor::from_scalars(ctx.scalars())?;
-            Comm::from_kernel(ctx)?
-                .window(&s)?
-                .wait(&[3], 1, WaitCmp::Ge)?;
+            ctx.window(0)?.wait(&[3], 1, WaitCmp::Ge)?;
             Ok(())
         })
         .ctx("kernel")?;
     let consumer = w.register_kernel("consumer", |_| Ok(())).ctx("kernel")?;
     let chip_orch = w
         .register_chip_orchestration("waits", move |o, a| {
-            let scalars: Vec<u64> = (0..a.scalar_count())
-                .map(|i| a.scalar::<u64>(i))
-                .collect::<Result<_, _>>()?;
-            let t = o.submit_aiv(waiter, CoreArgs::new().scalars(&scalars))?;
+            let t = o.submit_aiv(waiter, CoreArgs::new().tensor(&a.tensor(0)?, ArgTag::InOut))?;
             o.submit_aiv(consumer, CoreArgs::new().dep(t.task_id()))?;
             Ok(())
         })
@@ -74,10 +68,7 @@ fn a_chip_childs_missing_notify_reaches_the_level3_error() -> Outcome {
     let orch = w.register_orchestration("host", move |o, _| {
         let buf = o.alloc_window_buffer(64)?;
         let sig = o.window(&buf, 0, &[8], DataType::I32)?;
-        let mut a = TaskArgs::new();
-        a.push_tensor(sig.arg(ArgTag::InOut))?;
-        sig.push_to(&mut a)?;
-        o.submit_next_level(chip_orch, &a, 0)?;
+        o.submit_next_level(chip_orch, &TaskArgs::new().inout(&sig), 0)?;
         Ok(())
     });
     w.init().ctx("init")?;
