@@ -25,6 +25,9 @@ pub const WAIT_FOR_MAX_HEADING: usize = 160;
 
 const ENCODING_VERSION: u8 = 1;
 
+/// Longest comparison kept (the symbols are one or two bytes).
+const MAX_CMP: usize = 4;
+
 /// Where a task is running.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Executor {
@@ -185,7 +188,7 @@ impl WaitFor {
             truncate(&mut r.name, WAIT_FOR_MAX_TEXT);
         }
         for s in &mut self.signals {
-            truncate(&mut s.cmp, WAIT_FOR_MAX_TEXT);
+            truncate(&mut s.cmp, MAX_CMP);
         }
         for r in &mut self.rings {
             r.held_by.truncate(WAIT_FOR_MAX_IDS);
@@ -197,6 +200,23 @@ impl WaitFor {
     pub fn encode(&self) -> Vec<u8> {
         let mut w = self.clone();
         w.bound();
+        let out = w.encode_bounded();
+        if out.len() <= WAIT_FOR_MAX_BYTES {
+            return out;
+        }
+        // Unreachable with the bounds above (the tests check the largest case); should a
+        // bound change, the headings and the count still travel.
+        let dropped = w.pending.len() + w.running.len() + w.signals.len() + w.rings.len();
+        w.omitted = w.omitted.saturating_add(dropped as u32);
+        w.pending.clear();
+        w.running.clear();
+        w.signals.clear();
+        w.rings.clear();
+        w.encode_bounded()
+    }
+
+    fn encode_bounded(&self) -> Vec<u8> {
+        let w = self;
         let mut out = Vec::with_capacity(512);
         out.push(ENCODING_VERSION);
         put_str(&mut out, &w.place);
@@ -251,7 +271,6 @@ impl WaitFor {
                 out.extend_from_slice(&t.to_le_bytes());
             }
         }
-        debug_assert!(out.len() <= WAIT_FOR_MAX_BYTES, "{} bytes", out.len());
         out
     }
 
@@ -536,7 +555,7 @@ mod tests {
                     core: 1,
                     rank: 2,
                     cell: 3,
-                    cmp: ">=".into(),
+                    cmp: name.clone(),
                     expected: -1,
                     value: i32::MIN,
                     gave_up: true,
@@ -561,6 +580,10 @@ mod tests {
         let bytes = w.encode();
         assert!(bytes.len() <= WAIT_FOR_MAX_BYTES, "{}", bytes.len());
         let back = WaitFor::decode(&bytes).unwrap();
+        assert!(
+            !back.signals.is_empty(),
+            "it fits without dropping the lists"
+        );
         let mut bounded = w.clone();
         bounded.bound();
         assert_eq!(back, bounded);
