@@ -41,6 +41,7 @@ pub use strata_host as host;
 pub use strata_mailbox as mailbox;
 pub use strata_net as net;
 pub use strata_types as types;
+pub use strata_types::{Executor, PendingTask, RingWait, RunningTask, SignalWait, WaitFor};
 pub use tensors::StackedDeviceTensor;
 pub use worker::{Callable, Worker};
 

@@ -11,7 +11,9 @@ use strata_testkit::suite::Variant;
 use strata_testkit::{check, contracts, Ctx, Outcome, Scenario};
 
 mod comm;
+mod stall;
 use comm::*;
+use stall::*;
 
 /// An execution mode as a suite variant.
 pub trait Mode: Variant<Value = ExecMode> {}
@@ -61,6 +63,8 @@ pub fn suite<M: Mode>() -> Vec<Scenario> {
         s5_persistent_windows_are_allocated_once_and_reset,
         s6_barrier_tally,
         s9_rank_identity_scale_and_round_trip,
+        a_stalled_level_2_dispatch_explains_itself,
+        a_group_waiting_for_a_stuck_worker_explains_the_timeout,
     ]
 }
 
@@ -446,7 +450,7 @@ pub fn s15_handles_cache_their_outcome_and_time_out_without_losing_the_dispatch<
     let h = rt.submit(&compiled, (&g, &count)).ctx("submit")?;
     let e = h.result(Some(std::time::Duration::ZERO)).unwrap_err();
     check!(
-        matches!(e, Error::Timeout(_)),
+        matches!(e, Error::Timeout { .. }),
         "pending: a timeout, got {e}"
     );
     let e = h

@@ -38,6 +38,7 @@ mod trace;
 
 pub use aicore::kernel::{ExternalArg, KernelCtx, KernelFn};
 pub use aicore::kernels::{KernelHandle, KernelRef, MAX_KERNELS};
+pub use aicore::signal::SignalNote;
 pub use aicpu::orch::{ChipArgs, ChipOrch, OrchestrationFn};
 pub use aicpu::registry::{OrchHandle, Registry, MAX_ORCHESTRATIONS};
 pub use aicpu::tensor::{

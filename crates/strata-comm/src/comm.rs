@@ -10,6 +10,7 @@ use crate::tensor::DistributedTensor;
 use std::sync::atomic::{AtomicI16, AtomicI8, AtomicU16, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+use strata_chip::SignalNote;
 use strata_sync::sync::AtomicI32;
 use strata_sync::WakeCounter;
 use strata_types::{bf16, f16, DataType, Element, TensorView};
@@ -93,6 +94,8 @@ impl RankContext {
 #[derive(Clone, Copy, Debug)]
 pub struct Comm<'a> {
     ctx: &'a RankContext,
+    /// The kernel's signal-wait note (none for a host thread playing a rank).
+    note: Option<SignalNote<'a>>,
 }
 
 impl<'a> Comm<'a> {
@@ -101,14 +104,15 @@ impl<'a> Comm<'a> {
     /// # Errors
     /// [`CommError::NoCommContext`] if the chip has none.
     pub fn from_kernel(ctx: &strata_chip::KernelCtx<'a>) -> Result<Comm<'a>, CommError> {
+        let note = Some(ctx.signal_note());
         ctx.comm::<RankContext>()
-            .map(|ctx| Comm { ctx })
+            .map(|ctx| Comm { ctx, note })
             .ok_or(CommError::NoCommContext)
     }
 
     /// A handle over a context (tests, host threads playing ranks).
     pub fn from_rank(ctx: &'a RankContext) -> Comm<'a> {
-        Comm { ctx }
+        Comm { ctx, note: None }
     }
 
     /// This rank in the world.
@@ -145,6 +149,7 @@ impl<'a> Comm<'a> {
             ctx: self.ctx,
             g,
             rank: rank as u32,
+            note: self.note,
         })
     }
 
@@ -513,6 +518,8 @@ pub struct Window<'a> {
     ctx: &'a RankContext,
     pub(crate) g: Geom,
     rank: u32,
+    /// Where a wait says what it waits on (a kernel's core slot), if anywhere.
+    note: Option<SignalNote<'a>>,
 }
 
 // SAFETY: a window is a description of shared memory (addresses into the arena, which is
@@ -674,6 +681,7 @@ impl<'a> Window<'a> {
             ctx: self.ctx,
             g: self.g.signal(),
             rank: self.rank,
+            note: self.note,
         }
     }
 
@@ -921,14 +929,52 @@ impl<'a> Window<'a> {
         cmp: WaitCmp,
         what: impl FnOnce() -> String,
     ) -> Result<i32, CommError> {
-        signal::wait_cell(
-            self.g.cell(self.rank, flat),
+        let cell = self.g.cell(self.rank, flat);
+        let Some(note) = self.note else {
+            return signal::wait_cell(
+                cell,
+                self.wake(self.rank),
+                expected,
+                cmp,
+                self.ctx.patience(),
+            )
+            .map_err(|s| self.wait_timeout(flat, expected, cmp, s, what));
+        };
+        // A wait whose condition holds publishes nothing; one that blocks says what it
+        // waits on first, so a stalled run's error can show it.
+        let v = signal::load_cell(cell);
+        if cmp.holds(v, expected) {
+            return Ok(v);
+        }
+        note.waiting(self.ctx.world_rank, flat, cmp.symbol(), expected, v);
+        match signal::wait_cell_noting(
+            cell,
             self.wake(self.rank),
             expected,
             cmp,
             self.ctx.patience(),
-        )
-        .map_err(|s| CommError::WaitTimeout {
+            |v| note.seen(v),
+        ) {
+            Ok(v) => {
+                note.done();
+                Ok(v)
+            }
+            Err(s) => {
+                note.gave_up(s.seen);
+                Err(self.wait_timeout(flat, expected, cmp, s, what))
+            }
+        }
+    }
+
+    fn wait_timeout(
+        &self,
+        flat: u64,
+        expected: i32,
+        cmp: WaitCmp,
+        s: signal::Stuck,
+        what: impl FnOnce() -> String,
+    ) -> CommError {
+        CommError::WaitTimeout {
             rank: self.ctx.world_rank,
             domain_rank: self.rank,
             cell: self.g.unravel(flat),
@@ -937,7 +983,7 @@ impl<'a> Window<'a> {
             seen: s.seen,
             waited: s.waited,
             what: what(),
-        })
+        }
     }
 
     /// A barrier of every rank of the window's domain: the builtin self-clearing credit

@@ -116,7 +116,11 @@ impl Handler for ChipHandler {
         self.chip
             .run(&OrchHandle::from_id(req.callable), &mut run, req.config)
             .map(|_| ())
-            .map_err(|e| FailureReport::new(e.code().unwrap_or(codes::FAILED), e.to_string()))
+            .map_err(|e| {
+                // The wait-for state travels as data beside the one-line message.
+                FailureReport::new(e.code().unwrap_or(codes::FAILED), e.headline())
+                    .with_wait_for(e.wait_for().cloned())
+            })
     }
 
     fn control(&mut self, req: &ControlRequest<'_>) -> Result<ControlReply, FailureReport> {

@@ -91,9 +91,17 @@ pub enum DistError {
     /// recover its type); the run's unstarted tasks were cancelled.
     #[error("orchestration failed: {0}")]
     Orchestration(strata_types::BoxError),
-    /// `RunHandle::wait` timed out; the run goes on (wait again later).
-    #[error("RunHandle::wait() timed out after {0:?}; the run is still in flight")]
-    WaitTimeout(std::time::Duration),
+    /// `RunHandle::wait` timed out; the run goes on (wait again later). Carries what the
+    /// run was waiting for at that moment: which tasks wait for which producers or
+    /// workers, which run where and for how long.
+    #[error("RunHandle::wait() timed out after {after:?}; the run is still in flight{}", wait_for.as_ref().map_or_else(String::new, |w| format!("\n{w}")))]
+    WaitTimeout {
+        /// The timeout given to `wait`.
+        after: std::time::Duration,
+        /// The scheduler's wait-for state when the wait gave up (`None` if the scheduler
+        /// could not be asked: its loop broke).
+        wait_for: Option<std::sync::Arc<strata_types::WaitFor>>,
+    },
     /// A child process or thread failed to start, died, or misbehaved.
     #[error(transparent)]
     Host(#[from] strata_host::HostError),

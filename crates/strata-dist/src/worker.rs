@@ -1343,7 +1343,10 @@ impl RunHandle {
                         return Err(broken(b));
                     }
                     if left.is_some_and(|l| l <= slice) {
-                        return Err(DistError::WaitTimeout(timeout.unwrap_or_default()));
+                        let after = timeout.unwrap_or_default();
+                        let stalled = format!("run {} did not finish within {after:?}", self.run.0);
+                        let wait_for = self.driver.wait_for(stalled).map(Arc::new);
+                        return Err(DistError::WaitTimeout { after, wait_for });
                     }
                 }
             }

@@ -4,6 +4,7 @@
 //! context's accessors and a convenient one for kernels' own messages, lives with the
 //! crate's other errors.
 
+use crate::aicore::signal::{SignalNote, SignalSlot};
 use crate::config::CoreType;
 use crate::device::arena::{
     buffer_base, is_external, Arena, AtomicView, ClaimError, Claims, EXTERNAL_BASE,
@@ -46,6 +47,8 @@ pub struct KernelCtx<'a> {
     pub(crate) core_id: u32,
     pub(crate) core_type: CoreType,
     pub(crate) cancel: &'a AtomicU64,
+    /// The core's signal-wait slot.
+    pub(crate) signal: &'a SignalSlot,
     pub(crate) seq: u64,
     pub(crate) task_id: u64,
     /// The registered name of the kernel (for its messages).
@@ -154,6 +157,12 @@ impl<'a> KernelCtx<'a> {
     /// Long-running kernels should poll it and return.
     pub fn cancelled(&self) -> bool {
         self.cancel.load(Ordering::Relaxed) == self.seq
+    }
+
+    /// Where a signal wait of this kernel says what it waits on (so a stalled run's error
+    /// shows the cell and its value); strata-comm's waits use it.
+    pub fn signal_note(&self) -> SignalNote<'a> {
+        SignalNote::new(self.signal, self.seq)
     }
 
     /// The communication context the chip was given for distributed kernels

@@ -318,22 +318,71 @@ impl ChipOrch {
                 code: f.code(),
                 message: f.message().to_owned(),
             },
-            GraphError::Timeout { what, after } => self.latch(
-                codes::TENSOR_WAIT_TIMEOUT,
-                format!(
-                    "waited {} ms for {what}; raise ChipConfig::tensor_wait_timeout if the producer is just slow",
-                    after.as_millis()
-                ),
-            ),
+            GraphError::Timeout { what, after } => {
+                let stalled = format!("waited {} ms for {what}", after.as_millis());
+                let wait_for = self.sched.wait_for(stalled).map(Box::new);
+                self.latch_typed(ChipError::Fatal {
+                    code: codes::TENSOR_WAIT_TIMEOUT,
+                    message: format!(
+                        "waited {} ms for {what}; raise ChipConfig::tensor_wait_timeout if the producer is just slow",
+                        after.as_millis()
+                    ),
+                    wait_for,
+                })
+            }
+            GraphError::HeapDeadlock {
+                ring,
+                ring_bytes,
+                request,
+                free,
+                cause,
+            } if self.fatal.is_none() => {
+                let message = format!("{e}{}", knob(ring, "heap_bytes", &self.rings));
+                let stalled = format!(
+                    "heap ring {ring} ({ring_bytes} bytes) cannot make room for {request} bytes: {cause}"
+                );
+                let held_by = self
+                    .graph
+                    .ring_holders(ring, strata_types::WAIT_FOR_MAX_IDS)
+                    .iter()
+                    .map(|t| t.id().0)
+                    .collect();
+                let mut wait_for =
+                    self.sched
+                        .wait_for(stalled.clone())
+                        .unwrap_or_else(|| strata_types::WaitFor {
+                            place: "chip".into(),
+                            stalled,
+                            ..Default::default()
+                        });
+                wait_for.rings.push(strata_types::RingWait {
+                    ring: ring as u32,
+                    heap_bytes: ring_bytes,
+                    requested: request,
+                    free,
+                    held_by,
+                });
+                self.latch_typed(ChipError::Fatal {
+                    code: codes::HEAP_RING_DEADLOCK,
+                    message,
+                    wait_for: Some(Box::new(wait_for)),
+                })
+            }
             e => match e.fatal_code() {
                 Some(code) => {
                     let hint = match &e {
                         GraphError::ScopeDeadlock { ring, .. }
-                        | GraphError::FlowControlDeadlock { ring, .. } => knob(*ring, "task_window", &self.rings),
+                        | GraphError::FlowControlDeadlock { ring, .. } => {
+                            knob(*ring, "task_window", &self.rings)
+                        }
                         GraphError::HeapDeadlock { ring, .. }
                         | GraphError::HeapRequestTooLarge { ring, .. }
-                        | GraphError::HeapDisabled { ring, .. } => knob(*ring, "heap_bytes", &self.rings),
-                        GraphError::DepPoolOverflow { ring, .. } => knob(*ring, "dep_pool", &self.rings),
+                        | GraphError::HeapDisabled { ring, .. } => {
+                            knob(*ring, "heap_bytes", &self.rings)
+                        }
+                        GraphError::DepPoolOverflow { ring, .. } => {
+                            knob(*ring, "dep_pool", &self.rings)
+                        }
                         _ => String::new(),
                     };
                     self.latch(code, format!("{e}{hint}"))
