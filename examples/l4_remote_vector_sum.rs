@@ -14,81 +14,19 @@
 //! Prints a final line starting with `ok:` and exits non-zero if the result differs from
 //! the host golden.
 
-use std::io::{BufRead, BufReader};
-use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitCode, Stdio};
-use std::time::{Duration, Instant};
+#[path = "common/nodes.rs"]
+mod nodes;
+
+use nodes::{LocalNodes, Role};
+use std::process::ExitCode;
+use std::time::Instant;
 use strata::chip::{CoreArgs, KernelError};
 use strata::host::SharedTensor;
 use strata::types::{ArgTag, DataType, TaskArgs};
 use strata::Worker;
-use strata_net::daemon::DaemonConfig;
 use strata_net::{add_remote_worker, RemoteSpec, Secret};
 
 const N: u64 = 1 << 14;
-
-/// `--node-daemon SECRET_FILE`: serve sessions on a free loopback port (printed as
-/// `listening ADDR`) with this program as the one program sessions may start.
-fn node_daemon(secret_file: &Path) -> Result<(), String> {
-    let secret = Secret::from_file(secret_file).map_err(|e| e.to_string())?;
-    let me = std::env::current_exe().map_err(|e| e.to_string())?;
-    let config = DaemonConfig {
-        listen: "127.0.0.1:0".into(),
-        secret,
-        programs: vec![me],
-        handshake_timeout: Duration::from_secs(5),
-        drain_timeout: Duration::from_secs(10),
-        max_sessions: 8,
-    };
-    strata_net::daemon::run(config, |addr| println!("listening {addr}")).map_err(|e| e.to_string())
-}
-
-struct Node {
-    child: Child,
-    addr: String,
-}
-
-fn start_node(secret_file: &Path) -> Result<Node, String> {
-    let mut child = Command::new(std::env::current_exe().map_err(|e| e.to_string())?)
-        .arg("--node-daemon")
-        .arg(secret_file)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .map_err(|e| format!("starting a node daemon: {e}"))?;
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().ok_or("no stdout")?)
-        .read_line(&mut line)
-        .map_err(|e| e.to_string())?;
-    let addr = line
-        .trim()
-        .strip_prefix("listening ")
-        .ok_or_else(|| format!("the node daemon did not start: {line:?}"))?
-        .to_owned();
-    Ok(Node { child, addr })
-}
-
-/// SIGTERM, then wait (bounded) for the daemon to drain.
-fn stop_node(mut n: Node) -> Result<(), String> {
-    // SAFETY: signalling a child this example started.
-    unsafe { libc::kill(n.child.id() as i32, libc::SIGTERM) };
-    let t = Instant::now();
-    while t.elapsed() < Duration::from_secs(30) {
-        if let Ok(Some(st)) = n.child.try_wait() {
-            return if st.success() {
-                Ok(())
-            } else {
-                Err(format!("node daemon exited {st}"))
-            };
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let _ = n.child.kill();
-    let _ = n.child.wait();
-    Err("a node daemon did not drain within 30 s".into())
-}
 
 /// Builds the level-4 worker and runs the sum. In a node's process (started by its
 /// daemon, with this program's arguments), `init` serves instead of returning.
@@ -254,53 +192,23 @@ fn run(addrs: [String; 2], secret: Option<Secret>) -> Result<String, String> {
 }
 
 fn root() -> Result<String, String> {
-    let dir = std::env::temp_dir().join(format!("l4-remote-vector-sum-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-    let secret_file: PathBuf = dir.join("secret");
-    let mut key = [0u8; 32];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut key))
-        .map_err(|e| format!("a session secret: {e}"))?;
-    let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
-    std::fs::write(&secret_file, hex).map_err(|e| e.to_string())?;
-    std::fs::set_permissions(&secret_file, std::fs::Permissions::from_mode(0o600))
-        .map_err(|e| e.to_string())?;
-    let secret = Secret::from_file(&secret_file).map_err(|e| e.to_string())?;
-    let result = (|| {
-        let a = start_node(&secret_file)?;
-        let b = match start_node(&secret_file) {
-            Ok(b) => b,
-            Err(e) => {
-                let _ = stop_node(a);
-                return Err(e);
-            }
-        };
-        let r = run([a.addr.clone(), b.addr.clone()], Some(secret));
-        let sa = stop_node(a);
-        let sb = stop_node(b);
-        let line = r?;
-        sa?;
-        sb?;
-        Ok(line)
-    })();
-    let _ = std::fs::remove_dir_all(&dir);
-    result
+    let nodes = LocalNodes::start(2)?;
+    let addrs = nodes.addrs();
+    let line = run([addrs[0].clone(), addrs[1].clone()], Some(nodes.secret()));
+    let stopped = nodes.stop();
+    let line = line?;
+    stopped?;
+    Ok(line)
 }
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().collect();
-    let result = if let Some(i) = args.iter().position(|a| a == "--node-daemon") {
-        match args.get(i + 1) {
-            Some(f) => node_daemon(Path::new(f)).map(|()| String::new()),
-            None => Err("--node-daemon needs the secret file".into()),
-        }
-    } else if std::env::var_os(strata_net::ENV_NODE_WORKER).is_some() {
+    let result = match nodes::role() {
+        Role::Daemon(r) => r.map(|()| String::new()),
         // A node's process (its daemon started it with this program's arguments): the
         // same registrations and shape; `init` serves the connection the daemon handed it
         // and exits the process, so the addresses are not needed here.
-        run([String::new(), String::new()], None)
-    } else {
-        root()
+        Role::Node => run([String::new(), String::new()], None),
+        Role::Root => root(),
     };
     match result {
         Ok(line) if line.is_empty() => ExitCode::SUCCESS,

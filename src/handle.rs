@@ -136,10 +136,13 @@ impl DispatchState {
                 g = self.lock();
                 g.waiting = false;
                 match r {
-                    Err(strata_dist::DistError::WaitTimeout(_)) => {
+                    Err(strata_dist::DistError::WaitTimeout { wait_for, .. }) => {
                         g.run = Some(run);
                         self.done.notify_all();
-                        return Err(Error::Timeout(timeout.unwrap_or_default()));
+                        return Err(Error::Timeout {
+                            after: timeout.unwrap_or_default(),
+                            wait_for,
+                        });
                     }
                     r => {
                         // A failed run's trace is kept too: it shows how far it got.
@@ -162,7 +165,11 @@ impl DispatchState {
                 Some(d) => {
                     let left = d.saturating_duration_since(Instant::now());
                     if left.is_zero() {
-                        return Err(Error::Timeout(timeout.unwrap_or_default()));
+                        // Another thread waits on the run (and holds it): no snapshot here.
+                        return Err(Error::Timeout {
+                            after: timeout.unwrap_or_default(),
+                            wait_for: None,
+                        });
                     }
                     g = self
                         .done
@@ -217,7 +224,7 @@ impl DispatchHandle {
             }
         }
         let r = self.state.finish(timeout);
-        if !matches!(r, Err(Error::Timeout(_))) {
+        if !matches!(r, Err(Error::Timeout { .. })) {
             self.state.lock().observed = true;
         }
         r

@@ -40,7 +40,9 @@ pub use strata_graph as graph;
 pub use strata_graph::FailureKind;
 pub use strata_host as host;
 pub use strata_mailbox as mailbox;
+pub use strata_net as net;
 pub use strata_types as types;
+pub use strata_types::{Executor, PendingTask, RingWait, RunningTask, SignalWait, WaitFor};
 pub use tensors::StackedDeviceTensor;
 pub use trace_out::TRACE_OUT_ENV;
 pub use worker::{Callable, Worker};
@@ -57,5 +59,34 @@ mod tests {
         both::<crate::Registration>();
         both::<crate::Compiled>();
         both::<crate::Error>();
+    }
+
+    /// A remote level-3 worker is a child of a level-4 target, never a target of its own;
+    /// as a child its chips are the world the level-4 program's own dimension counts.
+    #[test]
+    fn a_remote_target_is_a_level_4_child() {
+        use crate::net::RemoteSpec;
+        use crate::program::{Dim, Program, Signature, Target};
+        use crate::types::DataType;
+        let program = || {
+            let mut p = Program::new(
+                "p",
+                Signature::new().output("y", DataType::F32, [Dim::World, Dim::Fixed(4)]),
+            );
+            p.orchestrate(|_, _| Ok(()));
+            p
+        };
+        let alone = program().compile(&Target::remote(RemoteSpec::new("h:1").chips(2)));
+        assert!(
+            matches!(&alone, Err(crate::Error::Config(m)) if m.contains("child of a level-4 target")),
+            "{alone:?}"
+        );
+        let child = Target::remote(RemoteSpec::new("h:1").chips(3)).sub_workers(1);
+        assert_eq!((child.level(), child.world_size()), (3, 3));
+        let top = Target::l4(vec![Target::l3(2), child]);
+        let compiled = program()
+            .compile(&top)
+            .expect("a level-4 target with a remote child");
+        assert_eq!(compiled.describe(), "y: out F32[2, 4]");
     }
 }

@@ -433,10 +433,18 @@ impl PreparedWorker {
                     config.num_sub_workers = config.num_sub_workers.max(subs_needed);
                     let mut w = DistWorker::new(config)?;
                     for c in children {
-                        let TargetKind::Dist { config, .. } = c.kind() else {
-                            return Err(Error::Internal("level-4 children are level 3".into()));
-                        };
-                        w.add_worker(DistWorker::new(config.clone())?)?;
+                        match c.kind() {
+                            TargetKind::Dist { config, .. } => {
+                                w.add_worker(DistWorker::new(config.clone())?)?;
+                            }
+                            TargetKind::Remote(spec) => {
+                                strata_net::add_remote_worker(&mut w, (**spec).clone())
+                                    .map_err(|e| Error::Config(e.to_string()))?;
+                            }
+                            TargetKind::Chip(_) => {
+                                return Err(Error::Internal("level-4 children are level 3".into()))
+                            }
+                        }
                     }
                     for p in &programs {
                         w.register_chip_callables(&p.inner.chip)?;
@@ -470,6 +478,9 @@ impl PreparedWorker {
                     w.init()?;
                     Ok((Backend::Dist(Box::new(w)), visible))
                 }
+                TargetKind::Remote(_) => Err(Error::Config(
+                    "a remote level-3 worker is a child of a level-4 target: Target::l4(vec![Target::remote(spec), ..])".into(),
+                )),
             }
         })();
         let (backend, visible_regions) = match started {
@@ -916,6 +927,26 @@ impl PreparedWorker {
         }
     }
 
+    /// What the worker's window allocator did so far: domains created, window buffers
+    /// allocated and freed, persistent zero-fills. `None` for a level-2 worker (it has no
+    /// windows) or a level-3 worker whose windows were never set up.
+    ///
+    /// With [`Prepare::persistent_windows`], a program that allocates its window buffer in
+    /// every dispatch allocates it once: the counters show it. Without it, a dispatch's
+    /// window buffers are freed when the next dispatch claims the windows (its tasks may
+    /// run until then), the last ones at close.
+    ///
+    /// # Errors
+    /// After close.
+    pub fn comm_stats(&self) -> Result<Option<strata_comm::CommStats>, Error> {
+        let mut core = self.core("comm_stats")?;
+        core.drain();
+        Ok(match &core.backend {
+            Backend::Dist(d) => d.comm_stats(),
+            Backend::Chip(_) => None,
+        })
+    }
+
     // ----- close -------------------------------------------------------------------------
 
     /// Drains the dispatches in flight (oldest first), frees the device tensors this
@@ -999,6 +1030,10 @@ fn same_target(a: &crate::Target, b: &crate::Target) -> bool {
                 && x.exec_mode == y.exec_mode
                 && cx.len() == cy.len()
                 && cx.iter().zip(cy).all(|(p, q)| same_target(p, q))
+        }
+        (TargetKind::Remote(x), TargetKind::Remote(y)) => {
+            format!("{x:?}") == format!("{y:?}")
+                && x.level3_config().chips == y.level3_config().chips
         }
         _ => false,
     }

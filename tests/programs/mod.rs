@@ -10,6 +10,11 @@ use strata::Arg;
 use strata_testkit::suite::Variant;
 use strata_testkit::{check, contracts, Ctx, Outcome, Scenario};
 
+mod comm;
+mod stall;
+use comm::*;
+use stall::*;
+
 /// An execution mode as a suite variant.
 pub trait Mode: Variant<Value = ExecMode> {}
 impl<V: Variant<Value = ExecMode>> Mode for V {}
@@ -55,11 +60,18 @@ pub fn suite<M: Mode>() -> Vec<Scenario> {
         a_level_2_benchmark_measures_every_round_from_its_spans,
         a_level_3_benchmark_builds_every_view_from_the_chips_spans,
         a_level_3_benchmark_flags_unstable_slots_and_flattens_varying_rounds,
+        s1_quickstart_allreduce_gives_the_sum_on_every_rank,
+        s4_notify_wait_handshake,
+        s5_persistent_windows_are_allocated_once_and_reset,
+        s6_barrier_tally,
+        s9_rank_identity_scale_and_round_trip,
+        a_stalled_level_2_dispatch_explains_itself,
+        a_group_waiting_for_a_stuck_worker_explains_the_timeout,
     ]
 }
 
 /// A level-3 target of `chips` chips in mode `M`.
-fn l3<M: Mode>(chips: usize) -> Target {
+pub fn l3<M: Mode>(chips: usize) -> Target {
     Target::l3(chips).configure(|c| c.exec_mode = M::VALUE)
 }
 
@@ -440,7 +452,7 @@ pub fn s15_handles_cache_their_outcome_and_time_out_without_losing_the_dispatch<
     let h = rt.submit(&compiled, (&g, &count)).ctx("submit")?;
     let e = h.result(Some(std::time::Duration::ZERO)).unwrap_err();
     check!(
-        matches!(e, Error::Timeout(_)),
+        matches!(e, Error::Timeout { .. }),
         "pending: a timeout, got {e}"
     );
     let e = h

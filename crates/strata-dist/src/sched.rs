@@ -21,6 +21,8 @@
 //! Waiting is spin-then-park on the worker's doorbell, which children ring after every
 //! completion and the orchestrator rings when it hands over work.
 
+mod stall;
+
 use crate::control::ControlCommand;
 use crate::endpoint::{AnyEndpoint, ChildKind, Endpoint, EndpointError, LocalEndpoint};
 use crate::task::{DistTask, Route, Target};
@@ -800,6 +802,7 @@ impl<E: Endpoint> SchedLoop<E> {
                         let outcome = outcome.map_err(|f| {
                             let message = self.attribute(lane, f.message);
                             Failure::with_code(FailureKind::Task, f.code, message)
+                                .with_wait_for(f.wait_for.map(|w| Arc::new(*w)))
                         });
                         self.finish(lane, slot, outcome);
                         progress = true;
@@ -876,10 +879,15 @@ impl<E: Endpoint> SchedLoop<E> {
                 "{label}: the task ran past its deadline of {budget:?}{note} (timeout); {how} so the worker can close"
             );
             let dead = format!("{label}: stopped after a task ran past its deadline of {budget:?}");
+            // Before the lane is stopped: the snapshot shows the task still running there.
+            let wait_for = Arc::new(self.wait_for(format!(
+                "{label}: a task ran past its deadline of {budget:?}"
+            )));
             self.lanes[lane].dead = Some(dead.clone());
             self.link.set_unusable(what.clone());
             self.abandon_uses(lane);
-            self.finish(lane, slot, Err(Failure::new(FailureKind::Timeout, what)));
+            let f = Failure::new(FailureKind::Timeout, what).with_wait_for(Some(wait_for));
+            self.finish(lane, slot, Err(f));
             self.finish_all(lane, &Failure::new(FailureKind::Endpoint, dead));
         }
     }
@@ -1285,6 +1293,12 @@ impl Driver {
     /// Why the loop is broken (a pass panicked), if it is.
     pub(crate) fn broken(&self) -> Option<Broken> {
         self.seat.broken()
+    }
+
+    /// The scheduler's wait-for state now, headed by `stalled` (`None` if the loop broke
+    /// or was taken down).
+    pub(crate) fn wait_for(&self, stalled: String) -> Option<strata_types::WaitFor> {
+        self.seat.with(|lp| lp.wait_for(stalled)).ok().flatten()
     }
 
     /// The loop broke: nothing more is admitted, with the panic as the reason.

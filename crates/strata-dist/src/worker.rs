@@ -456,8 +456,15 @@ impl DistWorker {
         match cfg.level {
             Level::L3 => {
                 for (i, c) in cfg.chips.iter().enumerate() {
-                    let rank = arena.as_ref().map(|a| {
-                        strata_comm::RankContext::new(a.clone(), i as u32, cfg.comm_wait_timeout)
+                    let rank = arena.as_ref().zip(comm.as_ref()).map(|(a, c)| {
+                        (
+                            strata_comm::RankContext::new(
+                                a.clone(),
+                                i as u32,
+                                cfg.comm_wait_timeout,
+                            ),
+                            c.region,
+                        )
                     });
                     programs.push(Box::new(ChipChild::new(
                         i,
@@ -1446,7 +1453,10 @@ impl RunHandle {
                         return Err(broken(b));
                     }
                     if left.is_some_and(|l| l <= slice) {
-                        return Err(DistError::WaitTimeout(timeout.unwrap_or_default()));
+                        let after = timeout.unwrap_or_default();
+                        let stalled = format!("run {} did not finish within {after:?}", self.run.0);
+                        let wait_for = self.driver.wait_for(stalled).map(Arc::new);
+                        return Err(DistError::WaitTimeout { after, wait_for });
                     }
                 }
             }

@@ -54,6 +54,102 @@ pub(crate) enum Lane {
     Main,
 }
 
+/// The sending side of a session: every frame goes through it, whatever the transport.
+pub(crate) enum Tx {
+    /// A TCP socket and the session's writer task ([`TcpTx`]).
+    Tcp(TcpTx),
+    /// The MPI progress thread's queues for one peer rank.
+    #[cfg(feature = "mpi")]
+    Mpi(Arc<crate::mpi_link::Peer>),
+}
+
+/// How a session ends its link from this side: over TCP the socket is shut down (the
+/// peer reads EOF); over MPI the progress thread sends the peer a close message and
+/// drops whatever else was queued.
+pub(crate) enum Cut {
+    /// A clone of the session's socket.
+    Tcp(TcpStream),
+    /// The peer rank.
+    #[cfg(feature = "mpi")]
+    Mpi(Arc<crate::mpi_link::Peer>),
+}
+
+impl Cut {
+    /// Ends the link (idempotent).
+    pub(crate) fn cut(&self) {
+        match self {
+            Cut::Tcp(s) => {
+                let _ = s.shutdown(std::net::Shutdown::Both);
+            }
+            #[cfg(feature = "mpi")]
+            Cut::Mpi(p) => p.cut(),
+        }
+    }
+}
+
+/// An established link a session starts on: the socket of a handshaken TCP connection,
+/// or a handshaken MPI peer.
+pub(crate) enum Link {
+    /// The connection's socket.
+    Tcp(TcpStream),
+    /// The peer rank.
+    #[cfg(feature = "mpi")]
+    Mpi(Arc<crate::mpi_link::Peer>),
+}
+
+/// A handshaken start-up connection that becomes a session's [`Link`].
+pub(crate) trait IntoLink: crate::io::FrameConn {
+    /// The link the session runs on.
+    fn into_link(self) -> Link;
+}
+
+impl IntoLink for crate::io::SyncConn {
+    fn into_link(self) -> Link {
+        Link::Tcp(self.stream)
+    }
+}
+
+#[cfg(feature = "mpi")]
+impl IntoLink for crate::mpi_link::MpiConn {
+    fn into_link(self) -> Link {
+        Link::Mpi(self.peer)
+    }
+}
+
+impl Tx {
+    /// A sender over a TCP writer's lanes and a clone of the session's socket.
+    pub(crate) fn new(
+        prio: mpsc::UnboundedSender<Out>,
+        main: mpsc::UnboundedSender<Out>,
+        sock: TcpStream,
+    ) -> Tx {
+        Tx::Tcp(TcpTx {
+            prio,
+            main,
+            sock,
+            pending: Arc::default(),
+        })
+    }
+
+    /// The count a TCP writer decrements ([`pump`]).
+    pub(crate) fn backlog(&self) -> Arc<Backlog> {
+        match self {
+            Tx::Tcp(t) => t.pending.clone(),
+            #[cfg(feature = "mpi")]
+            Tx::Mpi(_) => Arc::default(),
+        }
+    }
+
+    /// Sends `out` on `lane`; `Err` once the writer is gone (the session was cut).
+    pub(crate) fn send(&self, lane: Lane, out: Out) -> Result<(), ()> {
+        match self {
+            Tx::Tcp(t) => t.send(lane, out),
+            #[cfg(feature = "mpi")]
+            Tx::Mpi(p) => p.send(lane, out),
+        }
+    }
+}
+
 /// The sending side of a session's writer: every frame goes through it.
 ///
 /// A frame sent while the writer has nothing to do (no item queued or being written) is
@@ -63,7 +159,7 @@ pub(crate) enum Lane {
 /// non-blocking, so this never blocks the sender (the scheduler, the node's main thread);
 /// whatever the socket does not take at once goes to the writer at the head of the
 /// priority lane, so it is written before anything else, and frames never interleave.
-pub(crate) struct Tx {
+pub(crate) struct TcpTx {
     prio: mpsc::UnboundedSender<Out>,
     main: mpsc::UnboundedSender<Out>,
     /// A handle on the session's (non-blocking) socket for the direct writes.
@@ -86,27 +182,8 @@ impl Backlog {
     }
 }
 
-impl Tx {
-    /// A sender over the writer's lanes and a clone of the session's socket.
-    pub(crate) fn new(
-        prio: mpsc::UnboundedSender<Out>,
-        main: mpsc::UnboundedSender<Out>,
-        sock: TcpStream,
-    ) -> Tx {
-        Tx {
-            prio,
-            main,
-            sock,
-            pending: Arc::default(),
-        }
-    }
-
-    /// The count the writer decrements ([`pump`]).
-    pub(crate) fn backlog(&self) -> Arc<Backlog> {
-        self.pending.clone()
-    }
-
-    /// Sends `out` on `lane` (see [`Tx`]); `Err` once the writer is gone.
+impl TcpTx {
+    /// Sends `out` on `lane` (see [`TcpTx`]); `Err` once the writer is gone.
     pub(crate) fn send(&self, lane: Lane, out: Out) -> Result<(), ()> {
         use std::io::Write;
         let mut pending = self.pending.0.lock().unwrap_or_else(|e| e.into_inner());
@@ -223,8 +300,8 @@ pub(crate) struct Session {
     out_pending: AtomicU64,
     /// The writer's lanes (and direct writes).
     tx: Tx,
-    /// A clone of the socket, to cut the connection from any thread.
-    sock: TcpStream,
+    /// Cuts the link from any thread.
+    sock: Cut,
 }
 
 impl Session {
@@ -250,7 +327,7 @@ impl Session {
             }
         }
         self.dead_flag.store(true, Ordering::Release);
-        let _ = self.sock.shutdown(std::net::Shutdown::Both);
+        self.sock.cut();
         self.changed.notify_all();
         self.doorbell.ring();
     }
@@ -473,15 +550,16 @@ impl std::fmt::Debug for RemoteEndpoint {
 }
 
 impl RemoteEndpoint {
-    /// Starts the session's reader, writer and heartbeat on this crate's runtime over an
-    /// authenticated, ready connection.
+    /// Starts the session over an authenticated, ready link: over TCP its reader, writer
+    /// and heartbeat on this crate's runtime; over MPI its heartbeat there, its frames
+    /// through the MPI progress thread.
     ///
     /// # Errors
     /// The socket cannot be handed to the runtime.
     // One caller (spec.rs), which has each of these at hand: a struct would only rename them.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn start(
-        stream: TcpStream,
+        link: Link,
         session: u64,
         label: String,
         doorbell: Doorbell,
@@ -490,6 +568,38 @@ impl RemoteEndpoint {
         staging_bytes: u64,
         node: (String, u32),
     ) -> Result<RemoteEndpoint, NetError> {
+        let new = |tx: Tx, sock: Cut| {
+            Arc::new(Session {
+                label,
+                session,
+                doorbell,
+                shared,
+                state: Mutex::new(State::default()),
+                changed: Condvar::new(),
+                done_mask: AtomicU32::new(0),
+                dead_flag: AtomicBool::new(false),
+                last_rx: AtomicU64::new(0),
+                seq: AtomicU64::new(1 << 32),
+                epoch: Instant::now(),
+                heartbeat_timeout,
+                staging_bytes,
+                out_pending: AtomicU64::new(0),
+                tx,
+                sock,
+            })
+        };
+        // (One arm without the `mpi` feature.)
+        #[allow(clippy::infallible_destructuring_match)]
+        let stream = match link {
+            Link::Tcp(stream) => stream,
+            #[cfg(feature = "mpi")]
+            Link::Mpi(peer) => {
+                let s = new(Tx::Mpi(peer.clone()), Cut::Mpi(peer.clone()));
+                peer.attach(mpi_receiver(&s), s.shared.clone(), session);
+                runtime().spawn(heartbeat(s.clone()));
+                return Ok(RemoteEndpoint { s });
+            }
+        };
         let sock = stream
             .try_clone()
             .map_err(|e| NetError::io("cloning the session socket", e))?;
@@ -503,24 +613,7 @@ impl RemoteEndpoint {
             .map_err(|e| NetError::io("cloning the session socket", e))?;
         let tx = Tx::new(prio_tx, main_tx, direct);
         let backlog = tx.backlog();
-        let s = Arc::new(Session {
-            label,
-            session,
-            doorbell,
-            shared,
-            state: Mutex::new(State::default()),
-            changed: Condvar::new(),
-            done_mask: AtomicU32::new(0),
-            dead_flag: AtomicBool::new(false),
-            last_rx: AtomicU64::new(0),
-            seq: AtomicU64::new(1 << 32),
-            epoch: Instant::now(),
-            heartbeat_timeout,
-            staging_bytes,
-            out_pending: AtomicU64::new(0),
-            tx,
-            sock,
-        });
+        let s = new(tx, Cut::Tcp(sock));
         let rt = runtime();
         let _guard = rt.enter();
         let stream = tokio::net::TcpStream::from_std(stream)
@@ -818,7 +911,7 @@ impl Endpoint for RemoteEndpoint {
         loop {
             if let Some(ack) = st.ack.take() {
                 drop(st);
-                let _ = self.s.sock.shutdown(std::net::Shutdown::Both);
+                self.s.sock.cut();
                 return if ack.reaped && ack.report.is_empty() {
                     Ok(())
                 } else if ack.reaped {
@@ -858,7 +951,7 @@ impl Endpoint for RemoteEndpoint {
 impl Drop for RemoteEndpoint {
     fn drop(&mut self) {
         // Whatever happened, the session ends with the endpoint.
-        let _ = self.s.sock.shutdown(std::net::Shutdown::Both);
+        self.s.sock.cut();
     }
 }
 
@@ -1035,6 +1128,44 @@ fn on_frame(s: &Session, h: &wire::Header, body: &[u8]) -> Result<(), String> {
         }
         other => Err(format!("the node sent an unexpected {other:?} frame")),
     }
+}
+
+/// The session's receiver over MPI, run by the progress thread: what [`reader`] does
+/// for a socket. It holds the session weakly (the session holds the peer, which holds
+/// this receiver).
+#[cfg(feature = "mpi")]
+fn mpi_receiver(s: &Arc<Session>) -> crate::mpi_link::Handler {
+    use crate::mpi_link::{decode_message, Incoming};
+    let weak = Arc::downgrade(s);
+    Box::new(move |inc| {
+        let Some(s) = weak.upgrade() else {
+            return;
+        };
+        let acked = || s.lock().ack.is_some();
+        match inc {
+            Incoming::Frame(buf, tag) => match decode_message(buf, tag) {
+                Ok((h, body)) => {
+                    s.last_rx.store(s.now_ms(), Ordering::Release);
+                    if let Err(why) = on_frame(&s, &h, body) {
+                        s.die(format!("{}: {why}", s.label));
+                    }
+                }
+                Err(e) => s.die(format!(
+                    "{}: the node sent a bad frame ({e}); the session was cut",
+                    s.label
+                )),
+            },
+            Incoming::Closed if !acked() => s.die(format!(
+                "{}: the node ended the session before it confirmed a shutdown (its process ended?)",
+                s.label
+            )),
+            Incoming::Broken(why) if !acked() => s.die(format!(
+                "{}: MPI failed on the link to the node ({why}): the node died, or the fabric failed",
+                s.label
+            )),
+            Incoming::Closed | Incoming::Broken(_) => {}
+        }
+    })
 }
 
 async fn reader(s: Arc<Session>, mut rd: tokio::net::tcp::OwnedReadHalf) {

@@ -15,14 +15,14 @@
 
 use crate::auth::{prove, random_bytes, verify, Role, Secret};
 use crate::error::NetError;
-use crate::io::SyncConn;
+use crate::io::FrameConn;
 use crate::wire::{
     self, clip_message, Auth, Challenge, ErrorBody, ErrorCode, FrameType, Hello, Intro,
 };
 use std::time::Instant;
 
 /// Sends one ERROR frame (best effort: the connection closes after it anyway).
-pub fn refuse(conn: &mut SyncConn, code: ErrorCode, message: &str, deadline: Instant) {
+pub fn refuse<C: FrameConn>(conn: &mut C, code: ErrorCode, message: &str, deadline: Instant) {
     let body = ErrorBody {
         code,
         message: clip_message(message.to_owned()),
@@ -47,8 +47,8 @@ pub fn refusal(body: &[u8]) -> NetError {
 ///
 /// # Errors
 /// The peer refused, closed, timed out, or sent something else.
-pub fn expect(
-    conn: &mut SyncConn,
+pub fn expect<C: FrameConn>(
+    conn: &mut C,
     kind: FrameType,
     what: &str,
     deadline: Instant,
@@ -63,10 +63,11 @@ pub fn expect(
             f.header.kind
         )));
     }
-    if conn.session != 0 && f.header.session != conn.session {
+    if conn.session() != 0 && f.header.session != conn.session() {
         return Err(NetError::Protocol(format!(
             "a frame of session {:#x} on session {:#x}",
-            f.header.session, conn.session
+            f.header.session,
+            conn.session()
         )));
     }
     Ok(f.body)
@@ -78,8 +79,8 @@ pub fn expect(
 /// # Errors
 /// [`NetError::Auth`] if the responder's proof is wrong (an ERROR frame was sent) or it
 /// refused ours; any I/O or protocol error.
-pub fn initiate(
-    conn: &mut SyncConn,
+pub fn initiate<C: FrameConn>(
+    conn: &mut C,
     secret: &Secret,
     intro: Intro,
     deadline: Instant,
@@ -96,7 +97,7 @@ pub fn initiate(
     if !verify(
         secret,
         Role::Responder,
-        conn.session,
+        conn.session(),
         &mine,
         &ch.nonce,
         &ch.proof,
@@ -105,7 +106,7 @@ pub fn initiate(
         refuse(conn, ErrorCode::Auth, msg, deadline);
         return Err(NetError::Auth(msg.into()));
     }
-    let proof = prove(secret, Role::Initiator, conn.session, &ch.nonce, &mine);
+    let proof = prove(secret, Role::Initiator, conn.session(), &ch.nonce, &mine);
     conn.send(FrameType::Auth, &Auth { proof, intro }, deadline)
 }
 
@@ -115,7 +116,11 @@ pub fn initiate(
 ///
 /// # Errors
 /// [`NetError::Auth`]; a silent or slow initiator past `deadline`; any protocol error.
-pub fn respond(conn: &mut SyncConn, secret: &Secret, deadline: Instant) -> Result<Intro, NetError> {
+pub fn respond<C: FrameConn>(
+    conn: &mut C,
+    secret: &Secret,
+    deadline: Instant,
+) -> Result<Intro, NetError> {
     let f = conn.recv("the handshake's HELLO", deadline)?;
     if f.header.kind != FrameType::Hello {
         let msg = format!("expected HELLO first, got {:?}", f.header.kind);
@@ -129,9 +134,9 @@ pub fn respond(conn: &mut SyncConn, secret: &Secret, deadline: Instant) -> Resul
             return Err(e.into());
         }
     };
-    conn.session = f.header.session;
+    conn.set_session(f.header.session);
     let mine = random_bytes::<32>()?;
-    let proof = prove(secret, Role::Responder, conn.session, &hello.nonce, &mine);
+    let proof = prove(secret, Role::Responder, conn.session(), &hello.nonce, &mine);
     conn.send(
         FrameType::Challenge,
         &Challenge { nonce: mine, proof },
@@ -142,7 +147,7 @@ pub fn respond(conn: &mut SyncConn, secret: &Secret, deadline: Instant) -> Resul
     if !verify(
         secret,
         Role::Initiator,
-        conn.session,
+        conn.session(),
         &mine,
         &hello.nonce,
         &auth.proof,

@@ -34,6 +34,87 @@ pub struct RawFrame {
     pub body: Vec<u8>,
 }
 
+/// A blocking frame connection: what the handshake and the start-up frames of a session
+/// (NODE_HELLO, READY) run over, whatever the transport — a TCP socket ([`SyncConn`]) or
+/// MPI messages to one rank (`mpi_link::MpiConn`, feature `mpi`).
+pub trait FrameConn {
+    /// The session id stamped on frames sent.
+    fn session(&self) -> u64;
+    /// Adopts the initiator's session id (the responder learns it from HELLO).
+    fn set_session(&mut self, session: u64);
+    /// The next sequence number for a frame sent.
+    fn next_seq(&mut self) -> u64;
+    /// Sends one encoded frame of type `kind` by `deadline`.
+    ///
+    /// # Errors
+    /// The transport failed or the deadline passed.
+    fn send_frame(
+        &mut self,
+        kind: FrameType,
+        frame: Vec<u8>,
+        deadline: Instant,
+    ) -> Result<(), NetError>;
+    /// Receives one frame by `deadline`.
+    ///
+    /// # Errors
+    /// The transport failed or closed, the deadline passed, or the frame is malformed.
+    fn recv(&mut self, what: &str, deadline: Instant) -> Result<RawFrame, NetError>;
+
+    /// Encodes and sends one frame, by `deadline`.
+    ///
+    /// # Errors
+    /// As [`FrameConn::send_frame`]; the body does not encode.
+    fn send<T: Serialize>(
+        &mut self,
+        kind: FrameType,
+        body: &T,
+        deadline: Instant,
+    ) -> Result<(), NetError>
+    where
+        Self: Sized,
+    {
+        let seq = self.next_seq();
+        let frame = wire::encode(kind, self.session(), seq, body)?;
+        self.send_frame(kind, frame, deadline)
+    }
+}
+
+impl FrameConn for SyncConn {
+    fn session(&self) -> u64 {
+        self.session
+    }
+
+    fn set_session(&mut self, session: u64) {
+        self.session = session;
+    }
+
+    fn next_seq(&mut self) -> u64 {
+        self.seq += 1;
+        self.seq
+    }
+
+    fn send_frame(
+        &mut self,
+        kind: FrameType,
+        frame: Vec<u8>,
+        deadline: Instant,
+    ) -> Result<(), NetError> {
+        let left = deadline
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(1));
+        self.stream
+            .set_write_timeout(Some(left))
+            .map_err(|e| NetError::io("setting a write timeout", e))?;
+        self.stream
+            .write_all(&frame)
+            .map_err(|e| NetError::io(format!("sending {kind:?}"), e))
+    }
+
+    fn recv(&mut self, what: &str, deadline: Instant) -> Result<RawFrame, NetError> {
+        SyncConn::recv(self, what, deadline)
+    }
+}
+
 /// A blocking connection used for the handshakes: every read and write has a deadline.
 #[derive(Debug)]
 pub struct SyncConn {
@@ -65,17 +146,7 @@ impl SyncConn {
         body: &T,
         deadline: Instant,
     ) -> Result<(), NetError> {
-        self.seq += 1;
-        let frame = wire::encode(kind, self.session, self.seq, body)?;
-        let left = deadline
-            .saturating_duration_since(Instant::now())
-            .max(Duration::from_millis(1));
-        self.stream
-            .set_write_timeout(Some(left))
-            .map_err(|e| NetError::io("setting a write timeout", e))?;
-        self.stream
-            .write_all(&frame)
-            .map_err(|e| NetError::io(format!("sending {kind:?}"), e))
+        FrameConn::send(self, kind, body, deadline)
     }
 
     /// Receives one frame by `deadline`.

@@ -17,7 +17,8 @@
 use crate::auth::{random_bytes, Secret};
 use crate::error::NetError;
 use crate::spec::{
-    ENV_LAUNCH_RANK, ENV_LAUNCH_ROOT, ENV_LAUNCH_SECRET, ENV_LAUNCH_SIZE, ENV_SECRET_FILE,
+    ENV_LAUNCH_RANK, ENV_LAUNCH_ROOT, ENV_LAUNCH_SECRET, ENV_LAUNCH_SIZE, ENV_LAUNCH_TRANSPORT,
+    ENV_SECRET_FILE,
 };
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -231,6 +232,9 @@ pub struct LaunchOptions {
     pub port: Option<u16>,
     /// A secret file, overriding the derived secret.
     pub secret_file: Option<PathBuf>,
+    /// The sessions travel as MPI messages (`--transport mpi`) instead of over TCP; rank
+    /// 0's address is then not needed.
+    pub mpi: bool,
 }
 
 /// The environment the program gets: rank, size, rank 0's address, the job's secret.
@@ -242,12 +246,19 @@ pub fn program_env(
     opts: &LaunchOptions,
 ) -> Result<Vec<(String, String)>, NetError> {
     let e = detect(env)?;
-    let host = opts.root.clone().or(e.root_host.clone()).ok_or_else(|| {
-        NetError::Config(format!(
-            "{}: cannot tell where rank 0 runs; pass `strata-node launch --root HOST`",
-            e.launcher
-        ))
-    })?;
+    let host = opts.root.clone().or(e.root_host.clone());
+    // Over MPI the ranks find each other through MPI: an address is passed on if known,
+    // never required.
+    let host = if opts.mpi {
+        host.unwrap_or_else(|| "127.0.0.1".into())
+    } else {
+        host.ok_or_else(|| {
+            NetError::Config(format!(
+                "{}: cannot tell where rank 0 runs; pass `strata-node launch --root HOST`",
+                e.launcher
+            ))
+        })?
+    };
     let port = opts.port.unwrap_or_else(|| job_port(&e.job));
     let secret_file = opts
         .secret_file
@@ -272,6 +283,10 @@ pub fn program_env(
         (ENV_LAUNCH_SIZE.into(), e.size.to_string()),
         (ENV_LAUNCH_ROOT.into(), format!("{host}:{port}")),
         (ENV_LAUNCH_SECRET.into(), secret.to_hex()),
+        (
+            ENV_LAUNCH_TRANSPORT.into(),
+            if opts.mpi { "mpi" } else { "tcp" }.into(),
+        ),
     ])
 }
 
@@ -398,6 +413,7 @@ mod tests {
         let ea = program_env(&a, &LaunchOptions::default()).unwrap();
         let eb = program_env(&b, &LaunchOptions::default()).unwrap();
         assert_eq!(ea[2..], eb[2..]);
+        assert_eq!(ea[4], (ENV_LAUNCH_TRANSPORT.to_string(), "tcp".to_string()));
         assert_eq!(ea[2].1, format!("127.0.0.1:{}", job_port("77")));
     }
 }

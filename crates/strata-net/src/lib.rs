@@ -31,6 +31,8 @@ pub mod identity;
 pub mod io;
 pub mod launch;
 mod memory;
+#[cfg(feature = "mpi")]
+pub mod mpi_link;
 mod node;
 mod spec;
 pub mod wire;

@@ -9,9 +9,11 @@
 //! its frames in turn); the runtime's thread reads frames, lands bulk inputs in the
 //! staging area while the previous task runs, sends heartbeats, and streams outputs.
 
-use crate::client::{pump, Lane, Out, Tx, CANCELLED, HEARTBEAT_INTERVAL};
+use crate::client::{pump, IntoLink, Lane, Link, Out, Tx, CANCELLED, HEARTBEAT_INTERVAL};
 use crate::error::NetError;
-use crate::io::{hostname, read_frame, runtime, SyncConn};
+#[cfg(feature = "mpi")]
+use crate::io::FrameConn;
+use crate::io::{hostname, read_frame, runtime};
 use crate::wire::{
     self, clip_message, Cancel, Control, ControlReply, Data, Done, ErrorBody, ErrorCode, FrameType,
     NodeHello, Ready, Segment, ShutdownAck, Task, MAX_TRACE_BYTES,
@@ -187,15 +189,8 @@ impl NodeShared {
     }
 }
 
-/// Serves the session on `conn` (authenticated) as remote level-3 worker `node.worker_id`
-/// with `worker`; returns the process's exit status (0 after an acknowledged shutdown).
-pub(crate) fn serve(
-    mut conn: SyncConn,
-    mut worker: DistWorker,
-    node: NodeContext,
-    opts: NodeOptions,
-) -> i32 {
-    let hello = NodeHello {
+fn node_hello(node: &NodeContext, opts: &NodeOptions) -> NodeHello {
+    NodeHello {
         worker_id: node.worker_id as u32,
         build_id: crate::identity::own_build_id().unwrap_or_default(),
         registry_digest: node.registry_digest,
@@ -203,7 +198,18 @@ pub(crate) fn serve(
         sub_workers: opts.sub_workers,
         pid: std::process::id(),
         host: hostname(),
-    };
+    }
+}
+
+/// Serves the session on `conn` (authenticated) as remote level-3 worker `node.worker_id`
+/// with `worker`; returns the process's exit status (0 after an acknowledged shutdown).
+pub(crate) fn serve<C: IntoLink>(
+    mut conn: C,
+    mut worker: DistWorker,
+    node: NodeContext,
+    opts: NodeOptions,
+) -> i32 {
+    let hello = node_hello(&node, &opts);
     if let Err(e) = conn.send(FrameType::NodeHello, &hello, opts.deadline) {
         eprintln!("strata-node: worker {}: {e}", node.worker_id);
         return 1;
@@ -238,13 +244,111 @@ pub(crate) fn serve(
         let _ = worker.close();
         return 1;
     }
-    let status = run_session(conn, &mut worker, &shared, lease.id(), opts);
+    let session = conn.session();
+    let status = run_session(
+        conn.into_link(),
+        session,
+        &mut worker,
+        &shared,
+        lease.id(),
+        opts,
+    );
+    drop(lease);
+    status
+}
+
+/// Serves as remote level-3 worker `node.worker_id` over MPI: the same steps as
+/// [`serve`], in the order MPI needs — the staging area and the level-3 worker's `init`
+/// (its forks) first, while this process has one thread, and only then MPI (whose
+/// library starts threads of its own), the handshake with rank 0, NODE_HELLO and READY.
+/// A startup failure is still reported to the root (ERROR(Startup)).
+#[cfg(feature = "mpi")]
+pub(crate) fn serve_mpi(
+    mut worker: DistWorker,
+    node: NodeContext,
+    opts: NodeOptions,
+    secret: &crate::auth::Secret,
+) -> i32 {
+    let shared = SharedMemory::process().clone();
+    let lease = shared.lease_region(opts.staging_bytes as usize, "strata-net staging");
+    let started = match &lease {
+        Ok(_) => worker
+            .init()
+            .map_err(|e| format!("the level-3 worker failed to start on {}: {e}", hostname())),
+        Err(e) => Err(format!("cannot create the staging area: {e}")),
+    };
+    let conn = crate::mpi_link::MpiConn::to(0, crate::spec::fresh_session().unwrap_or(1)).and_then(
+        |mut c| {
+            crate::handshake::initiate(
+                &mut c,
+                secret,
+                wire::Intro::Join {
+                    worker_id: node.worker_id as u32,
+                },
+                opts.deadline,
+            )?;
+            Ok(c)
+        },
+    );
+    let mut conn = match conn {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("strata-node: worker {} (MPI): {e}", node.worker_id);
+            if started.is_ok() {
+                let _ = worker.close();
+            }
+            return 2;
+        }
+    };
+    let hello = node_hello(&node, &opts);
+    let ended = |conn: &crate::mpi_link::MpiConn, worker: &mut DistWorker, status: i32| {
+        conn.peer.flush(Instant::now() + Duration::from_secs(5));
+        conn.peer.cut();
+        let _ = worker.close();
+        status
+    };
+    if let Err(e) = conn.send(FrameType::NodeHello, &hello, opts.deadline) {
+        eprintln!("strata-node: worker {}: {e}", node.worker_id);
+        return ended(&conn, &mut worker, 1);
+    }
+    let (lease, ()) = match (lease, started) {
+        (Ok(l), Ok(())) => (l, ()),
+        (_, Err(msg)) => {
+            crate::handshake::refuse(&mut conn, ErrorCode::Startup, &msg, opts.deadline);
+            return ended(&conn, &mut worker, 1);
+        }
+        (Err(e), Ok(())) => {
+            let msg = format!("cannot create the staging area: {e}");
+            crate::handshake::refuse(&mut conn, ErrorCode::Startup, &msg, opts.deadline);
+            return ended(&conn, &mut worker, 1);
+        }
+    };
+    if let Err(e) = conn.send(
+        FrameType::Ready,
+        &Ready {
+            staging_bytes: opts.staging_bytes,
+        },
+        opts.deadline,
+    ) {
+        eprintln!("strata-node: worker {}: {e}", node.worker_id);
+        return ended(&conn, &mut worker, 1);
+    }
+    let session = conn.session();
+    let status = run_session(
+        conn.into_link(),
+        session,
+        &mut worker,
+        &shared,
+        lease.id(),
+        opts,
+    );
     drop(lease);
     status
 }
 
 fn run_session(
-    conn: SyncConn,
+    link: Link,
+    session: u64,
     worker: &mut DistWorker,
     shared: &Arc<SharedMemory>,
     region: u64,
@@ -253,13 +357,19 @@ fn run_session(
     let (prio_tx, prio_rx) = mpsc::unbounded_channel();
     let (main_tx, main_rx) = mpsc::unbounded_channel();
     let (jobs_tx, jobs_rx) = std_mpsc::channel();
-    let Ok(direct) = conn.stream.try_clone() else {
-        return 1;
+    let tx = match &link {
+        Link::Tcp(stream) => {
+            let Ok(direct) = stream.try_clone() else {
+                return 1;
+            };
+            Tx::new(prio_tx, main_tx, direct)
+        }
+        #[cfg(feature = "mpi")]
+        Link::Mpi(peer) => Tx::Mpi(peer.clone()),
     };
-    let tx = Tx::new(prio_tx, main_tx, direct);
     let backlog = tx.backlog();
     let ns = Arc::new(NodeShared {
-        session: conn.session,
+        session,
         staging: Staging {
             region,
             free: Mutex::new(vec![(0, opts.staging_bytes)]),
@@ -274,17 +384,35 @@ fn run_session(
         ending: AtomicBool::new(false),
         grace: opts.heartbeat_timeout,
     });
-    let sock = match conn.stream.try_clone() {
+    let rt = runtime();
+    // (One arm without the `mpi` feature.)
+    #[allow(clippy::infallible_destructuring_match)]
+    let stream = match link {
+        Link::Tcp(stream) => stream,
+        #[cfg(feature = "mpi")]
+        Link::Mpi(peer) => {
+            drop((prio_rx, main_rx, backlog));
+            peer.attach(mpi_receiver(&ns), shared.clone(), session);
+            rt.spawn(node_heartbeat(ns.clone(), opts.heartbeat_timeout));
+            rt.spawn(node_signals(ns.clone()));
+            let status = serve_jobs(worker, &ns, region, &jobs_rx);
+            drop(ns);
+            // Let the progress thread send what is queued (bounded), then end the link.
+            peer.flush(Instant::now() + Duration::from_secs(5));
+            peer.cut();
+            return status;
+        }
+    };
+    let sock = match stream.try_clone() {
         Ok(s) => s,
         Err(_) => return 1,
     };
-    let rt = runtime();
     let writer_done = {
         let _guard = rt.enter();
-        if conn.stream.set_nonblocking(true).is_err() {
+        if stream.set_nonblocking(true).is_err() {
             return 1;
         }
-        let Ok(stream) = tokio::net::TcpStream::from_std(conn.stream) else {
+        let Ok(stream) = tokio::net::TcpStream::from_std(stream) else {
             return 1;
         };
         let (rd, wr) = stream.into_split();
@@ -299,6 +427,25 @@ fn run_session(
             }
         })
     };
+    let status = serve_jobs(worker, &ns, region, &jobs_rx);
+    // Let the writer flush (bounded), then cut the connection.
+    drop(ns);
+    let flush =
+        rt.block_on(async { tokio::time::timeout(Duration::from_secs(5), writer_done).await });
+    let _ = flush;
+    let _ = sock.shutdown(std::net::Shutdown::Both);
+    status
+}
+
+/// The main thread's loop: runs the jobs the reader hands over (tasks, device-memory
+/// requests) in order until SHUTDOWN or the session's end, then closes the level-3
+/// worker and, after a SHUTDOWN, acknowledges it. Returns the process's exit status.
+fn serve_jobs(
+    worker: &mut DistWorker,
+    ns: &Arc<NodeShared>,
+    region: u64,
+    jobs_rx: &std_mpsc::Receiver<Job>,
+) -> i32 {
     let minter = IdentityMinter::new();
     let mut table = DeviceTable::default();
     let acked = loop {
@@ -405,7 +552,7 @@ fn run_session(
                 seq,
                 control,
                 place,
-            } => serve_control(worker, &ns, &mut table, seq, control, place),
+            } => serve_control(worker, ns, &mut table, seq, control, place),
             Job::Shutdown => break true,
             Job::Abort(why) => {
                 eprintln!("strata-node: the session ends: {why}");
@@ -429,12 +576,6 @@ fn run_session(
             },
         );
     }
-    // Let the writer flush (bounded), then cut the connection.
-    drop(ns);
-    let flush =
-        rt.block_on(async { tokio::time::timeout(Duration::from_secs(5), writer_done).await });
-    let _ = flush;
-    let _ = sock.shutdown(std::net::Shutdown::Both);
     if acked && reaped {
         0
     } else {
@@ -576,6 +717,47 @@ fn rewrite(
         local.push_scalar_bits(s).map_err(|e| e.to_string())?;
     }
     Ok(local)
+}
+
+/// The node's receiver over MPI, run by the progress thread: what [`node_reader`] does for
+/// a socket (it holds the session weakly: the session holds the peer, which holds it).
+#[cfg(feature = "mpi")]
+fn mpi_receiver(ns: &Arc<NodeShared>) -> crate::mpi_link::Handler {
+    use crate::mpi_link::{decode_message, Incoming};
+    let weak = Arc::downgrade(ns);
+    let mut landing: HashMap<u64, Landing> = HashMap::new();
+    let mut ctl_landing: HashMap<u64, ControlLanding> = HashMap::new();
+    Box::new(move |inc| {
+        let Some(ns) = weak.upgrade() else {
+            return;
+        };
+        let protocol_error = |why: String| {
+            ns.send(
+                Lane::Prio,
+                FrameType::Error,
+                0,
+                &ErrorBody {
+                    code: ErrorCode::Protocol,
+                    message: clip_message(why.clone()),
+                },
+            );
+            ns.abort(why);
+        };
+        match inc {
+            Incoming::Frame(buf, tag) => match decode_message(buf, tag) {
+                Ok((h, body)) => {
+                    ns.last_rx
+                        .store(ns.epoch.elapsed().as_millis() as u64, Ordering::Release);
+                    if let Err(why) = node_frame(&ns, &mut landing, &mut ctl_landing, &h, body) {
+                        protocol_error(why);
+                    }
+                }
+                Err(e) => protocol_error(format!("the root sent a bad frame: {e}")),
+            },
+            Incoming::Closed => ns.abort("the root ended the session".into()),
+            Incoming::Broken(why) => ns.abort(format!("MPI failed on the link to the root: {why}")),
+        }
+    })
 }
 
 /// Reads the root's frames: tasks and their inputs (landed in the staging area),

@@ -3,7 +3,7 @@
 //! through `strata-node launch`).
 
 use crate::auth::{random_bytes, Secret};
-use crate::client::RemoteEndpoint;
+use crate::client::{IntoLink, RemoteEndpoint};
 use crate::error::NetError;
 use crate::handshake::{expect, initiate, refuse, respond};
 use crate::io::{connect, resolve, SyncConn};
@@ -34,6 +34,9 @@ pub const ENV_LAUNCH_SIZE: &str = "STRATA_LAUNCH_SIZE";
 pub const ENV_LAUNCH_ROOT: &str = "STRATA_LAUNCH_ROOT";
 /// … the job's session secret (hex).
 pub const ENV_LAUNCH_SECRET: &str = "STRATA_LAUNCH_SECRET";
+/// … the transport of the job's sessions: `tcp` (the default) or `mpi`
+/// (`strata-node launch --transport mpi`; needs strata-net's `mpi` feature).
+pub const ENV_LAUNCH_TRANSPORT: &str = "STRATA_LAUNCH_TRANSPORT";
 /// The secret file a root uses when its spec names none.
 pub const ENV_SECRET_FILE: &str = "STRATA_SECRET_FILE";
 
@@ -163,6 +166,12 @@ impl RemoteSpec {
         self
     }
 
+    /// The level-3 configuration the node builds its worker from (chips, sub-workers,
+    /// timeouts, …).
+    pub fn level3_config(&self) -> &DistConfig {
+        &self.config
+    }
+
     fn load_secret(&self) -> Result<Secret, NetError> {
         if let Some(s) = &self.secret {
             return Ok(s.clone());
@@ -274,9 +283,9 @@ impl RemoteNode {
     }
 
     /// The root's side after the handshake: the node's identity, then READY.
-    fn attach(
+    fn attach<C: IntoLink>(
         &self,
-        mut conn: SyncConn,
+        mut conn: C,
         ctx: &RemoteContext,
         label: String,
     ) -> Result<Box<dyn Endpoint>, NetError> {
@@ -321,9 +330,10 @@ impl RemoteNode {
         )?;
         let ready: Ready = wire::decode_body(FrameType::Ready, &body)?;
         let label = format!("{label} pid={} host={}", hello.pid, hello.host);
+        let session = crate::io::FrameConn::session(&conn);
         let ep = RemoteEndpoint::start(
-            conn.stream,
-            conn.session,
+            conn.into_link(),
+            session,
             label,
             ctx.doorbell.clone(),
             ctx.shared.clone(),
@@ -336,7 +346,7 @@ impl RemoteNode {
     }
 }
 
-fn fresh_session() -> Result<u64, NetError> {
+pub(crate) fn fresh_session() -> Result<u64, NetError> {
     Ok(u64::from_le_bytes(random_bytes::<8>()?).max(1))
 }
 
@@ -371,6 +381,16 @@ impl RemoteChild for RemoteNode {
                 .config()
                 .startup_timeout
                 .min(Duration::from_secs(3600));
+        if let Target::Launched(_) = &self.spec.target {
+            match launch_transport() {
+                Ok(Transport::Tcp) => {}
+                Ok(Transport::Mpi) => return self.serve_mpi(worker, node, deadline),
+                Err(e) => {
+                    eprintln!("strata-net: cannot serve worker {}: {e}", node.worker_id);
+                    return 2;
+                }
+            }
+        }
         let conn = match &self.spec.target {
             Target::Daemon(_) => node_conn_from_daemon(),
             Target::Launched(_) => node_conn_to_root(node.worker_id, deadline),
@@ -429,10 +449,119 @@ impl RemoteNode {
         ctx: &RemoteContext,
         label: String,
     ) -> Result<Box<dyn Endpoint>, NetError> {
+        if launch_transport()? == Transport::Mpi {
+            return self.accept_mpi(rank, ctx, label);
+        }
         let conn = LaunchHub::take(ctx.worker_id, ctx.deadline)
             .map_err(|e| NetError::Config(format!("rank {rank}: {e}")))?;
         self.attach(conn, ctx, label)
     }
+}
+
+/// How the sessions of a launched job travel ([`ENV_LAUNCH_TRANSPORT`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Transport {
+    Tcp,
+    Mpi,
+}
+
+/// The launched job's transport.
+///
+/// # Errors
+/// An unknown name, or `mpi` in a build without the `mpi` feature.
+fn launch_transport() -> Result<Transport, NetError> {
+    match std::env::var(ENV_LAUNCH_TRANSPORT).as_deref() {
+        Err(_) | Ok("" | "tcp") => Ok(Transport::Tcp),
+        Ok("mpi") if cfg!(feature = "mpi") => Ok(Transport::Mpi),
+        Ok("mpi") => Err(NetError::Config(format!(
+            "{ENV_LAUNCH_TRANSPORT}=mpi, but this program was built without strata-net's `mpi` feature: build it with `--features strata-net/mpi`, or launch with `--transport tcp`"
+        ))),
+        Ok(other) => Err(NetError::Config(format!(
+            "{ENV_LAUNCH_TRANSPORT}={other:?} is not a transport (tcp or mpi)"
+        ))),
+    }
+}
+
+#[cfg(feature = "mpi")]
+impl RemoteNode {
+    /// Rank 0's side of an MPI session: the handshake with rank `rank` over MPI (it
+    /// initiates, as a TCP rank dials), then the same NODE_HELLO / READY checks.
+    fn accept_mpi(
+        &self,
+        rank: u32,
+        ctx: &RemoteContext,
+        label: String,
+    ) -> Result<Box<dyn Endpoint>, NetError> {
+        let hub = crate::mpi_link::Hub::get()?;
+        check_mpi_world(hub)?;
+        let secret = Secret::from_hex(&std::env::var(ENV_LAUNCH_SECRET).unwrap_or_default())?;
+        let mut conn = crate::mpi_link::MpiConn::to(rank, 0)?;
+        match respond(&mut conn, &secret, ctx.deadline)? {
+            Intro::Join { worker_id } if worker_id as usize == ctx.worker_id => {}
+            Intro::Join { worker_id } => {
+                let m = format!(
+                    "MPI rank {rank} serves worker {worker_id}; this root expects worker {} there: start every rank with the same program and arguments",
+                    ctx.worker_id
+                );
+                refuse(&mut conn, ErrorCode::Program, &m, ctx.deadline);
+                return Err(NetError::Program(m));
+            }
+            Intro::Open { .. } => {
+                let m = "this is a launched job's root, not a node daemon";
+                refuse(&mut conn, ErrorCode::Protocol, m, ctx.deadline);
+                return Err(NetError::Protocol(m.into()));
+            }
+        }
+        self.attach(conn, ctx, label)
+    }
+
+    /// A launched rank's side over MPI ([`crate::node::serve_mpi`]).
+    fn serve_mpi(self: Box<Self>, worker: DistWorker, node: NodeContext, deadline: Instant) -> i32 {
+        let secret = match Secret::from_hex(&std::env::var(ENV_LAUNCH_SECRET).unwrap_or_default()) {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("strata-net: cannot serve worker {}: {e}", node.worker_id);
+                return 2;
+            }
+        };
+        crate::node::serve_mpi(worker, node, self.options(deadline), &secret)
+    }
+}
+
+#[cfg(not(feature = "mpi"))]
+impl RemoteNode {
+    fn accept_mpi(
+        &self,
+        _: u32,
+        _: &RemoteContext,
+        _: String,
+    ) -> Result<Box<dyn Endpoint>, NetError> {
+        launch_transport().and(Err(NetError::Config(
+            "no MPI transport in this build".into(),
+        )))
+    }
+
+    fn serve_mpi(self: Box<Self>, _: DistWorker, node: NodeContext, _: Instant) -> i32 {
+        eprintln!(
+            "strata-net: cannot serve worker {}: no MPI transport in this build",
+            node.worker_id
+        );
+        2
+    }
+}
+
+/// MPI's world is the launcher's: the same number of ranks, this process rank 0's.
+#[cfg(feature = "mpi")]
+fn check_mpi_world(hub: &crate::mpi_link::Hub) -> Result<(), NetError> {
+    let size = env_u32(ENV_LAUNCH_SIZE)?;
+    let rank = launch_rank()?;
+    if size != Some(hub.size) || rank != Some(hub.rank) {
+        return Err(NetError::Config(format!(
+            "MPI says rank {} of {}, the launcher rank {rank:?} of {size:?}: start the job as `mpirun -n N strata-node launch --transport mpi -- PROGRAM`",
+            hub.rank, hub.size
+        )));
+    }
+    Ok(())
 }
 
 /// The authenticated connection a daemon handed this process (descriptor in

@@ -802,7 +802,7 @@ fn mid_task_fault(dir: &Path, fault: Fault) -> Result<(), String> {
     let msg = e.to_string();
     println!("  measured: {fault:?}: the run failed {took:.2?} after the fault: {msg}");
     check(
-        !matches!(e, DistError::WaitTimeout(_)),
+        !matches!(e, DistError::WaitTimeout { .. }),
         format!("no error within {DETECT_BOUND:?}"),
     )?;
     check(

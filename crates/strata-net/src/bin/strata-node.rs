@@ -16,7 +16,8 @@ strata-node: run strata level-3 workers for a level-4 root on another host.
 USAGE:
   strata-node serve --listen ADDR:PORT --secret-file PATH --program PATH [--program PATH ...]
                     [--handshake-timeout SECS] [--drain-timeout SECS] [--max-sessions N]
-  strata-node launch [--root HOST] [--port PORT] [--secret-file PATH] -- PROGRAM [ARGS...]
+  strata-node launch [--transport tcp|mpi] [--root HOST] [--port PORT] [--secret-file PATH]
+                     -- PROGRAM [ARGS...]
   strata-node --help
 
 serve: a long-lived daemon that accepts sessions from level-4 roots
@@ -49,6 +50,9 @@ launch: start PROGRAM as one rank of a job that mpirun (Open MPI: OMPI_COMM_WORL
   without anyone writing them: rank 0 listens on a port derived from the job id, on the
   first Slurm node or mpirun's host (loopback for a one-host job); the secret is derived
   from a per-job value of the launcher or from ~/.strata/secret (created 0600).
+  --transport tcp|mpi       how the sessions travel: TCP to rank 0's port (default), or
+                            MPI messages between the ranks (mpirun only; the program and
+                            this binary built with strata-net's `mpi` feature).
   --root HOST               rank 0's host, when the launcher cannot tell it.
   --port PORT               the rendezvous port, instead of the job-derived one.
   --secret-file PATH        use this secret (mode 600) instead of the derived one.
@@ -56,6 +60,7 @@ launch: start PROGRAM as one rank of a job that mpirun (Open MPI: OMPI_COMM_WORL
 
   Examples:
     mpirun -n 3 strata-node launch -- ./my_job --size 1024
+    mpirun -n 3 strata-node launch --transport mpi -- ./my_job --size 1024
     srun -N 2 -n 2 strata-node launch -- ./my_job
 ";
 
@@ -133,6 +138,20 @@ fn launch(args: &[String]) -> Result<(), String> {
     while i < args.len() {
         match args[i].as_str() {
             "--root" => opts.root = Some(value(args, &mut i, "--root")?.to_owned()),
+            "--transport" => match value(args, &mut i, "--transport")? {
+                "tcp" => opts.mpi = false,
+                "mpi" if cfg!(feature = "mpi") => opts.mpi = true,
+                "mpi" => {
+                    return Err(
+                        "--transport mpi: this strata-node was built without the `mpi` feature (cargo build -p strata-net --features mpi)".into(),
+                    )
+                }
+                other => {
+                    return Err(format!(
+                        "--transport {other:?}: the transports are tcp and mpi"
+                    ))
+                }
+            },
             "--port" => {
                 opts.port = Some(
                     value(args, &mut i, "--port")?
