@@ -82,9 +82,9 @@ pub trait Handler {
     /// Bytes to send back with the completion of the task this handler just ran in `slot`
     /// (successful or not) — e.g. the task's trace — at most `room` bytes (the frame's
     /// reply area after the argument blob, up to the wait-for area: at least 21 904
-    /// bytes). Called right after [`Handler::task`]; the bytes travel in the same publication as the completion
-    /// (written before the terminal state is released). A reply longer than `room` is
-    /// not sent (nothing is); a panic here sends nothing. The default sends nothing,
+    /// bytes). Called right after [`Handler::task`]; the bytes travel in the same
+    /// publication as the completion (written before the terminal state is released). A
+    /// reply longer than `room` is not sent (nothing is); a panic here sends nothing. The default sends nothing,
     /// which costs the completion nothing.
     fn reply(&mut self, slot: TaskSlot, room: usize) -> &[u8] {
         let _ = (slot, room);
