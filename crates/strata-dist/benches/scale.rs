@@ -19,9 +19,10 @@
 //!    - the L3 engine (`DistWorker`, Process mode, N sub-workers, chains on shared
 //!      tensors).
 //!
-//!    The METG is the task length at which efficiency crosses 0.9 (interpolated on a log
-//!    scale between the two measured lengths around it; `null` if no length reaches 0.9,
-//!    the shortest length if all do), computed twice: on the efficiency itself, and on
+//!    The METG is the task length at which efficiency falls below 0.9: from the longest
+//!    length down, the last of the lengths that all reach 0.9, interpolated on a log
+//!    scale towards the next shorter one (`null` if the longest does not reach 0.9, the
+//!    shortest if all do), computed twice: on the efficiency itself, and on
 //!    the efficiency relative to the floor's in the same round (what the runtime loses,
 //!    apart from what a shared machine takes from every thread; on an idle machine the
 //!    two agree).
@@ -403,17 +404,18 @@ fn metg(c: &Curve, relative: bool) -> Option<f64> {
         .iter()
         .map(|(s, (e, _, r))| (*s as f64, if relative { *r } else { *e }))
         .collect();
-    if pts.iter().all(|p| p.1 >= 0.9) {
-        return pts.last().map(|p| p.0);
-    }
-    for w in pts.windows(2) {
-        let ((s_hi, e_hi), (s_lo, e_lo)) = (w[0], w[1]);
-        if e_hi >= 0.9 && e_lo < 0.9 {
+    // The longest run of lengths, from the longest down, that all reach 0.9: a noisy
+    // dip at a long length ends it (no crossing is read into noise further down).
+    let ok = pts.iter().take_while(|p| p.1 >= 0.9).count();
+    match (ok, pts.get(ok)) {
+        (0, _) => None,
+        (_, None) => pts.last().map(|p| p.0),
+        (_, Some(&(s_lo, e_lo))) => {
+            let (s_hi, e_hi) = pts[ok - 1];
             let f = (e_hi - 0.9) / (e_hi - e_lo);
-            return Some((s_hi.ln() + f * (s_lo.ln() - s_hi.ln())).exp());
+            Some((s_hi.ln() + f * (s_lo.ln() - s_hi.ln())).exp())
         }
     }
-    None
 }
 
 fn main() {
