@@ -14,9 +14,7 @@ use criterion::{criterion_group, criterion_main, Criterion};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 use strata::chip::{ChipConfig, ChipWorker, CoreArgs, RunArgs};
-use strata::comm::{
-    signal_cells, AllreduceAlgo, Comm, CommAllocator, CommArena, RankContext, ReduceOp,
-};
+use strata::comm::{AllreduceAlgo, Comm, CommAllocator, CommArena, RankContext, ReduceOp};
 use strata::dist::{DistConfig, DistWorker};
 use strata::graph::{graph, Access, BufferKey, Footprint, GraphConfig, KeySpace, TaskSpec};
 use strata::host::ExecMode;
@@ -141,16 +139,13 @@ fn allreduce_small(c: &mut Criterion) {
     let arena = Arc::new(CommArena::anonymous(1 << 20, P).expect("arena"));
     let mut alloc = CommAllocator::new(arena.clone());
     let dom = alloc.world().expect("world");
-    let cells = signal_cells(P, algo);
+    // The buffer carries its own signal area (after the data).
     let buf = alloc
-        .alloc_window_buffer(&dom, 4096 + cells * 4)
+        .alloc_window_buffer(&dom, BYTES)
         .expect("window buffer");
     let x = alloc
         .window(&buf, 0, &[BYTES / 4], DataType::F32)
         .expect("x");
-    let s = alloc
-        .window(&buf, 4096, &[cells], DataType::I32)
-        .expect("signals");
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     c.bench_function("comm: allreduce 256 B, 2 ranks (threads)", |b| {
         b.iter_custom(|iters| {
@@ -159,17 +154,17 @@ fn allreduce_small(c: &mut Criterion) {
                 let hs: Vec<_> = (0..P)
                     .map(|r| {
                         let ctx = RankContext::new(arena.clone(), r, Duration::from_secs(60));
-                        let (gate, x, s) = (&gate, &x, &s);
+                        let (gate, x) = (&gate, &x);
                         sc.spawn(move || {
                             if cpus >= 2 {
                                 strata_testkit::bench::pin(r as usize);
                             }
                             let comm = Comm::from_rank(&ctx);
-                            let (d, sw) = (comm.window(x).unwrap(), comm.window(s).unwrap());
+                            let d = comm.window(x).unwrap();
                             gate.wait();
                             let t = Instant::now();
                             for _ in 0..iters {
-                                d.allreduce(&sw, ReduceOp::Sum, algo).expect("allreduce");
+                                d.allreduce(ReduceOp::Sum, algo).expect("allreduce");
                             }
                             t.elapsed()
                         })

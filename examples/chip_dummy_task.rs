@@ -2,33 +2,41 @@
 //! itself — yet order the tasks around them, in the reference's four cases: a dummy between
 //! a writer and a reader; four chained dummies; a dummy with explicit dependencies on two
 //! writers; 18 dummies fanning out of a writer into a reader that depends on all of them.
-//! Each case is one run with its number as a scalar argument; results compared exactly.
+//! Each case is one dispatch of one level-2 program with the case number as a scalar
+//! argument — the worker is prepared once, and every dispatch runs with two AICPU threads
+//! (`CallConfig` per dispatch, `run_with`); results compared exactly.
 //!
 //! Run with `cargo run --release --example chip_dummy_task` (or `cargo xtask sim`). Prints a
 //! final line starting with `ok:` and exits non-zero if a result differs from the host
 //! golden.
 
-use std::error::Error;
 use std::process::ExitCode;
-use strata::chip::{ChipConfig, ChipWorker, CoreArgs, RunArgs};
-use strata::types::CallConfig;
+use strata::prelude::*;
 
 const LEN: u64 = 16;
 const UNTOUCHED: f32 = -1.0;
 const WRITTEN: f32 = 42.0;
 
-fn run() -> Result<String, Box<dyn Error>> {
-    let mut chip = ChipWorker::new(ChipConfig::default())?;
-    let write = chip.register_kernel_fn("write_const", |ctx| {
+/// Writer, dummies and reader over x, y and w, in the shape of case `case`.
+fn dummy_task() -> Program {
+    let mut p = Program::new(
+        "dummy_task",
+        Signature::new()
+            .inout("x", DataType::F32, [LEN])
+            .inout("y", DataType::F32, [LEN])
+            .inout("w", DataType::F32, [LEN])
+            .scalar("case", DataType::U32),
+    );
+    let write = p.kernel("write_const", |ctx| {
         ctx.output::<f32>(0)?.set_flat(0, WRITTEN)?;
         Ok(())
-    })?;
-    let copy = chip.register_kernel_fn("copy_first", |ctx| {
+    });
+    let copy = p.kernel("copy_first", |ctx| {
         let v = ctx.input::<f32>(0)?.get_flat(0)?;
         ctx.output::<f32>(1)?.set_flat(0, v)?;
         Ok(())
-    })?;
-    let orch = chip.register_orchestration_fn("dummy_task", move |o, args| {
+    });
+    p.orchestrate_chip(move |o, args| {
         let (x, y, w) = (args.tensor(0)?, args.tensor(1)?, args.tensor(2)?);
         let mut write_x = CoreArgs::new();
         write_x.inout(&x);
@@ -66,20 +74,31 @@ fn run() -> Result<String, Box<dyn Error>> {
             }
         }
         Ok(())
-    })?;
-    chip.init()?;
+    });
+    p
+}
+
+fn run() -> Result<String, Box<dyn std::error::Error>> {
+    let compiled = dummy_task().compile(&Target::chip(ChipConfig::default()))?;
+    let untouched = vec![UNTOUCHED; LEN as usize];
+    let (x_t, y_t, w_t) = (
+        SharedTensor::from_data(&[LEN], &untouched)?,
+        SharedTensor::from_data(&[LEN], &untouched)?,
+        SharedTensor::from_data(&[LEN], &untouched)?,
+    );
+    let rt = compiled.prepare(Prepare::new())?;
 
     let config = CallConfig::default().with_aicpu_threads(2);
     for case in 1..=4u32 {
-        let mut x = vec![UNTOUCHED; LEN as usize];
-        let mut y = x.clone();
-        let mut w = x.clone();
-        let mut args = RunArgs::new();
-        args.inout(&mut x, &[LEN])
-            .inout(&mut y, &[LEN])
-            .inout(&mut w, &[LEN])
-            .scalar(case);
-        let report = chip.run(&orch, &mut args, &config)?;
+        for t in [&x_t, &y_t, &w_t] {
+            t.write(&untouched)?;
+        }
+        rt.run_with(&compiled, (&x_t, &y_t, &w_t, case), &config)?;
+        let (x, y, w) = (
+            x_t.to_vec::<f32>()?,
+            y_t.to_vec::<f32>()?,
+            w_t.to_vec::<f32>()?,
+        );
         // The writer sets x[0], the copy y[0]; only case 3 also writes w[0].
         let mut golden = vec![UNTOUCHED; LEN as usize];
         golden[0] = WRITTEN;
@@ -91,9 +110,9 @@ fn run() -> Result<String, Box<dyn Error>> {
         if x != golden || y != golden || w != golden_w {
             return Err(format!("case {case}: x {x:?}, y {y:?}, w {w:?}").into());
         }
-        println!("case {case}: {:>2} tasks, exact", report.tasks);
+        println!("case {case}: exact");
     }
-    chip.close()?;
+    rt.close()?;
     Ok("ok: dependency-only tasks, 4 cases exact".into())
 }
 

@@ -4,16 +4,18 @@
 //! one argument list; each reads its own three arguments from an offset (`base`). Checked
 //! against a matmul, an add and a multiply on the host.
 //!
+//! A level-2 program of fifteen parameters (six inputs, nine outputs), run once; with more
+//! arguments than a tuple holds, the dispatch's arguments are a `Vec<Arg>`.
+//!
 //! Run with `cargo run --release --example chip_mixed` (or `cargo xtask sim`). Prints a
 //! final line starting with `ok:` and exits non-zero if a result differs from the host
 //! golden.
 
-use std::error::Error;
 use std::process::ExitCode;
-use strata::chip::{
-    ChipConfig, ChipTensor, ChipWorker, CoreArgs, KernelCtx, MixedKernels, RunArgs,
-};
-use strata::types::{CallConfig, CallbackResult};
+use strata::chip::{ChipTensor, MixedKernels};
+use strata::prelude::*;
+use strata::types::CallbackResult;
+use strata::Arg;
 
 /// The matrices are M×M; every vector (and every output slice) has M·M elements.
 const M: u64 = 64;
@@ -84,15 +86,33 @@ fn inputs(seed: u64, n: u64) -> Vec<f32> {
         .collect()
 }
 
-fn run() -> Result<String, Box<dyn Error>> {
-    let mut chip = ChipWorker::new(ChipConfig::clusters(2))?;
-    let mm0 = chip.register_kernel_fn("matmul@0", matmul(0))?;
-    let add3 = chip.register_kernel_fn("add@3", elementwise(3, |a, b| a + b))?;
-    let mul6 = chip.register_kernel_fn("mul@6", elementwise(6, |a, b| a * b))?;
-    let add0 = chip.register_kernel_fn("add@0", elementwise(0, |a, b| a + b))?;
-    let mul3 = chip.register_kernel_fn("mul@3", elementwise(3, |a, b| a * b))?;
-    // Arguments: a, b, C, d, e, F, g, h, I, J, K, L, M, N, O (C and after: ITERS·V each).
-    let orch = chip.register_orchestration_fn("mixed_example", move |o, args| {
+/// The nine outputs, in parameter order after their inputs.
+const OUTPUTS: [&str; 9] = ["C", "F", "I", "J", "K", "L", "M", "N", "O"];
+
+/// Arguments: a, b, C, d, e, F, g, h, I, J, K, L, M, N, O (C and after: ITERS·V each).
+fn mixed_example() -> Program {
+    let len = ITERS * V;
+    let out = |sig: Signature, name: &'static str| sig.output(name, DataType::F32, [len]);
+    let mut sig =
+        Signature::new()
+            .input("a", DataType::F32, [M, M])
+            .input("b", DataType::F32, [M, M]);
+    sig = out(sig, "C")
+        .input("d", DataType::F32, [V])
+        .input("e", DataType::F32, [V]);
+    sig = out(sig, "F")
+        .input("g", DataType::F32, [V])
+        .input("h", DataType::F32, [V]);
+    for name in &OUTPUTS[2..] {
+        sig = out(sig, name);
+    }
+    let mut p = Program::new("mixed_example", sig);
+    let mm0 = p.kernel("matmul@0", matmul(0));
+    let add3 = p.kernel("add@3", elementwise(3, |a, b| a + b));
+    let mul6 = p.kernel("mul@6", elementwise(6, |a, b| a * b));
+    let add0 = p.kernel("add@0", elementwise(0, |a, b| a + b));
+    let mul3 = p.kernel("mul@3", elementwise(3, |a, b| a * b));
+    p.orchestrate_chip(move |o, args| {
         let t = |i: usize| args.tensor(i);
         let (a, b, d, e, g, h) = (t(0)?, t(1)?, t(3)?, t(4)?, t(6)?, t(7)?);
         for i in 0..ITERS {
@@ -129,48 +149,56 @@ fn run() -> Result<String, Box<dyn Error>> {
             })?;
         }
         Ok(())
-    })?;
-    chip.init()?;
+    });
+    p
+}
 
+fn run() -> Result<String, Box<dyn std::error::Error>> {
+    let compiled = mixed_example().compile(&Target::chip(ChipConfig::clusters(2)))?;
     let (a, b) = (inputs(1, V), inputs(2, V));
     let (d, e, g, h) = (inputs(3, V), inputs(4, V), inputs(5, V), inputs(6, V));
     let len = ITERS * V;
-    let mut outs: Vec<Vec<f32>> = (0..9).map(|_| vec![0f32; len as usize]).collect();
-    let tasks = {
-        let mut args = RunArgs::new();
-        let mut out = outs.iter_mut();
-        let mut next = || out.next().expect("nine outputs");
-        args.input(&a, &[M, M])
-            .input(&b, &[M, M])
-            .output(next(), &[len]);
-        args.input(&d, &[V]).input(&e, &[V]).output(next(), &[len]);
-        args.input(&g, &[V]).input(&h, &[V]).output(next(), &[len]);
-        for _ in 0..6 {
-            args.output(next(), &[len]);
-        }
-        chip.run(&orch, &mut args, &CallConfig::default())?.tasks
-    };
-    chip.close()?;
+    let shared = |shape: &[u64], data: &[f32]| SharedTensor::from_data(shape, data);
+    let ins = [
+        shared(&[M, M], &a)?,
+        shared(&[M, M], &b)?,
+        shared(&[V], &d)?,
+        shared(&[V], &e)?,
+        shared(&[V], &g)?,
+        shared(&[V], &h)?,
+    ];
+    let outs: Vec<SharedTensor> = (0..OUTPUTS.len())
+        .map(|_| SharedTensor::zeroed(&[len], DataType::F32))
+        .collect::<Result<_, _>>()?;
+    // In parameter order: a, b, C, d, e, F, g, h, I, then J..O.
+    let mut args: Vec<Arg> = Vec::new();
+    for k in 0..3 {
+        args.extend([
+            Arg::from(&ins[2 * k]),
+            Arg::from(&ins[2 * k + 1]),
+            Arg::from(&outs[k]),
+        ]);
+    }
+    args.extend(outs[3..].iter().map(Arg::from));
+    compiled.run_once(args)?;
 
     let mut mm = vec![0f32; V as usize];
     host_matmul_into(&a, &b, &mut mm, M as usize, M as usize, M as usize);
     let add: Vec<f32> = d.iter().zip(&e).map(|(x, y)| x + y).collect();
     let mul: Vec<f32> = g.iter().zip(&h).map(|(x, y)| x * y).collect();
     let goldens = [&mm, &add, &mul, &mm, &add, &add, &mul, &mm, &add];
-    for ((name, out), golden) in ["C", "F", "I", "J", "K", "L", "M", "N", "O"]
-        .iter()
-        .zip(&outs)
-        .zip(goldens)
-    {
-        for (i, got) in out.iter().enumerate() {
+    for ((name, out), golden) in OUTPUTS.iter().zip(&outs).zip(goldens) {
+        for (i, got) in out.to_vec::<f32>()?.iter().enumerate() {
             let want = golden[i % V as usize];
             if (got - want).abs() > 1e-6 + 1e-4 * want.abs() {
                 return Err(format!("{name}[{i}] = {got}, the host golden is {want}").into());
             }
         }
     }
+    // Five tasks per iteration.
     Ok(format!(
-        "ok: mixed-shape tasks match the host goldens ({tasks} tasks)"
+        "ok: mixed-shape tasks match the host goldens ({} tasks)",
+        5 * ITERS
     ))
 }
 

@@ -2,23 +2,35 @@
 //! `set_tensor_data` on external and runtime-created tensors, `alloc_tensors` with an
 //! initial value, INOUT re-registration — and every access waits for exactly the tasks it
 //! must (read-after-write, write-after-read, write-after-write). The values it observes
-//! are published into `check`: [2, 102, 77, 77, 79, 42, 12, 88, 55]; `result` = a + b.
+//! are published into `check`: [2, 102, 77, 77, 79, 42, 12, 88, 55]; `result` = a + b;
+//! `b` (INOUT) comes back overwritten with a + 53.
+//!
+//! Written as a level-2 program (a signature and a chip orchestration), run once with host
+//! tensors in shared memory.
 //!
 //! Run with `cargo run --release --example chip_scalar_data` (or `cargo xtask sim`). Prints
 //! a final line starting with `ok:` and exits non-zero if a value differs from the host
 //! golden.
 
-use std::error::Error;
 use std::process::ExitCode;
-use strata::chip::{ChipConfig, ChipWorker, CoreArgs, RunArgs, TensorCreateInfo};
-use strata::types::{CallConfig, DataType};
+use strata::chip::TensorCreateInfo;
+use strata::prelude::*;
 
 const N: u64 = 16384;
 
-fn run() -> Result<String, Box<dyn Error>> {
-    let mut chip = ChipWorker::new(ChipConfig::default())?;
+/// The orchestration that reads and writes tensor data between its tasks; `check`
+/// receives the nine values it observed.
+fn scalar_data() -> Program {
+    let mut p = Program::new(
+        "scalar_data",
+        Signature::new()
+            .input("a", DataType::F32, [N])
+            .inout("b", DataType::F32, [N])
+            .output("result", DataType::F32, [N])
+            .output("check", DataType::F32, [9u64]),
+    );
     // out(2) = a(0) + b(1)
-    let add = chip.register_kernel_fn("add", |ctx| {
+    let add = p.kernel("add", |ctx| {
         let a = ctx.input::<f32>(0)?;
         let b = ctx.input::<f32>(1)?;
         let mut out = ctx.output::<f32>(2)?;
@@ -29,9 +41,9 @@ fn run() -> Result<String, Box<dyn Error>> {
             *o = x + y;
         }
         Ok(())
-    })?;
+    });
     // acc(0) += x(1)
-    let accumulate = chip.register_kernel_fn("accumulate", |ctx| {
+    let accumulate = p.kernel("accumulate", |ctx| {
         let x = ctx.input::<f32>(1)?;
         let mut acc = ctx.output::<f32>(0)?;
         let x = x.as_slice().ok_or("x must be contiguous")?;
@@ -44,9 +56,9 @@ fn run() -> Result<String, Box<dyn Error>> {
             *o += v;
         }
         Ok(())
-    })?;
-    let noop = chip.register_kernel_fn("noop", |_| Ok(()))?;
-    let orch = chip.register_orchestration_fn("scalar_data", move |o, args| {
+    });
+    let noop = p.kernel("noop", |_| Ok(()));
+    p.orchestrate_chip(move |o, args| {
         let (a, b, result, check) = (
             args.tensor(0)?,
             args.tensor(1)?,
@@ -98,24 +110,35 @@ fn run() -> Result<String, Box<dyn Error>> {
             o.set_tensor_data(&check, &[i as u64], *value)?;
         }
         Ok(())
-    })?;
-    chip.init()?;
+    });
+    p
+}
+
+fn run() -> Result<String, Box<dyn std::error::Error>> {
+    let compiled = scalar_data().compile(&Target::chip(ChipConfig::default()))?;
 
     let a = vec![2.0f32; N as usize];
     let b: Vec<f32> = (0..N).map(|i| i as f32).collect();
-    let mut result = vec![0f32; N as usize];
-    let mut check = vec![0f32; 9];
-    let mut args = RunArgs::new();
-    args.input(&a, &[N])
-        .input(&b, &[N])
-        .output(&mut result, &[N])
-        .output(&mut check, &[9]);
-    let report = chip.run(&orch, &mut args, &CallConfig::default())?;
-    chip.close()?;
+    let a_t = SharedTensor::from_data(&[N], &a)?;
+    let b_t = SharedTensor::from_data(&[N], &b)?;
+    let result_t = SharedTensor::zeroed(&[N], DataType::F32)?;
+    let check_t = SharedTensor::zeroed(&[9], DataType::F32)?;
+    compiled.run_once((&a_t, &b_t, &result_t, &check_t))?;
 
+    let (result, check) = (result_t.to_vec::<f32>()?, check_t.to_vec::<f32>()?);
     let golden: Vec<f32> = a.iter().zip(&b).map(|(x, y)| x + y).collect();
     if let Some(i) = (0..N as usize).find(|&i| result[i] != golden[i]) {
         return Err(format!("result[{i}] = {}, expected {}", result[i], golden[i]).into());
+    }
+    // b is INOUT: the run's overwrite (a + 53) comes back to the host.
+    let b_after = b_t.to_vec::<f32>()?;
+    if let Some(i) = (0..N as usize).find(|&i| b_after[i] != a[i] + 53.0) {
+        return Err(format!(
+            "b[{i}] = {} after the run, expected {}",
+            b_after[i],
+            a[i] + 53.0
+        )
+        .into());
     }
     let a0 = a[0];
     let golden_check = [
@@ -132,10 +155,7 @@ fn run() -> Result<String, Box<dyn Error>> {
     if check != golden_check {
         return Err(format!("check = {check:?}, expected {golden_check:?}").into());
     }
-    Ok(format!(
-        "ok: result == a + b and check == [2, 102, 77, 77, 79, 42, 12, 88, 55] ({} tasks)",
-        report.tasks
-    ))
+    Ok("ok: result == a + b, b == a + 53 and check == [2, 102, 77, 77, 79, 42, 12, 88, 55]".into())
 }
 
 fn main() -> ExitCode {

@@ -9,17 +9,21 @@
 //!    (`require_sync_start`) meet at a barrier inside the kernel — which only works if they
 //!    really run at once — then each computes `2x + 3` over its chunk.
 //!
+//! Each part is a level-2 program compiled for its own chip configuration and run once;
+//! the block count of part 2 is a scalar parameter given at dispatch, that of part 3 a
+//! scalar fixed in the signature (`fixed_scalar`).
+//!
 //! Run with `cargo run --release --example chip_spmd` (or `cargo xtask sim`). Prints a
 //! final line starting with `ok:` and exits non-zero if a result differs from the host
 //! golden.
 
-use std::error::Error;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use strata::chip::{ChipConfig, ChipWorker, CoreArgs, KernelCtx, MixedKernels, RunArgs};
-use strata::types::{CallConfig, CallbackResult};
+use strata::chip::MixedKernels;
+use strata::prelude::*;
+use strata::types::CallbackResult;
 
 /// Writes `[block_idx, block_num, sub_block_id]` (AIC: the first two) at 16·slot.
 fn where_am_i(ctx: &mut KernelCtx<'_>, slot: u64, is_aic: bool) -> CallbackResult {
@@ -32,29 +36,28 @@ fn where_am_i(ctx: &mut KernelCtx<'_>, slot: u64, is_aic: bool) -> CallbackResul
     Ok(())
 }
 
-fn mix_task() -> Result<(), Box<dyn Error>> {
-    let mut chip = ChipWorker::new(ChipConfig::default())?;
-    let aic = chip.register_kernel_fn("spmd_aic", |ctx| where_am_i(ctx, 0, true))?;
-    let aiv = chip.register_kernel_fn("spmd_aiv", |ctx| {
+fn mix_task() -> Result<(), Box<dyn std::error::Error>> {
+    let mut p = Program::new(
+        "spmd_basic",
+        Signature::new().inout("out", DataType::F32, [48u64]),
+    );
+    let aic = p.kernel("spmd_aic", |ctx| where_am_i(ctx, 0, true));
+    let aiv = p.kernel("spmd_aiv", |ctx| {
         let slot = 1 + ctx.sub_block_id() as u64;
         where_am_i(ctx, slot, false)
-    })?;
-    let orch = chip.register_orchestration_fn("spmd_basic", move |o, args| {
+    });
+    p.orchestrate_chip(move |o, args| {
         let kernels = MixedKernels::none()
             .with_aic(aic)
             .with_aiv0(aiv)
             .with_aiv1(aiv);
         o.submit(kernels, CoreArgs::new().inout(&args.tensor(0)?))?;
         Ok(())
-    })?;
-    chip.init()?;
-    let mut out = vec![0f32; 48];
-    chip.run(
-        &orch,
-        RunArgs::new().inout(&mut out, &[48]),
-        &CallConfig::default(),
-    )?;
-    chip.close()?;
+    });
+    let out_t = SharedTensor::zeroed(&[48], DataType::F32)?;
+    p.compile(&Target::chip(ChipConfig::default()))?
+        .run_once((&out_t,))?;
+    let out = out_t.to_vec::<f32>()?;
     let mut golden = vec![0f32; 48];
     golden[..2].copy_from_slice(&[0.0, 1.0]); // AIC: block 0 of 1
     golden[16..19].copy_from_slice(&[0.0, 1.0, 0.0]); // AIV0: sub-block 0
@@ -66,28 +69,31 @@ fn mix_task() -> Result<(), Box<dyn Error>> {
     Ok(())
 }
 
-fn queued_blocks(blocks: u32) -> Result<(), Box<dyn Error>> {
-    let mut chip = ChipWorker::new(ChipConfig::default())?;
-    let k = chip.register_kernel_fn("spmd_blocks", |ctx| {
+fn queued_blocks(blocks: u32) -> Result<(), Box<dyn std::error::Error>> {
+    let n = 4 * blocks as u64;
+    let mut p = Program::new(
+        "spmd_blocks",
+        Signature::new()
+            .inout("out", DataType::F32, [n])
+            .scalar("blocks", DataType::U32),
+    );
+    let k = p.kernel("spmd_blocks", |ctx| {
         let out = ctx.shared::<f32>(0)?;
         let at = 4 * ctx.block_idx() as u64;
         out.store_flat(at, ctx.block_idx() as f32);
         out.store_flat(at + 1, ctx.block_num() as f32);
         out.store_flat(at + 2, 1.0);
         Ok(())
-    })?;
-    let orch = chip.register_orchestration_fn("spmd_blocks", move |o, args| {
+    });
+    p.orchestrate_chip(move |o, args| {
         let blocks: u32 = args.scalar(0)?;
         o.submit_aiv(k, CoreArgs::new().inout(&args.tensor(0)?).block_num(blocks))?;
         Ok(())
-    })?;
-    chip.init()?;
-    let n = 4 * blocks as u64;
-    let mut out = vec![-1f32; n as usize];
-    let mut args = RunArgs::new();
-    args.inout(&mut out, &[n]).scalar(blocks);
-    chip.run(&orch, &mut args, &CallConfig::default())?;
-    chip.close()?;
+    });
+    let out_t = SharedTensor::from_data(&[n], &vec![-1f32; n as usize])?;
+    p.compile(&Target::chip(ChipConfig::default()))?
+        .run_once((&out_t, blocks))?;
+    let out = out_t.to_vec::<f32>()?;
     let golden: Vec<f32> = (0..blocks)
         .flat_map(|b| [b as f32, blocks as f32, 1.0, -1.0])
         .collect();
@@ -98,14 +104,16 @@ fn queued_blocks(blocks: u32) -> Result<(), Box<dyn Error>> {
     Ok(())
 }
 
-fn barrier(blocks: u32) -> Result<(), Box<dyn Error>> {
-    let mut chip = ChipWorker::new(ChipConfig {
-        aic_cores: 0,
-        aiv_cores: blocks,
-        ..ChipConfig::default()
-    })?;
+fn barrier(blocks: u32) -> Result<(), Box<dyn std::error::Error>> {
+    let mut p = Program::new(
+        "merge_pipeline_barrier",
+        Signature::new()
+            .input("x", DataType::F32, [1024u64])
+            .output("out", DataType::F32, [1024u64])
+            .fixed_scalar("blocks", blocks),
+    );
     let arrived = Arc::new(AtomicU32::new(0));
-    let k = chip.register_kernel_fn("merge_pipeline_barrier", move |ctx| {
+    let k = p.kernel("merge_pipeline_barrier", move |ctx| {
         let n = ctx.block_num();
         arrived.fetch_add(1, Ordering::AcqRel);
         let start = Instant::now();
@@ -124,8 +132,8 @@ fn barrier(blocks: u32) -> Result<(), Box<dyn Error>> {
             out.store_flat(i, 2.0 * xs[i as usize] + 3.0);
         }
         Ok(())
-    })?;
-    let orch = chip.register_orchestration_fn("merge_pipeline_barrier", move |o, args| {
+    });
+    p.orchestrate_chip(move |o, args| {
         let mut task = CoreArgs::new();
         task.input(&args.tensor(0)?)
             .output(&args.tensor(1)?)
@@ -133,16 +141,17 @@ fn barrier(blocks: u32) -> Result<(), Box<dyn Error>> {
             .require_sync_start(true);
         o.submit_aiv(k, &task)?;
         Ok(())
-    })?;
-    chip.init()?;
+    });
+    let target = Target::chip(ChipConfig {
+        aic_cores: 0,
+        aiv_cores: blocks,
+        ..ChipConfig::default()
+    });
     let x: Vec<f32> = (0..1024).map(|i| i as f32 * 0.5).collect();
-    let mut out = vec![0f32; 1024];
-    let mut args = RunArgs::new();
-    args.input(&x, &[1024])
-        .output(&mut out, &[1024])
-        .scalar(blocks);
-    chip.run(&orch, &mut args, &CallConfig::default())?;
-    chip.close()?;
+    let x_t = SharedTensor::from_data(&[1024], &x)?;
+    let out_t = SharedTensor::zeroed(&[1024], DataType::F32)?;
+    p.compile(&target)?.run_once((&x_t, &out_t))?;
+    let out = out_t.to_vec::<f32>()?;
     let golden: Vec<f32> = x.iter().map(|v| 2.0 * v + 3.0).collect();
     if out != golden {
         return Err("merge_pipeline_barrier: out differs from 2x + 3".into());

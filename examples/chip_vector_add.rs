@@ -1,18 +1,21 @@
 //! E1 (reference/chip.md §8): one AIV task `out = a + b` over 128×128 f32 on the default
-//! chip (one cluster), checked against the sum computed on the host; prints the run's
-//! [STRACE] span tree.
+//! chip (one cluster), checked against the sum computed on the host.
 //!
-//! The whole life of a chip: create it, register a kernel and an orchestration (with its
-//! parameter signature), `init`, `run` with host buffers, `close`.
+//! The whole life of a level-2 program: a signature (`a`, `b` in, `out` out — the
+//! arguments are checked against it before anything runs), a kernel, the chip
+//! orchestration that submits it, `compile` for one chip, and `run_once` with host tensors
+//! in shared memory. The chip is configured with `print_strace`, so the run prints its
+//! `[STRACE]` lines on stderr, as the reference's host runtime does. (The rendered span
+//! tree, `span_tree(&report.spans())`, needs the run report, which only the raw
+//! `strata::chip::ChipWorker::run` returns; a dispatch through a program returns `()`.)
 //!
 //! Run with `cargo run --release --example chip_vector_add` (or `cargo xtask sim`). Prints a
 //! final line starting with `ok:` and exits non-zero if the result differs from the host
 //! golden.
 
-use std::error::Error;
 use std::process::ExitCode;
-use strata::chip::{span_tree, ChipConfig, ChipWorker, CoreArgs, KernelCtx, RunArgs};
-use strata::types::{CallConfig, CallableDescriptor, CallableKind, CallbackResult, ParamDirection};
+use strata::prelude::*;
+use strata::types::CallbackResult;
 
 const ROWS: u64 = 128;
 const COLS: u64 = 128;
@@ -34,46 +37,51 @@ fn vector_add(ctx: &mut KernelCtx<'_>) -> CallbackResult {
     Ok(())
 }
 
-fn run() -> Result<String, Box<dyn Error>> {
-    let mut chip = ChipWorker::new(ChipConfig::default())?;
-    let add = chip.register_kernel_fn("vector_add", vector_add)?;
-    // The signature lets `run` check the arguments' directions before anything runs.
-    let orch =
-        chip.register_orchestration(
-            CallableDescriptor::new(CallableKind::ChipOrchestration, "vector_add")
-                .with_signature(&[ParamDirection::In, ParamDirection::In, ParamDirection::Out]),
-            move |o, args| {
-                let mut task = CoreArgs::new();
-                task.input(&args.tensor(0)?)
-                    .input(&args.tensor(1)?)
-                    .output(&args.tensor(2)?);
-                o.submit_aiv(add, &task)?;
-                Ok(())
-            },
+/// `out = a + b` on one chip: one AIV task.
+fn vector_add_program() -> Program {
+    let mut p = Program::new(
+        "vector_add",
+        Signature::new()
+            .input("a", DataType::F32, [ROWS, COLS])
+            .input("b", DataType::F32, [ROWS, COLS])
+            .output("out", DataType::F32, [ROWS, COLS]),
+    );
+    let add = p.kernel("vector_add", vector_add);
+    p.orchestrate_chip(move |o, args| {
+        o.submit_aiv(
+            add,
+            CoreArgs::new()
+                .input(&args.tensor(0)?)
+                .input(&args.tensor(1)?)
+                .output(&args.tensor(2)?),
         )?;
-    chip.init()?;
+        Ok(())
+    });
+    p
+}
+
+fn run() -> Result<String, Box<dyn std::error::Error>> {
+    let target = Target::chip(ChipConfig {
+        print_strace: true,
+        ..ChipConfig::default()
+    });
+    let compiled = vector_add_program().compile(&target)?;
 
     let n = (ROWS * COLS) as usize;
     let a: Vec<f32> = (0..n).map(|i| (i % 251) as f32 * 0.5 - 60.0).collect();
     let b: Vec<f32> = (0..n).map(|i| (i % 127) as f32 * 0.25).collect();
-    let mut out = vec![0f32; n];
-    let mut args = RunArgs::new();
-    args.input(&a, &[ROWS, COLS])
-        .input(&b, &[ROWS, COLS])
-        .output(&mut out, &[ROWS, COLS]);
-    let report = chip.run(&orch, &mut args, &CallConfig::default())?;
-    chip.close()?;
+    let a_t = SharedTensor::from_data(&[ROWS, COLS], &a)?;
+    let b_t = SharedTensor::from_data(&[ROWS, COLS], &b)?;
+    let out_t = SharedTensor::zeroed(&[ROWS, COLS], DataType::F32)?;
+    compiled.run_once((&a_t, &b_t, &out_t))?;
 
-    for tree in span_tree(&report.spans()) {
-        print!("{}", tree.render());
-    }
+    let out = out_t.to_vec::<f32>()?;
     let golden: Vec<f32> = a.iter().zip(&b).map(|(x, y)| x + y).collect();
     if let Some(i) = (0..n).find(|&i| out[i] != golden[i]) {
         return Err(format!("out[{i}] = {}, the host golden is {}", out[i], golden[i]).into());
     }
     Ok(format!(
-        "ok: vector_add {ROWS}x{COLS} matches the host golden ({} task)",
-        report.tasks
+        "ok: vector_add {ROWS}x{COLS} matches the host golden (1 task)"
     ))
 }
 

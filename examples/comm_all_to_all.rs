@@ -12,7 +12,6 @@
 
 use std::process::ExitCode;
 use strata::chip::ChipConfig;
-use strata::comm::collective_signal_cells;
 use strata::types::{ArgTag, DataType, TaskArgs};
 use strata::{Error, Worker};
 
@@ -32,18 +31,15 @@ fn run() -> Result<String, Error> {
 
     let (xa, ya) = (x.clone(), y.clone());
     let orch = w.register_orchestration("all_to_all", move |o, _| {
-        let cells = collective_signal_cells(P as u32);
         let sbuf = o.alloc_window_buffer(4 * P * C)?;
         let stage = o.window(&sbuf, 0, &[P, C], DataType::I32)?;
         let tbuf = o.alloc_window_buffer(4 * P * C)?;
         let target = o.window(&tbuf, 0, &[P, C], DataType::I32)?;
-        let gbuf = o.alloc_window_buffer(4 * cells)?;
-        let signal = o.window(&gbuf, 0, &[cells], DataType::I32)?;
         for r in 0..P {
             let row = xa.view().slice(0, r, r + 1)?;
             o.copy_to_window(xa.arg_view(row, ArgTag::Input)?, &stage, r as u32)?;
         }
-        o.all_to_all(&stage, &target, &signal)?;
+        o.all_to_all(&stage, &target)?;
         for r in 0..P {
             let row = ya.view().slice(0, r, r + 1)?;
             o.copy_from_window(&target, r as u32, ya.arg_view(row, ArgTag::OutputExisting)?)?;

@@ -5,14 +5,16 @@
 //! copy of a window (`Orch::copy_to_window`, a task on that rank's chip), runs the builtin
 //! collective (`Orch::allreduce`, a group task on every chip of the window's domain) and
 //! stages the result out (`Orch::copy_from_window`). The engine orders the three from the
-//! windows' tags. One signal window serves every collective of the run.
+//! windows (tasks of one rank on one window buffer run in submit order). Each window
+//! buffer carries its own signal area, sized by the runtime for every collective over its
+//! domain: no signal window to allocate or size.
 //!
 //! Run with `cargo run --release --example comm_allreduce_ops` (or `cargo xtask sim`).
 //! Prints a final line starting with `ok:`; exits non-zero on a mismatch.
 
 use std::process::ExitCode;
 use strata::chip::ChipConfig;
-use strata::comm::{signal_cells, AllreduceAlgo, ReduceOp};
+use strata::comm::{AllreduceAlgo, ReduceOp};
 use strata::types::{ArgTag, DataType, TaskArgs};
 use strata::{Error, Worker};
 
@@ -36,9 +38,6 @@ fn run() -> Result<String, Error> {
 
     let (xa, ya, cs) = (x.clone(), y.clone(), combos.clone());
     let orch = w.register_orchestration("allreduce_ops", move |o, _| {
-        let cells = signal_cells(P as u32, AllreduceAlgo::Ring); // ring needs the most
-        let sbuf = o.alloc_window_buffer(4 * cells)?;
-        let signal = o.window(&sbuf, 0, &[cells], DataType::I32)?;
         for (c, &(op, algo)) in cs.iter().enumerate() {
             let buf = o.alloc_window_buffer(4 * M)?;
             let data = o.window(&buf, 0, &[M], DataType::F32)?;
@@ -46,7 +45,7 @@ fn run() -> Result<String, Error> {
                 let row = xa.view().slice(0, r, r + 1)?;
                 o.copy_to_window(xa.arg_view(row, ArgTag::Input)?, &data, r as u32)?;
             }
-            o.allreduce(&data, &signal, op, algo)?;
+            o.allreduce(&data, op, algo)?;
             for r in 0..P {
                 let out = ya
                     .view()

@@ -3,91 +3,79 @@
 //! `[[1, 2, 3, ...]]`, rank 1 `[[10, 20, 30, ...]]`; afterwards every rank sees
 //! `[[11, 22, 33, ...]]`.
 //!
-//! The host orchestration allocates one window buffer (the same bytes on every rank) and
-//! carves two windows from it: the data and a signal window (i32 cells the collective
-//! synchronises through). A user kernel on each chip opens them with
-//! `Comm::from_kernel(ctx)?.window(..)`, stages its input into its own copy of the data
-//! window, calls `allreduce`, and reads the result back into its output row.
+//! Written as the reference writes it: a program whose host orchestration allocates one
+//! window buffer and submits the chip orchestration once per rank — `for r in 0..world` —
+//! with the rank's input row, its output row and the window as ordinary arguments. The
+//! task on chip `r` receives rank `r`'s copy of the window (so the ranks' tasks run side by
+//! side, as a collective needs); its kernel opens it with `ctx.window(2)`, stages its input
+//! into it, calls `allreduce` (which synchronises through the buffer's own signal area)
+//! and reads the result back into its output row.
 //!
 //! Run with `cargo run --release --example comm_allreduce_quickstart` (or `cargo xtask
 //! sim`). Prints a final line starting with `ok:`; exits non-zero on a mismatch.
 
 use std::process::ExitCode;
-use strata::chip::{ChipConfig, CoreArgs, KernelError};
-use strata::comm::{signal_cells, AllreduceAlgo, Comm, DistributedTensor, ReduceOp};
-use strata::types::{DataType, TaskArgs};
-use strata::{Error, Worker};
+use strata::comm::prelude::*;
+use strata::prelude::*;
 
 const N: u64 = 1024;
 
-fn run() -> Result<String, Error> {
-    let mut w = Worker::l3(vec![ChipConfig::default(); 2], 0)?;
-
-    // The kernel each rank runs. Tensor 0 is its input row, tensor 1 its output row;
-    // scalars 0..4 name the data window, 4..8 the signal window.
-    let allreduce = w.register_kernel("allreduce_user", |ctx| {
-        let s = ctx.scalars();
-        let data_t = DistributedTensor::from_scalars(&s[0..4])?;
-        let signal_t = DistributedTensor::from_scalars(&s[4..8])?;
-        let comm = Comm::from_kernel(ctx)?;
-        let (data, signal) = (comm.window(&data_t)?, comm.window(&signal_t)?);
-
-        let input = ctx.input::<f32>(0)?.to_vec();
-        data.write(data.rank(), 0, &input)?; // stage into this rank's copy
-        data.allreduce(&signal, ReduceOp::Sum, AllreduceAlgo::Auto)?;
+fn quickstart() -> Program {
+    let mut p = Program::new(
+        "allreduce_quickstart",
+        Signature::new()
+            .input("x", DataType::F32, [Dim::World, Dim::Fixed(N)])
+            .output("y", DataType::F32, [Dim::World, Dim::Fixed(N)]),
+    );
+    // Tensor 0: this rank's input row; 1: its output row; 2: its copy of the data window.
+    let allreduce = p.kernel("allreduce_user", |ctx| {
+        let data = ctx.window(2)?;
+        data.write(data.rank(), 0, &ctx.input::<f32>(0)?.to_vec())?; // stage into my copy
+        data.allreduce(ReduceOp::Sum, AllreduceAlgo::Auto)?;
         let mut out = ctx.output::<f32>(1)?;
-        let out = out
-            .as_mut_slice()
-            .ok_or_else(|| KernelError::new("contiguous output"))?;
-        data.read(data.rank(), 0, out)?; // read the reduced copy back
+        data.read(
+            data.rank(),
+            0,
+            out.as_mut_slice().ok_or("contiguous output")?,
+        )?;
         Ok(())
-    })?;
-    let chip_orch = w.register_chip_orchestration("allreduce_user", move |o, a| {
-        let mut core = CoreArgs::new();
-        core.input(&a.tensor(0)?).output(&a.tensor(1)?);
-        for i in 0..a.scalar_count() {
-            core.scalar_bits(a.scalar::<u64>(i)?);
+    });
+    let chip_orch = p.chip_orchestration("allreduce_user", move |o, a| {
+        o.submit_aiv(
+            allreduce,
+            CoreArgs::new()
+                .input(&a.tensor(0)?)
+                .output(&a.tensor(1)?)
+                .inout(&a.tensor(2)?),
+        )?;
+        Ok(())
+    });
+    p.orchestrate(move |o, args| {
+        let (x, y) = (args.tensor("x")?, args.tensor("y")?);
+        let buf = o.alloc_window_buffer(4 * N)?;
+        let data = o.window(&buf, 0, &[1, N], DataType::F32)?;
+        for r in 0..o.world_size() {
+            let a = TaskArgs::new()
+                .input(x.row(r))
+                .output_existing(y.row(r))
+                .inout(&data);
+            o.submit_next_level(chip_orch, &a, r)?;
         }
-        o.submit_aiv(allreduce, &core)?;
         Ok(())
-    })?;
+    });
+    p
+}
 
-    // Row r of `x` is rank r's input; row r of `y` receives its result.
+fn run() -> Result<String, Error> {
+    let compiled = quickstart().compile(&Target::l3(2))?;
     let xs: Vec<f32> = (1..=N)
         .map(|i| i as f32)
         .chain((1..=N).map(|i| 10.0 * i as f32))
         .collect();
-    let x = w.shared_tensor_from(&[2, N], &xs)?;
-    let y = w.shared_tensor(&[2, N], DataType::F32)?;
-
-    let (xa, ya) = (x.clone(), y.clone());
-    let orch = w.register_orchestration("quickstart", move |o, _| {
-        let cells = signal_cells(2, AllreduceAlgo::Auto);
-        let buf = o.alloc_window_buffer(4 * N + 4 * cells)?;
-        let data = o.window(&buf, 0, &[1, N], DataType::F32)?;
-        let signal = o.window(&buf, 4 * N, &[cells], DataType::I32)?;
-        let mut per_rank = Vec::new();
-        for r in 0..2 {
-            let mut a = TaskArgs::new()
-                .input(xa.slice(0, r, r + 1))
-                .output_existing(ya.slice(0, r, r + 1))
-                // The windows as dependencies (the kernel reaches them in place) ...
-                .inout(&data)
-                .inout(&signal);
-            // ... and as the scalars the kernel opens them by.
-            data.push_to(&mut a)?;
-            signal.push_to(&mut a)?;
-            per_rank.push(a);
-        }
-        // Both ranks start together: a collective needs every rank running.
-        o.submit_next_level_group(chip_orch, &per_rank, &[0, 1])?;
-        Ok(())
-    })?;
-
-    w.init()?;
-    w.run(orch, &TaskArgs::new())?;
+    let x = SharedTensor::from_data(&[2, N], &xs)?;
+    let y = SharedTensor::zeroed(&[2, N], DataType::F32)?;
+    compiled.run_once((&x, &y))?;
     let got = y.to_vec::<f32>()?;
-    w.close()?;
 
     let golden: Vec<f32> = (1..=N).map(|i| 11.0 * i as f32).collect();
     for (r, row) in got.chunks(N as usize).enumerate() {

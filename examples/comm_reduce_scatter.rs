@@ -12,7 +12,7 @@
 
 use std::process::ExitCode;
 use strata::chip::ChipConfig;
-use strata::comm::{collective_signal_cells, ReduceOp};
+use strata::comm::ReduceOp;
 use strata::types::{ArgTag, DataType, TaskArgs};
 use strata::{Error, Worker};
 
@@ -28,16 +28,13 @@ fn run() -> Result<String, Error> {
 
     let (xa, ya) = (x.clone(), y.clone());
     let orch = w.register_orchestration("reduce_scatter", move |o, _| {
-        let cells = collective_signal_cells(P as u32);
         let buf = o.alloc_window_buffer(4 * m)?;
         let data = o.window(&buf, 0, &[P, C], DataType::I32)?; // chunk s = data[s, :]
-        let sbuf = o.alloc_window_buffer(4 * cells)?;
-        let signal = o.window(&sbuf, 0, &[cells], DataType::I32)?;
         for r in 0..P {
             let row = xa.view().slice(0, r, r + 1)?;
             o.copy_to_window(xa.arg_view(row, ArgTag::Input)?, &data, r as u32)?;
         }
-        o.reduce_scatter(&data, &signal, ReduceOp::Sum)?;
+        o.reduce_scatter(&data, ReduceOp::Sum)?;
         for r in 0..P {
             let row = ya.view().slice(0, r, r + 1)?;
             o.copy_from_window(&data, r as u32, ya.arg_view(row, ArgTag::OutputExisting)?)?;

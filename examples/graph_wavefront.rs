@@ -5,6 +5,13 @@
 //! Every tile task reads the last row of the tile above, the last column of the tile to
 //! its left and the corner of the tile up-left — all views of one `(N+1) x (N+1)` table —
 //! and writes its own tile. Nobody states an edge: they follow from the views.
+//!
+//! strata-graph on its own (`strata::graph`): no chips, no processes, no programs — the
+//! dependency-inference core is usable alone.
+//!
+//! Run with `cargo run --release --example graph_wavefront` (or `cargo xtask sim`). Prints
+//! a final line starting with `ok:` and exits non-zero if the LCS differs from the
+//! sequential DP's.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -5,6 +5,12 @@
 //!
 //! The process forks before it starts any thread (fork in a threaded process can deadlock
 //! the child).
+//!
+//! strata-mailbox on its own (`strata::mailbox`): the IPC ABI without the engine above it.
+//!
+//! Run with `cargo run --release --example mailbox_pingpong` (or `cargo xtask sim`). Prints
+//! a final line starting with `ok:` and exits non-zero if the child's sum or tally differs
+//! from the parent's, or the child does not exit cleanly.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;

@@ -1,8 +1,10 @@
 //! The facade's one error type.
 
+use std::sync::Arc;
 use std::time::Duration;
 use strata_dist::DistError;
 use strata_graph::{Failure, FailureKind, WorkerClass};
+use strata_types::WaitFor;
 
 /// Everything that can go wrong through the facade. A failure of a chip's work is one
 /// variant ([`Error::Chip`]) whether the chip is the worker itself (level 2) or a child
@@ -15,7 +17,7 @@ pub enum Error {
     /// A chip's task failed: a kernel returned an error or panicked, ran past its
     /// deadline, the chip orchestration failed or hit a fatal code, or the chip's process
     /// died.
-    #[error("{message}")]
+    #[error("{message}{}", shown(wait_for))]
     Chip {
         /// The chip: its worker id at the level that dispatched to it (0 for a level-2
         /// worker), or the level-3 child it sits under.
@@ -27,10 +29,14 @@ pub enum Error {
         code: Option<i32>,
         /// What happened, naming the chip (and kernel, where one failed).
         message: String,
+        /// What the run was waiting for, when the failure ended a stall (a kernel past its
+        /// timeout or that gave up a signal wait, a heap ring that could not make room):
+        /// its text also ends the error's message.
+        wait_for: Option<Arc<WaitFor>>,
     },
     /// A host sub-worker's callback failed, panicked, ran past its deadline, or its
     /// process died.
-    #[error("{message}")]
+    #[error("{message}{}", shown(wait_for))]
     SubWorker {
         /// The sub-worker's index.
         index: u32,
@@ -38,10 +44,13 @@ pub enum Error {
         kind: FailureKind,
         /// What happened, naming the sub-worker and the callback.
         message: String,
+        /// What the run was waiting for, when the failure ended a stall (the callback ran
+        /// past its deadline).
+        wait_for: Option<Arc<WaitFor>>,
     },
     /// A next-level worker (a level-3 child of a level-4 worker) failed as a whole: its
     /// process died, its orchestration failed, it ran past its deadline.
-    #[error("{message}")]
+    #[error("{message}{}", shown(wait_for))]
     Worker {
         /// Its worker id.
         worker: u32,
@@ -49,14 +58,24 @@ pub enum Error {
         kind: FailureKind,
         /// What happened.
         message: String,
+        /// What the run was waiting for, when the failure ended a stall.
+        wait_for: Option<Arc<WaitFor>>,
     },
     /// The dispatch's host orchestration returned an error (its unstarted tasks were
     /// cancelled), or a task failed in a way no single worker is to blame for.
     #[error("orchestration failed: {0}")]
     Orchestration(String),
     /// A dispatch did not finish within the time given to `wait`; it goes on.
-    #[error("the dispatch did not finish within {0:?}; it is still running (wait again, or close the worker to drain it)")]
-    Timeout(Duration),
+    #[error("the dispatch did not finish within {after:?}; it is still running (wait again, or close the worker to drain it){}", shown(wait_for))]
+    Timeout {
+        /// The time given to `wait`.
+        after: Duration,
+        /// What the dispatch was waiting for when the wait gave up: which tasks wait for
+        /// which producers or workers, which run on which worker and for how long (`None`
+        /// for a level-2 worker's dispatch, or when another thread is waiting for the same
+        /// dispatch).
+        wait_for: Option<Arc<WaitFor>>,
+    },
     /// A program's signature is invalid (at compile).
     #[error("program {program}: parameter {param:?} {message}")]
     Signature {
@@ -110,11 +129,30 @@ pub enum Error {
     Internal(String),
 }
 
+/// The wait-for state's text, on the lines after a message (nothing without one).
+fn shown(w: &Option<Arc<WaitFor>>) -> String {
+    w.as_ref().map_or_else(String::new, |w| format!("\n{w}"))
+}
+
 impl Error {
+    /// The wait-for state of the stall this error ended or reports (a timeout, a kernel or
+    /// task past its deadline, a signal wait given up, a heap ring that could not make
+    /// room): as data, for a program to inspect; its text also ends the error's message.
+    pub fn wait_for(&self) -> Option<&WaitFor> {
+        match self {
+            Error::Chip { wait_for, .. }
+            | Error::SubWorker { wait_for, .. }
+            | Error::Worker { wait_for, .. }
+            | Error::Timeout { wait_for, .. } => wait_for.as_deref(),
+            _ => None,
+        }
+    }
+
     /// The error for a task failure, by where it happened.
     pub(crate) fn from_failure(f: &Failure) -> Error {
         let message = f.message().to_owned();
         let kind = f.kind();
+        let wait_for = f.wait_for().cloned();
         match f.origin() {
             Some(o) => match o.class {
                 WorkerClass::Chip => Error::Chip {
@@ -122,16 +160,19 @@ impl Error {
                     kind,
                     code: (f.code() > 0).then_some(f.code()),
                     message,
+                    wait_for,
                 },
                 WorkerClass::SubWorker => Error::SubWorker {
                     index: o.index,
                     kind,
                     message,
+                    wait_for,
                 },
                 WorkerClass::Worker => Error::Worker {
                     worker: o.index,
                     kind,
                     message,
+                    wait_for,
                 },
             },
             None => Error::Orchestration(message),
@@ -143,24 +184,31 @@ impl Error {
         use strata_chip::ChipError as C;
         let message = e.to_string();
         let code = e.code();
+        // A chip error's Display ends with its wait-for state's text; the facade's error
+        // shows it from the data.
+        let headline = e.headline();
+        let wait_for = e.wait_for().cloned().map(Arc::new);
         match e {
             C::KernelFailed { .. } | C::OrchestrationFailed { .. } => Error::Chip {
                 worker: 0,
                 kind: FailureKind::Task,
                 code,
-                message,
+                message: headline,
+                wait_for,
             },
             C::KernelTimeout { .. } => Error::Chip {
                 worker: 0,
                 kind: FailureKind::Timeout,
                 code,
-                message,
+                message: headline,
+                wait_for,
             },
             C::Fatal { .. } => Error::Chip {
                 worker: 0,
                 kind: FailureKind::Fatal,
                 code,
-                message,
+                message: headline,
+                wait_for,
             },
             C::Unusable(_) => Error::Unusable(message),
             C::OutOfDeviceMemory { .. }
@@ -183,7 +231,7 @@ impl From<DistError> for Error {
         match e {
             DistError::TaskFailed(f) => Error::from_failure(&f),
             DistError::Orchestration(e) => Error::Orchestration(e.to_string()),
-            DistError::WaitTimeout(d) => Error::Timeout(d),
+            DistError::WaitTimeout { after, wait_for } => Error::Timeout { after, wait_for },
             DistError::InvalidConfig(m) => Error::Config(m),
             DistError::Unusable(m) => Error::Unusable(m),
             DistError::Chip(c) => Error::from_chip(c),

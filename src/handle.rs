@@ -21,6 +21,8 @@ pub(crate) struct DispatchState {
 struct StateInner {
     /// The arguments, kept alive until the dispatch is done (then dropped).
     args: Vec<HeldArg>,
+    /// What the chips that ran the dispatch recorded: one launch per chip run.
+    trace: Vec<crate::bench::Invocation>,
     run: Option<strata_dist::RunHandle>,
     outcome: Option<Result<(), Error>>,
     /// A thread is waiting on `run` (others wait on `done`).
@@ -41,6 +43,7 @@ impl DispatchState {
             program,
             inner: Mutex::new(StateInner {
                 args,
+                trace: Vec::new(),
                 run: Some(run),
                 outcome: None,
                 waiting: false,
@@ -56,6 +59,17 @@ impl DispatchState {
         outcome: Result<(), Error>,
         args: Vec<HeldArg>,
     ) -> Self {
+        Self::finished_traced(id, program, outcome, args, Vec::new())
+    }
+
+    /// A dispatch that ran before its handle was made, with what its chip recorded.
+    pub(crate) fn finished_traced(
+        id: u64,
+        program: String,
+        outcome: Result<(), Error>,
+        args: Vec<HeldArg>,
+        trace: Vec<crate::bench::Invocation>,
+    ) -> Self {
         DispatchState {
             id,
             program,
@@ -64,6 +78,7 @@ impl DispatchState {
                     drop(args);
                     Vec::new()
                 },
+                trace,
                 run: None,
                 outcome: Some(outcome),
                 waiting: false,
@@ -117,10 +132,13 @@ impl DispatchState {
                 g = self.lock();
                 g.waiting = false;
                 match r {
-                    Err(strata_dist::DistError::WaitTimeout(_)) => {
+                    Err(strata_dist::DistError::WaitTimeout { wait_for, .. }) => {
                         g.run = Some(run);
                         self.done.notify_all();
-                        return Err(Error::Timeout(timeout.unwrap_or_default()));
+                        return Err(Error::Timeout {
+                            after: timeout.unwrap_or_default(),
+                            wait_for,
+                        });
                     }
                     r => {
                         g.outcome = Some(r.map_err(Error::from));
@@ -135,7 +153,11 @@ impl DispatchState {
                 Some(d) => {
                     let left = d.saturating_duration_since(Instant::now());
                     if left.is_zero() {
-                        return Err(Error::Timeout(timeout.unwrap_or_default()));
+                        // Another thread waits on the run (and holds it): no snapshot here.
+                        return Err(Error::Timeout {
+                            after: timeout.unwrap_or_default(),
+                            wait_for: None,
+                        });
                     }
                     g = self
                         .done
@@ -190,7 +212,7 @@ impl DispatchHandle {
             }
         }
         let r = self.state.finish(timeout);
-        if !matches!(r, Err(Error::Timeout(_))) {
+        if !matches!(r, Err(Error::Timeout { .. })) {
             self.state.lock().observed = true;
         }
         r
@@ -202,6 +224,14 @@ impl DispatchHandle {
     /// As `result`.
     pub fn wait(&self, timeout: Option<Duration>) -> Result<(), Error> {
         self.result(timeout)
+    }
+
+    /// What the chips that ran the dispatch recorded, one [`Invocation`](crate::Invocation)
+    /// (the spans of one chip run: host spans, and device spans on the run's device clock)
+    /// per chip run; empty until the dispatch is done. Level 2 records every dispatch;
+    /// level 3 and 4 record their chips' runs too (see `docs/benchmarks.md`).
+    pub fn invocations(&self) -> Vec<crate::bench::Invocation> {
+        self.state.lock().trace.clone()
     }
 
     /// Whether the dispatch has finished, successfully or not. Never blocks: while another

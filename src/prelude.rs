@@ -2,10 +2,10 @@
 
 pub use crate::program::{Dim, Direction, ScalarValue};
 pub use crate::{
-    Compiled, CopyRange, DeviceTensor, DispatchHandle, Error, Prepare, PreparedWorker, Program,
-    ProgramArgs, ProgramTensor, Signature, StackedDeviceTensor, Target,
+    Arg, Compiled, CopyRange, DeviceTensor, DispatchHandle, Error, Prepare, PreparedWorker,
+    Program, ProgramArgs, ProgramTensor, Signature, StackedDeviceTensor, Target,
 };
 pub use strata_chip::{ChipArgs, ChipConfig, ChipOrch, CoreArgs, KernelCtx, KernelError};
 pub use strata_dist::{Orch, ReduceOp};
 pub use strata_host::{SharedTensor, SubCall};
-pub use strata_types::{ArgTag, CallConfig, DataType, TaskArgs};
+pub use strata_types::{ArgTag, CallConfig, CallbackResult, DataType, TaskArgs};

@@ -270,8 +270,17 @@ impl Shared {
                 DispatchState::running(id, name, run, held)
             }
             (Backend::Chip(chip), Start::Chip(h)) => {
-                let outcome = run_on_chip(chip, h, &sig, &held, config);
-                DispatchState::finished(id, name, outcome, held)
+                let (outcome, trace) = match run_on_chip(chip, h, &sig, &held, config) {
+                    Ok(report) => {
+                        let names = [(hid_of(&h), name.clone())].into_iter().collect();
+                        (
+                            Ok(()),
+                            crate::bench::Invocation::from_spans(&report.spans(), &names),
+                        )
+                    }
+                    Err(e) => (Err(e), Vec::new()),
+                };
+                DispatchState::finished_traced(id, name, outcome, held, trace)
             }
             _ => {
                 return Err(Error::Internal(
@@ -417,10 +426,18 @@ impl PreparedWorker {
                     config.num_sub_workers = config.num_sub_workers.max(subs_needed);
                     let mut w = DistWorker::new(config)?;
                     for c in children {
-                        let TargetKind::Dist { config, .. } = c.kind() else {
-                            return Err(Error::Internal("level-4 children are level 3".into()));
-                        };
-                        w.add_worker(DistWorker::new(config.clone())?)?;
+                        match c.kind() {
+                            TargetKind::Dist { config, .. } => {
+                                w.add_worker(DistWorker::new(config.clone())?)?;
+                            }
+                            TargetKind::Remote(spec) => {
+                                strata_net::add_remote_worker(&mut w, (**spec).clone())
+                                    .map_err(|e| Error::Config(e.to_string()))?;
+                            }
+                            TargetKind::Chip(_) => {
+                                return Err(Error::Internal("level-4 children are level 3".into()))
+                            }
+                        }
                     }
                     for p in &programs {
                         w.register_chip_callables(&p.inner.chip)?;
@@ -454,6 +471,9 @@ impl PreparedWorker {
                     w.init()?;
                     Ok((Backend::Dist(Box::new(w)), visible))
                 }
+                TargetKind::Remote(_) => Err(Error::Config(
+                    "a remote level-3 worker is a child of a level-4 target: Target::l4(vec![Target::remote(spec), ..])".into(),
+                )),
             }
         })();
         let (backend, visible_regions) = match started {
@@ -900,6 +920,26 @@ impl PreparedWorker {
         }
     }
 
+    /// What the worker's window allocator did so far: domains created, window buffers
+    /// allocated and freed, persistent zero-fills. `None` for a level-2 worker (it has no
+    /// windows) or a level-3 worker whose windows were never set up.
+    ///
+    /// With [`Prepare::persistent_windows`], a program that allocates its window buffer in
+    /// every dispatch allocates it once: the counters show it. Without it, a dispatch's
+    /// window buffers are freed when the next dispatch claims the windows (its tasks may
+    /// run until then), the last ones at close.
+    ///
+    /// # Errors
+    /// After close.
+    pub fn comm_stats(&self) -> Result<Option<strata_comm::CommStats>, Error> {
+        let mut core = self.core("comm_stats")?;
+        core.drain();
+        Ok(match &core.backend {
+            Backend::Dist(d) => d.comm_stats(),
+            Backend::Chip(_) => None,
+        })
+    }
+
     // ----- close -------------------------------------------------------------------------
 
     /// Drains the dispatches in flight (oldest first), frees the device tensors this
@@ -982,6 +1022,10 @@ fn same_target(a: &crate::Target, b: &crate::Target) -> bool {
                 && x.exec_mode == y.exec_mode
                 && cx.len() == cy.len()
                 && cx.iter().zip(cy).all(|(p, q)| same_target(p, q))
+        }
+        (TargetKind::Remote(x), TargetKind::Remote(y)) => {
+            format!("{x:?}") == format!("{y:?}")
+                && x.level3_config().chips == y.level3_config().chips
         }
         _ => false,
     }
@@ -1264,7 +1308,7 @@ fn run_on_chip(
     sig: &crate::program::signature::BoundSignature,
     held: &[HeldArg],
     config: &CallConfig,
-) -> Result<(), Error> {
+) -> Result<strata_chip::RunReport, Error> {
     let mem = SharedMemory::process();
     let mut run = RunArgs::new();
     let mut given = held.iter();
@@ -1300,8 +1344,15 @@ fn run_on_chip(
             },
         }
     }
-    chip.run(&h, &mut run, config)?;
-    Ok(())
+    Ok(chip.run(&h, &mut run, config)?)
+}
+
+/// The hash a chip's spans name an orchestration by: its digest's first 8 bytes, hex.
+fn hid_of(h: &OrchHandle) -> String {
+    h.id().as_bytes()[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// A program registered on a prepared worker: calling it dispatches the program

@@ -8,6 +8,7 @@
 //! | `call_config` | a task frame's 1152 config bytes | `strata_types::wire::decode_config`, re-encoded |
 //! | `task_args` | an argument blob a chip child receives | `decode_args` then `RunArgs::from_task_args` on a live chip and shared memory |
 //! | `sub_task` | an argument blob a sub-worker child receives | `decode_args` then `SubHandler::task` (views over shared memory) and a closure touching every element |
+//! | `net_frame` | bytes a network peer sent | `strata_net::wire::decode_frame` (header bounds, checksum, every body type); a decoded frame re-encodes to the same bytes |
 //! | `control_request` | a control frame's command, arg0 and payload | `ControlCommand::from_request` and the chip child's `serve_chip_control` |
 //! | `mailbox_parent` | a frame a (hostile) child wrote | `Parent::poll` / `wait_task` / `reset` / `wait_init` / `control` / `snapshot` |
 //! | `mailbox_child` | a frame a (hostile) parent wrote | `Child::serve` (state words, identity, digest, config, blob, control payload) |
@@ -39,6 +40,7 @@ pub const TARGETS: &[&str] = &[
     "control_request",
     "mailbox_parent",
     "mailbox_child",
+    "net_frame",
 ];
 
 /// Runs target `name` on `data`; `false` if there is no such target.
@@ -51,6 +53,7 @@ pub fn run_target(name: &str, data: &[u8]) -> bool {
         "control_request" => targets::control_request(data),
         "mailbox_parent" => targets::mailbox_parent(data),
         "mailbox_child" => targets::mailbox_child(data),
+        "net_frame" => targets::net_frame(data),
         _ => return false,
     }
     true

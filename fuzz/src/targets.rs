@@ -349,3 +349,33 @@ pub fn mailbox_child(data: &[u8]) {
         ((), child.into_mailbox())
     })
 }
+
+/// Bytes a network peer sent, decoded as a strata-net reader does: header (magic,
+/// version, type, flags, length bound), checksum, then the type's body. Whatever decodes
+/// must re-encode to exactly the input bytes (header and postcard body are canonical).
+pub fn net_frame(data: &[u8]) {
+    use strata_net::wire::{decode_frame, encode, Body, FrameType};
+    let _guard = armed();
+    let Ok((h, body)) = decode_frame(data) else {
+        return;
+    };
+    let again = match &body {
+        Body::Hello(b) => encode(FrameType::Hello, h.session, h.sequence, b),
+        Body::Challenge(b) => encode(FrameType::Challenge, h.session, h.sequence, b),
+        Body::Auth(b) => encode(FrameType::Auth, h.session, h.sequence, b),
+        Body::Error(b) => encode(FrameType::Error, h.session, h.sequence, b),
+        Body::NodeHello(b) => encode(FrameType::NodeHello, h.session, h.sequence, b),
+        Body::Ready(b) => encode(FrameType::Ready, h.session, h.sequence, b),
+        Body::Task(b) => encode(FrameType::Task, h.session, h.sequence, b),
+        Body::Data(b) => encode(FrameType::Data, h.session, h.sequence, b),
+        Body::Done(b) => encode(FrameType::Done, h.session, h.sequence, b),
+        Body::Control(b) => encode(FrameType::Control, h.session, h.sequence, b),
+        Body::ControlReply(b) => encode(FrameType::ControlReply, h.session, h.sequence, b),
+        Body::Heartbeat => encode(FrameType::Heartbeat, h.session, h.sequence, &()),
+        Body::Cancel(b) => encode(FrameType::Cancel, h.session, h.sequence, b),
+        Body::Shutdown => encode(FrameType::Shutdown, h.session, h.sequence, &()),
+        Body::ShutdownAck(b) => encode(FrameType::ShutdownAck, h.session, h.sequence, b),
+    }
+    .expect("a decoded frame re-encodes");
+    assert_eq!(again, data, "network frame does not round-trip");
+}

@@ -51,6 +51,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use strata_chip::{ChipConfig, KernelHandle, OrchHandle, Registry};
 use strata_dist::{DistConfig, HostOrchHandle, Level, SubHandle};
+use strata_net::RemoteSpec;
 use strata_types::CallbackResult;
 use strata_types::{CallableDescriptor, CallableKind};
 
@@ -80,6 +81,8 @@ pub(crate) enum TargetKind {
         config: DistConfig,
         children: Vec<Target>,
     },
+    /// A level-3 worker on another host (a child of a level-4 target).
+    Remote(Box<RemoteSpec>),
 }
 
 impl Target {
@@ -116,10 +119,38 @@ impl Target {
         }
     }
 
+    /// A level-3 worker on another host, served by the `strata-node` daemon (or the
+    /// launched rank) `spec` names — a child of a level-4 target beside local ones, with
+    /// worker ids from one counter in the order of [`Target::l4`]'s list. Its chips are
+    /// `spec`'s.
+    ///
+    /// At prepare, the level-4 worker connects to the node, which starts this same program
+    /// (same build-id, same arguments): that process compiles and prepares the same
+    /// programs, and its `prepare` serves as the remote worker instead of returning — so
+    /// the program must reach `prepare` with the same programs on every host. See
+    /// `docs/net.md` §1.
+    ///
+    /// ```
+    /// use strata::net::RemoteSpec;
+    /// use strata::Target;
+    /// let t = Target::l4(vec![
+    ///     Target::l3(2),
+    ///     Target::remote(RemoteSpec::new("hostb:7070").chips(4).secret_file("/etc/strata/secret")),
+    /// ]);
+    /// assert_eq!((t.level(), t.world_size()), (4, 2));
+    /// ```
+    pub fn remote(spec: RemoteSpec) -> Target {
+        Target {
+            kind: TargetKind::Remote(Box::new(spec)),
+        }
+    }
+
     /// With `n` host sub-workers (level 3 and 4).
     pub fn sub_workers(mut self, n: usize) -> Target {
-        if let TargetKind::Dist { config, .. } = &mut self.kind {
-            config.num_sub_workers = n;
+        match &mut self.kind {
+            TargetKind::Dist { config, .. } => config.num_sub_workers = n,
+            TargetKind::Remote(spec) => **spec = spec.as_ref().clone().sub_workers(n),
+            TargetKind::Chip(_) => {}
         }
         self
     }
@@ -127,8 +158,10 @@ impl Target {
     /// With the engine's settings changed by `f` (exec mode, timeouts, heap rings, comm
     /// arena, ...; level 3 and 4).
     pub fn configure(mut self, f: impl FnOnce(&mut DistConfig)) -> Target {
-        if let TargetKind::Dist { config, .. } = &mut self.kind {
-            f(config);
+        match &mut self.kind {
+            TargetKind::Dist { config, .. } => f(config),
+            TargetKind::Remote(spec) => **spec = spec.as_ref().clone().configure(f),
+            TargetKind::Chip(_) => {}
         }
         self
     }
@@ -147,6 +180,12 @@ impl Target {
                     *c = c.clone().each_chip(f);
                 }
             }
+            TargetKind::Remote(spec) => {
+                **spec = spec
+                    .as_ref()
+                    .clone()
+                    .configure(|c| c.chips.iter_mut().for_each(f));
+            }
         }
         self
     }
@@ -156,6 +195,7 @@ impl Target {
         match &self.kind {
             TargetKind::Chip(_) => 2,
             TargetKind::Dist { config, .. } => config.level.number(),
+            TargetKind::Remote(_) => 3,
         }
     }
 
@@ -169,6 +209,7 @@ impl Target {
                 Level::L3 => config.chips.len(),
                 Level::L4 => children.len(),
             },
+            TargetKind::Remote(spec) => spec.level3_config().chips.len(),
         }
     }
 
@@ -195,10 +236,23 @@ impl Target {
                             c.level()
                         )));
                     }
-                    c.validate()?;
+                    c.validate_as_child()?;
                 }
                 Ok(())
             }
+            TargetKind::Remote(_) => Err(Error::Config(
+                "a remote level-3 worker is a child of a level-4 target: Target::l4(vec![Target::remote(spec), ..])".into(),
+            )),
+        }
+    }
+
+    fn validate_as_child(&self) -> Result<(), Error> {
+        match &self.kind {
+            TargetKind::Remote(spec) => spec
+                .level3_config()
+                .validate()
+                .map_err(|e| Error::Config(format!("remote level-3 worker: {e}"))),
+            _ => self.validate(),
         }
     }
 }

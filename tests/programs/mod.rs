@@ -10,6 +10,11 @@ use strata::Arg;
 use strata_testkit::suite::Variant;
 use strata_testkit::{check, contracts, Ctx, Outcome, Scenario};
 
+mod comm;
+mod stall;
+use comm::*;
+use stall::*;
+
 /// An execution mode as a suite variant.
 pub trait Mode: Variant<Value = ExecMode> {}
 impl<V: Variant<Value = ExecMode>> Mode for V {}
@@ -52,11 +57,19 @@ pub fn suite<M: Mode>() -> Vec<Scenario> {
         prewarm_builds_the_ring_heaps_while_preparing,
         a_chip_failure_is_one_error_at_every_level,
         inherited_host_memory_is_copied_in_place,
+        a_level_2_benchmark_measures_every_round_from_its_spans,
+        s1_quickstart_allreduce_gives_the_sum_on_every_rank,
+        s4_notify_wait_handshake,
+        s5_persistent_windows_are_allocated_once_and_reset,
+        s6_barrier_tally,
+        s9_rank_identity_scale_and_round_trip,
+        a_stalled_level_2_dispatch_explains_itself,
+        a_group_waiting_for_a_stuck_worker_explains_the_timeout,
     ]
 }
 
 /// A level-3 target of `chips` chips in mode `M`.
-fn l3<M: Mode>(chips: usize) -> Target {
+pub fn l3<M: Mode>(chips: usize) -> Target {
     Target::l3(chips).configure(|c| c.exec_mode = M::VALUE)
 }
 
@@ -437,7 +450,7 @@ pub fn s15_handles_cache_their_outcome_and_time_out_without_losing_the_dispatch<
     let h = rt.submit(&compiled, (&g, &count)).ctx("submit")?;
     let e = h.result(Some(std::time::Duration::ZERO)).unwrap_err();
     check!(
-        matches!(e, Error::Timeout(_)),
+        matches!(e, Error::Timeout { .. }),
         "pending: a timeout, got {e}"
     );
     let e = h
@@ -1278,5 +1291,77 @@ pub fn inherited_host_memory_is_copied_in_place<M: Mode>() -> Outcome {
         "plain memory still needs staging: {e}"
     );
     rt.close().ctx("close")?;
+    Ok(())
+}
+
+/// `benchmark()` on a level-2 program: one launch per measured round, warm-up rounds left
+/// out, every figure the one its raw spans give.
+pub fn a_level_2_benchmark_measures_every_round_from_its_spans<M: Mode>() -> Outcome {
+    let mut p = Program::new("touch", Signature::new().inout("t", DataType::F32, [64u64]));
+    let k = p.kernel("touch", |ctx| {
+        let mut t = ctx.output::<f32>(0)?;
+        for v in t.as_mut_slice().ok_or("contiguous")? {
+            *v += 1.0;
+        }
+        Ok(())
+    });
+    p.orchestrate_chip(move |o, a| {
+        o.submit_aiv(k, CoreArgs::new().inout(&a.tensor(0)?))?;
+        Ok(())
+    });
+    let compiled = p
+        .compile(&Target::chip(ChipConfig::default()))
+        .ctx("compile")?;
+    let t = SharedTensor::zeroed(&[64], DataType::F32).ctx("t")?;
+    let e = strata::benchmark(&compiled, (&t,), 0, 1).unwrap_err();
+    check!(e.to_string().contains("rounds must be at least 1"), "{e}");
+    let stats = strata::benchmark(&compiled, (&t,), 5, 2).ctx("benchmark")?;
+    check!(
+        t.to_vec::<f32>().ctx("t")? == vec![7.0; 64],
+        "2 warm-up + 5 measured dispatches ran (each adds 1)"
+    );
+    check!(stats.rounds == 5 && stats.warmup == 2, "{stats:?}");
+    check!(
+        stats.invocations.len() == 5,
+        "one launch per measured round"
+    );
+    for (i, inv) in stats.invocations.iter().enumerate() {
+        let raw = |name: &str| {
+            inv.spans
+                .iter()
+                .find(|s| s.name == name)
+                .map(|s| s.dur as f64 / 1000.0)
+        };
+        check!(
+            raw("chip.run.runner_run.device_wall") == Some(stats.device_wall_us[i]),
+            "round {i}: the device sample is the device_wall span"
+        );
+        check!(
+            raw("chip.run") == Some(stats.host_wall_us[i]),
+            "round {i}: the host sample is the chip.run span"
+        );
+        check!(
+            inv.task_name == "touch",
+            "the launch names its program: {}",
+            inv.task_name
+        );
+    }
+    check!(
+        !stats.all_zero_device(),
+        "the emulator times its device phases"
+    );
+    let mean = stats.format_mean_tree(true, strata::bench::Spread::Stdev, None, None);
+    check!(
+        mean.starts_with(
+            "mean of 5 launches (warmup 2 excluded); each node: mean ±stdev:\nchip.run"
+        ),
+        "{mean}"
+    );
+    check!(
+        stats
+            .to_string()
+            .starts_with("BenchmarkStats(rounds=5, warmup=2): device_wall_us min="),
+        "{stats}"
+    );
     Ok(())
 }

@@ -61,6 +61,11 @@ const TARGETS: &[Target] = &[
         max_len: 8192,
         what: "frames a hostile parent wrote, served by Child::serve (identity, config, blob, control)",
     },
+    Target {
+        name: "net_frame",
+        max_len: 70_000,
+        what: "bytes a network peer sent: strata_net::wire::decode_frame (header bounds, checksum, every body), round trip",
+    },
 ];
 
 /// rustc flags of the instrumented build: libFuzzer's coverage feedback (8-bit counters,

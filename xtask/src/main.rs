@@ -2,8 +2,9 @@
 //!
 //! - `cargo xtask sim` builds every example and runs it end to end on the emulator, with a
 //!   progress bar, then prints a summary table (example, result, time).
-//! - `cargo xtask ci` runs what `.ci/run` runs: fmt, clippy, the test suite, loom models, docs,
-//!   and a short run of every fuzz target.
+//! - `cargo xtask ci` runs what `.ci/run` runs: fmt, clippy, the test suite, strata-net's
+//!   `mpi` feature (lints, docs, its tests under `mpirun -n 3`, bounded), loom models, docs,
+//!   and a short run of every fuzz target. `cargo xtask ci-mpi` runs its MPI step alone.
 //! - `cargo xtask bench <name>` runs one side-by-side benchmark; each prints a human table
 //!   and, as its last line, one JSON object with its figures. Each alternates its
 //!   variants with its peer or floor in rounds and prints the machine (CPU model, load
@@ -88,6 +89,12 @@ const BENCHES: &[Bench] = &[
         target: "allreduce",
         what: "2-rank allreduce through L3 (2 forked chips, a loop inside one dispatch): latency 8 B / 256 B / 4 KiB, bandwidth 1 MiB / 64 MiB, vs Open MPI MPI_Allreduce (vader) and single-core memcpy",
     },
+    Bench {
+        name: "net",
+        package: "strata-net",
+        target: "net",
+        what: "strata-net over loopback: no-op remote task round trip (L4 -> remote L3 -> chip -> back) vs a raw TCP request/response; remote device copy_to / copy_from throughput vs raw TCP streaming; tasks/s with many in flight; then the MPI transport (mpirun -n 2) next to TCP and a raw MPI_Send/MPI_Recv ping-pong and bulk between the same ranks",
+    },
 ];
 
 fn workspace_root() -> PathBuf {
@@ -133,10 +140,16 @@ fn ci() -> Result<(), String> {
             "warnings",
         ]),
     )?;
+    // strata-net's launcher tests run `mpirun -n 3 strata-node launch -- ...` (Debian's
+    // Open MPI; its `mpi` feature also builds against libopenmpi-dev through libclang) and
+    // its namespace tests `ip`, `tc`, `ss` and `iptables`: installed here so a fresh
+    // machine has them.
+    ensure_test_tools()?;
     run_step(
         "cargo test --workspace",
         cargo().args(["test", "--workspace"]),
     )?;
+    mpi_steps()?;
     // Loom models in their own build (cfg(loom) swaps the sync primitives), with bounded
     // preemptions so the step stays within minutes: every crate that has models.
     let mut loom = cargo();
@@ -177,6 +190,135 @@ fn ci() -> Result<(), String> {
         CI_FUZZ_SECONDS.to_string(),
     ])?;
     Ok(())
+}
+
+/// Bound of the whole MPI step of `cargo xtask ci` (its build included); each mpirun job
+/// of the test has its own, shorter bound.
+const CI_MPI_BOUND: Duration = Duration::from_secs(20 * 60);
+
+/// strata-net's `mpi` feature (rsmpi against Debian's Open MPI): lints and docs with the
+/// feature, then its end-to-end tests under `mpirun -n 3` (tests/mpi.rs), bounded.
+fn mpi_steps() -> Result<(), String> {
+    let t = Instant::now();
+    run_step(
+        "cargo clippy -p strata-net --features mpi",
+        cargo().args([
+            "clippy",
+            "-p",
+            "strata-net",
+            "--all-targets",
+            "--features",
+            "mpi",
+            "--",
+            "-D",
+            "warnings",
+        ]),
+    )?;
+    run_step(
+        "cargo doc -p strata-net --features mpi",
+        cargo()
+            .args(["doc", "-p", "strata-net", "--no-deps", "--features", "mpi"])
+            .env("RUSTDOCFLAGS", "-D warnings"),
+    )?;
+    let left = CI_MPI_BOUND.saturating_sub(t.elapsed());
+    run_step_bounded(
+        "cargo test -p strata-net --features mpi --lib --test mpi (mpirun -n 3)",
+        cargo().args([
+            "test",
+            "-p",
+            "strata-net",
+            "--features",
+            "mpi",
+            "--lib",
+            "--test",
+            "mpi",
+        ]),
+        left,
+    )
+}
+
+/// [`run_step`] with a bound: past it the step's process group is killed and it fails.
+fn run_step_bounded(name: &str, cmd: &mut Command, bound: Duration) -> Result<(), String> {
+    use std::os::unix::process::CommandExt;
+    eprintln!("\n==> {name} (bounded: {}s)", bound.as_secs());
+    let t = Instant::now();
+    let mut child = cmd
+        .process_group(0)
+        .spawn()
+        .map_err(|e| format!("{name}: could not start: {e}"))?;
+    let status = loop {
+        match child.try_wait().map_err(|e| format!("{name}: {e}"))? {
+            Some(st) => break st,
+            None if t.elapsed() > bound => {
+                let _ = Command::new("kill")
+                    .args(["-KILL", "--", &format!("-{}", child.id())])
+                    .status();
+                let _ = child.wait();
+                return Err(format!("{name} did not finish within {}s", bound.as_secs()));
+            }
+            None => std::thread::sleep(Duration::from_millis(100)),
+        }
+    };
+    eprintln!("<== {name}: {status} in {:.1}s", t.elapsed().as_secs_f64());
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("{name} failed ({status})"))
+    }
+}
+
+/// Installs the Debian packages strata-net's tests need when they are missing:
+/// `openmpi-bin` (`mpirun`: the launcher tests), `libopenmpi-dev` (`mpicc` and the headers
+/// the `mpi` feature builds against) and `libclang-dev` (what rsmpi's bindgen loads),
+/// `iproute2` (`ip`, `tc`, `ss`) and `iptables` (the network-namespace tests).
+fn ensure_test_tools() -> Result<(), String> {
+    let runs = |c: &str, arg: &str| {
+        Command::new(c)
+            .arg(arg)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    let installed = |pkg: &str| {
+        Command::new("dpkg-query")
+            .args(["-W", "-f=${Status}", pkg])
+            .stderr(Stdio::null())
+            .output()
+            .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("install ok installed"))
+    };
+    let missing: Vec<&str> = [
+        ("mpirun", "--version", "openmpi-bin"),
+        ("mpicc", "--showme:version", "libopenmpi-dev"),
+        ("ip", "-V", "iproute2"),
+        ("ss", "-V", "iproute2"),
+        ("iptables", "--version", "iptables"),
+    ]
+    .into_iter()
+    .filter(|(c, arg, _)| !runs(c, arg))
+    .map(|(_, _, p)| p)
+    .chain(Some("libclang-dev").filter(|p| !installed(p)))
+    .fold(Vec::new(), |mut v, p| {
+        if !v.contains(&p) {
+            v.push(p);
+        }
+        v
+    });
+    if missing.is_empty() {
+        return Ok(());
+    }
+    eprintln!("xtask: installing {} with apt-get", missing.join(" "));
+    run_step(
+        "apt-get update",
+        Command::new("apt-get").args(["update", "-q"]),
+    )?;
+    run_step(
+        "apt-get install",
+        Command::new("apt-get")
+            .args(["install", "-y", "-q"])
+            .args(&missing)
+            .env("DEBIAN_FRONTEND", "noninteractive"),
+    )
 }
 
 /// Seconds of fuzzing per target in `cargo xtask ci`.
@@ -261,7 +403,25 @@ fn bench(name: &str) -> Result<(), String> {
     run_step(
         &format!("bench {}", b.name),
         cargo().args(["bench", "-q", "-p", b.package, "--bench", b.target]),
-    )
+    )?;
+    if b.name == "net" {
+        // The MPI transport next to TCP and raw MPI, in one mpirun job of its own.
+        ensure_test_tools()?;
+        run_step(
+            "bench net (MPI transport)",
+            cargo().args([
+                "bench",
+                "-q",
+                "-p",
+                "strata-net",
+                "--features",
+                "mpi",
+                "--bench",
+                "net_mpi",
+            ]),
+        )?;
+    }
+    Ok(())
 }
 
 /// Names of the runnable examples of the facade package, from `examples/*.rs`.
@@ -388,7 +548,7 @@ fn soak(args: &[String]) -> Result<(), String> {
 
 fn usage() -> String {
     format!(
-        "usage: cargo xtask <sim | ci | soak [--tasks N] [--runs M] | bench <name>|list | bench-compare <rev> <bench> [--rounds N] | fuzz ...>\n{}\n  {}",
+        "usage: cargo xtask <sim | ci | ci-mpi | soak [--tasks N] [--runs M] | bench <name>|list | bench-compare <rev> <bench> [--rounds N] | fuzz ...>\n{}\n  {}",
         compare::usage(),
         fuzz::usage()
     )
@@ -399,6 +559,7 @@ fn main() -> ExitCode {
     let result = match args.first().map(String::as_str) {
         Some("sim") => sim(),
         Some("ci") => ci(),
+        Some("ci-mpi") => ensure_test_tools().and_then(|()| mpi_steps()),
         Some("soak") => soak(&args[1..]),
         Some("bench") => match args.get(1) {
             Some(n) => bench(n),

@@ -1,6 +1,7 @@
 //! The error type of this crate, and the reference runtime's fatal codes.
 
 use std::time::Duration;
+use strata_types::WaitFor;
 use thiserror::Error;
 
 /// The reference runtime's fatal codes (orchestrator 1..=11, scheduler 100+), plus the
@@ -236,15 +237,18 @@ pub enum ChipError {
 
     /// A fatal error latched by the orchestration (reference codes 1..=11): ring
     /// deadlocks, invalid arguments, sync-start, tensor-wait timeout, explicit fatal.
-    #[error("chip run failed with code {code} ({}): {message}", codes::name(*code))]
+    #[error("chip run failed with code {code} ({}): {message}{}", codes::name(*code), shown(.wait_for))]
     Fatal {
         /// The reference fatal code.
         code: i32,
         /// What happened and how to fix it.
         message: String,
+        /// What the run waited for, when the error ended a stall (a heap ring that could
+        /// not make room).
+        wait_for: Option<Box<WaitFor>>,
     },
     /// A kernel returned an error or panicked.
-    #[error("kernel {kernel:?} failed (task {task}, block {block}, core {core}): {message}")]
+    #[error("kernel {kernel:?} failed (task {task}, block {block}, core {core}): {message}{}", shown(.wait_for))]
     KernelFailed {
         /// The kernel's registered name.
         kernel: String,
@@ -256,9 +260,11 @@ pub enum ChipError {
         core: u32,
         /// The kernel's message.
         message: String,
+        /// What the run waited for, when the kernel gave up a signal wait.
+        wait_for: Option<Box<WaitFor>>,
     },
     /// A kernel did not finish within the run's timeout (SCHEDULER_TIMEOUT, 100).
-    #[error("kernel {kernel:?} (task {task}, block {block}) made no progress on core {core} for {} ms: SCHEDULER_TIMEOUT (100, running-stalled); the core is taken out of service and its kernel was asked to stop (KernelCtx::cancelled). Raise CallConfig::timeout or ChipConfig::kernel_timeout if the kernel is just slow", .after.as_millis())]
+    #[error("kernel {kernel:?} (task {task}, block {block}) made no progress on core {core} for {} ms: SCHEDULER_TIMEOUT (100, running-stalled); the core is taken out of service and its kernel was asked to stop (KernelCtx::cancelled). Raise CallConfig::timeout or ChipConfig::kernel_timeout if the kernel is just slow{}", .after.as_millis(), shown(.wait_for))]
     KernelTimeout {
         /// The kernel's registered name.
         kernel: String,
@@ -270,6 +276,8 @@ pub enum ChipError {
         core: u32,
         /// How long it ran.
         after: Duration,
+        /// What the run waited for when the kernel was given up on.
+        wait_for: Option<Box<WaitFor>>,
     },
     /// The orchestration function returned an error or panicked.
     #[error("orchestration {orchestration:?} failed: {message}")]
@@ -304,7 +312,7 @@ impl ChipError {
     ///
     /// ```
     /// use strata_chip::{ChipError, codes};
-    /// let e = ChipError::Fatal { code: codes::SCOPE_DEADLOCK, message: "..".into() };
+    /// let e = ChipError::Fatal { code: codes::SCOPE_DEADLOCK, message: "..".into(), wait_for: None };
     /// assert_eq!(e.code(), Some(1));
     /// assert!(e.to_string().contains("SCOPE_DEADLOCK"));
     /// ```
@@ -323,8 +331,40 @@ impl ChipError {
         ChipError::Fatal {
             code,
             message: message.into(),
+            wait_for: None,
         }
     }
+
+    /// The wait-for state of the stall this error ended (a kernel past its timeout, a
+    /// kernel that gave up a signal wait, a heap ring that could not make room): which
+    /// tasks wait for which producers, which run on which core, which signal cells the
+    /// kernels wait on and their values. Its text is also the end of the error's message.
+    pub fn wait_for(&self) -> Option<&WaitFor> {
+        match self {
+            ChipError::Fatal { wait_for, .. }
+            | ChipError::KernelFailed { wait_for, .. }
+            | ChipError::KernelTimeout { wait_for, .. } => wait_for.as_deref(),
+            _ => None,
+        }
+    }
+
+    /// The message without the wait-for state's text (one line, for a place that carries
+    /// the state as data beside it).
+    pub fn headline(&self) -> String {
+        let text = self.to_string();
+        match self.wait_for() {
+            Some(w) => text
+                .strip_suffix(&shown(&Some(Box::new(w.clone()))))
+                .map(str::to_owned)
+                .unwrap_or(text),
+            None => text,
+        }
+    }
+}
+
+/// The wait-for state's text, on the lines after a message (nothing without one).
+fn shown(w: &Option<Box<WaitFor>>) -> String {
+    w.as_ref().map_or_else(String::new, |w| format!("\n{w}"))
 }
 
 /// The error a kernel returns; it fails the task (downstream tasks are poisoned and the

@@ -36,8 +36,9 @@ mod host;
 mod task;
 mod trace;
 
-pub use aicore::kernel::{KernelCtx, KernelFn};
+pub use aicore::kernel::{ExternalArg, KernelCtx, KernelFn};
 pub use aicore::kernels::{KernelHandle, KernelRef, MAX_KERNELS};
+pub use aicore::signal::SignalNote;
 pub use aicpu::orch::{ChipArgs, ChipOrch, OrchestrationFn};
 pub use aicpu::registry::{OrchHandle, Registry, MAX_ORCHESTRATIONS};
 pub use aicpu::tensor::{
@@ -48,7 +49,7 @@ pub use config::{
     EXIT_ORCHESTRATION_STALLED, MAX_AIC_CORES, MAX_AIV_CORES, MAX_DEVICE_MEMORY_BYTES,
     REFERENCE_DEP_POOL, REFERENCE_RING_HEAP_BYTES, REFERENCE_TASK_WINDOW,
 };
-pub use device::arena::AtomicView;
+pub use device::arena::{AtomicView, ExternalMemory, EXTERNAL_BASE};
 pub use device::memory::{DevicePtr, DeviceTensor, DEVICE_ALIGN};
 pub use error::{codes, ChipError, KernelError};
 pub use host::args::{CopyOffsets, RunArgs, TensorInit};

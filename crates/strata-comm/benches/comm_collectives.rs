@@ -36,15 +36,9 @@ fn allreduce_secs(
 ) -> f64 {
     let mut alloc = CommAllocator::new(arena.clone());
     let dom = alloc.world().unwrap();
-    let cells = signal_cells(P, algo);
-    let sig_off = bytes.div_ceil(4096) * 4096;
-    let buf = alloc
-        .alloc_window_buffer(&dom, sig_off + cells * 4)
-        .unwrap();
+    // The buffer carries its own signal area (after the data, 128-aligned).
+    let buf = alloc.alloc_window_buffer(&dom, bytes).unwrap();
     let x = alloc.window(&buf, 0, &[bytes / 4], DataType::F32).unwrap();
-    let s = alloc
-        .window(&buf, sig_off, &[cells], DataType::I32)
-        .unwrap();
     for r in 0..P {
         alloc
             .host_write(&x, r, 0, &vec![1e-3f32; (bytes / 4) as usize])
@@ -59,17 +53,17 @@ fn allreduce_secs(
                 sc.spawn(move || {
                     pin(r as usize);
                     let comm = Comm::from_rank(&ctx);
-                    let (d, sw) = (comm.window(&x).unwrap(), comm.window(&s).unwrap());
+                    let d = comm.window(&x).unwrap();
                     // Warm-up (pages, caches, branch predictors).
                     for _ in 0..iters.clamp(2, 100) {
-                        d.allreduce(&sw, ReduceOp::Sum, algo).unwrap();
+                        d.allreduce(ReduceOp::Sum, algo).unwrap();
                     }
                     let mut out = Vec::new();
                     for _ in 0..batches {
                         gate.wait();
                         let t = Instant::now();
                         for _ in 0..iters {
-                            d.allreduce(&sw, ReduceOp::Sum, algo).unwrap();
+                            d.allreduce(ReduceOp::Sum, algo).unwrap();
                         }
                         out.push(t.elapsed().as_secs_f64() / iters as f64);
                     }

@@ -32,7 +32,10 @@ impl Domain {
 }
 
 /// A window buffer: `bytes()` bytes on every rank of its domain, zero-filled when
-/// allocated. View it with [`CommAllocator::window`].
+/// allocated, followed on each rank by the buffer's **signal area** (its
+/// [`signal_area_bytes`](crate::signal_area_bytes)`(nranks)` bytes of i32 cells that the
+/// collectives and barriers called on its windows synchronise through — no window can view
+/// them). View it with [`CommAllocator::window`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct WindowBuffer {
     slot: u32,
@@ -42,7 +45,8 @@ pub struct WindowBuffer {
 }
 
 impl WindowBuffer {
-    /// Bytes per rank (the requested size rounded up to 64).
+    /// Bytes per rank that windows may view (the requested size rounded up to 64; the
+    /// signal area comes on top).
     pub fn bytes(&self) -> u64 {
         self.bytes
     }
@@ -59,15 +63,32 @@ impl WindowBuffer {
 }
 
 /// Where a window buffer lies in the arena ([`CommAllocator::placement`]): domain rank
-/// `d`'s copy starts `arena_offset + d * rank_stride` bytes from the arena's base.
+/// `d`'s copy starts `arena_offset + d * rank_stride` bytes from the arena's base; its
+/// first `data_bytes` are what windows view, its signal area starts at the next multiple
+/// of 128 and fills the rest.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BufferPlacement {
     /// Offset of domain rank 0's copy from the arena's base.
     pub arena_offset: u64,
-    /// Bytes from one rank's copy to the next (the buffer's per-rank size).
+    /// Bytes from one rank's copy to the next (the buffer's per-rank size, signal area
+    /// included).
     pub rank_stride: u64,
+    /// Bytes of each rank's copy that windows view ([`WindowBuffer::bytes`]).
+    pub data_bytes: u64,
     /// Ranks in the buffer's domain.
     pub nranks: u32,
+}
+
+/// One rank's copy of a window as a chip's run argument in external memory
+/// ([`CommAllocator::rank_copy`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RankCopy {
+    /// The window buffer's offset in the arena (= in the chip's external memory).
+    pub buffer_offset: u64,
+    /// The window buffer's bytes (every rank's copy, signal areas included).
+    pub buffer_bytes: u64,
+    /// The rank's copy of the window, as a view of the buffer.
+    pub view: strata_types::TensorView,
 }
 
 /// Counters of what the allocator did (for tests and reports).
@@ -96,7 +117,10 @@ struct BufRec {
     domain: Domain,
     start: u64,
     total: u64,
+    /// Per-rank stride (data and signal area).
     per_rank: u64,
+    /// Per-rank bytes windows view.
+    data: u64,
     /// `Some(zero_between_runs)` once made persistent.
     persistent: Option<bool>,
 }
@@ -105,10 +129,11 @@ struct BufRec {
 /// the arena, hands out [`DistributedTensor`] views, and frees everything not persistent at
 /// the end of each run.
 ///
-/// Buffers are carved first-fit from the arena's data region (each one `nranks x bytes`,
-/// 4 KiB-aligned) and zero-filled before they are returned, so no peer can see stale data
-/// or an early notify erased. Each buffer has a domain-table slot (256 in all) with a
-/// generation: a view of a freed buffer is refused everywhere ([`CommError::StaleTensor`]).
+/// Buffers are carved first-fit from the arena's data region (each one `nranks x (bytes +
+/// signal area)`, 4 KiB-aligned) and zero-filled before they are returned, so no peer can
+/// see stale data or an early notify erased. Each buffer has a domain-table slot (256 in
+/// all) with a generation: a view of a freed buffer is refused everywhere
+/// ([`CommError::StaleTensor`]).
 ///
 /// ```
 /// use std::sync::Arc;
@@ -120,8 +145,10 @@ struct BufRec {
 /// let buf = alloc.alloc_window_buffer(&pair, 1000)?;       // 1024 bytes on each
 /// assert_eq!(buf.bytes(), 1024);
 /// let x = alloc.window(&buf, 0, &[2, 64], DataType::F32)?; // 512 bytes at offset 0
-/// let sig = alloc.window(&buf, 512, &[signal_cells(2, AllreduceAlgo::Mesh)], DataType::I32);
-/// assert!(sig.is_err());                                    // does not fit: 1024 - 512 bytes
+/// let late = alloc.window(&buf, 512, &[129], DataType::F32);
+/// assert!(late.is_err());                                  // does not fit: 1024 - 512 bytes
+/// let placement = alloc.placement(&buf)?;                  // + the signal area per rank
+/// assert_eq!(placement.rank_stride, 1024 + signal_area_bytes(2)); // 1024: a multiple of 128
 /// alloc.end_run();
 /// assert!(alloc.window(&buf, 0, &[4], DataType::F32).is_err()); // stale
 /// # let _ = x;
@@ -296,8 +323,9 @@ impl CommAllocator {
     }
 
     /// A window buffer of `bytes` per rank (rounded up to 64) on every rank of `domain`,
-    /// zero-filled before it is returned (a window must be zero before any peer can reach
-    /// it).
+    /// plus the buffer's signal area on each rank
+    /// ([`signal_area_bytes`](crate::signal_area_bytes)), zero-filled before it is
+    /// returned (a window must be zero before any peer can reach it).
     ///
     /// # Errors
     /// [`CommError::StaleDomain`], [`CommError::BadArgument`] for 0 bytes,
@@ -322,7 +350,10 @@ impl CommAllocator {
             capacity: 0,
             largest_free: 0,
         };
-        let per_rank = round_up(bytes, RANK_ALIGN).ok_or_else(too_big)?;
+        let data = round_up(bytes, RANK_ALIGN).ok_or_else(too_big)?;
+        let per_rank = crate::collective::signal_offset(data)
+            .checked_add(crate::collective::signal_area_bytes(nranks as u32))
+            .ok_or_else(too_big)?;
         let total = per_rank
             .checked_mul(nranks)
             .and_then(|t| round_up(t, DATA_ALIGN))
@@ -370,6 +401,7 @@ impl CommAllocator {
             &SlotInfo {
                 nranks: nranks as u32,
                 window_bytes: per_rank,
+                data_bytes: data,
                 base: start,
                 domain: (domain.slot, domain.generation),
                 members: m,
@@ -381,6 +413,7 @@ impl CommAllocator {
             start,
             total,
             per_rank,
+            data,
             persistent: None,
         });
         self.in_use += total;
@@ -389,7 +422,7 @@ impl CommAllocator {
             slot: slot as u32,
             generation,
             domain: *domain,
-            bytes: per_rank,
+            bytes: data,
         })
     }
 
@@ -409,12 +442,12 @@ impl CommAllocator {
         let rec = self.live_buf(buf)?;
         let t = DistributedTensor::new(buf.slot, buf.generation, offset, shape, dtype)?;
         let end = offset.checked_add(t.nbytes());
-        if end.is_none_or(|e| e > rec.per_rank) {
+        if end.is_none_or(|e| e > rec.data) {
             return Err(CommError::BadTensor {
                 reason: format!(
                     "a {shape:?} {dtype} view ({} bytes) at byte offset {offset} does not fit the window buffer's {} bytes per rank",
                     t.nbytes(),
-                    rec.per_rank
+                    rec.data
                 ),
             });
         }
@@ -574,8 +607,104 @@ impl CommAllocator {
         Ok(BufferPlacement {
             arena_offset: rec.start,
             rank_stride: rec.per_rank,
+            data_bytes: rec.data,
             nranks: rec.domain.nranks,
         })
+    }
+
+    /// Domain rank `domain_rank`'s copy of `t` as a chip's run argument in external
+    /// memory (the arena attached as the chip's `strata_chip::ExternalMemory`, arena
+    /// offset = external offset): the window buffer's offset and size in the arena, and
+    /// the copy's view of it — what `strata_chip::RunArgs::external` takes, and what a
+    /// kernel on that rank opens with `ctx.window(i)`. (The engine builds the same argument
+    /// when it narrows a window to the rank a task runs on.)
+    ///
+    /// # Errors
+    /// [`CommError::StaleTensor`], [`CommError::BadPeer`].
+    pub fn rank_copy(
+        &self,
+        t: &DistributedTensor,
+        domain_rank: u32,
+    ) -> Result<RankCopy, CommError> {
+        let g = self.host_geom(t, domain_rank)?;
+        let rec = self
+            .bufs
+            .get(t.slot as usize)
+            .and_then(Option::as_ref)
+            .filter(|r| r.generation == t.generation)
+            .ok_or(CommError::StaleTensor {
+                slot: t.slot,
+                generation: t.generation,
+                current: 0,
+            })?;
+        let view = strata_types::TensorView::contiguous(t.dtype, t.shape())
+            .and_then(|v| {
+                let off = u64::from(domain_rank) * g.stride + t.offset;
+                strata_types::TensorView::new(t.dtype, v.shape(), v.strides(), off)
+            })
+            .map_err(|e| CommError::BadTensor {
+                reason: e.to_string(),
+            })?;
+        Ok(RankCopy {
+            buffer_offset: rec.start,
+            buffer_bytes: g.stride * u64::from(g.nranks),
+            view,
+        })
+    }
+
+    /// The live window buffer `t` views.
+    ///
+    /// # Errors
+    /// [`CommError::StaleTensor`] if it was freed.
+    pub fn live_buffer(&self, t: &DistributedTensor) -> Result<WindowBuffer, CommError> {
+        let buf = WindowBuffer {
+            slot: t.slot,
+            generation: t.generation,
+            domain: Domain {
+                slot: 0,
+                generation: 0,
+                nranks: 0,
+            },
+            bytes: 0,
+        };
+        let rec = self.live_buf(&buf)?;
+        Ok(WindowBuffer {
+            domain: rec.domain,
+            bytes: rec.data,
+            ..buf
+        })
+    }
+
+    /// Domain rank `domain_rank`'s copy of `buf`'s signal area, as the host sees it now
+    /// (diagnostics: the first `nranks` cells are the barrier rows, zero between
+    /// collectives; then the collectives' sequence number and arrival slots,
+    /// `docs/comm.md`). Only while no kernel uses the buffer.
+    ///
+    /// # Errors
+    /// [`CommError::StaleTensor`], [`CommError::BadPeer`].
+    pub fn signal_area(&self, buf: &WindowBuffer, domain_rank: u32) -> Result<Vec<i32>, CommError> {
+        let rec = self.live_buf(buf)?;
+        if domain_rank >= rec.domain.nranks {
+            return Err(CommError::BadPeer {
+                peer: domain_rank,
+                nranks: rec.domain.nranks,
+            });
+        }
+        let sig = crate::collective::signal_offset(rec.data);
+        let cells = ((rec.per_rank - sig) / 4) as usize;
+        let at = rec.start + u64::from(domain_rank) * rec.per_rank + sig;
+        let mut out = vec![0i32; cells];
+        // SAFETY: the signal area of a live buffer's rank copy lies in the data region
+        // (`at + cells * 4 <= start + total`), 64-aligned; the caller guarantees that no
+        // kernel writes it now; `out` is a distinct local buffer of `cells` i32.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.arena.ptr(at),
+                out.as_mut_ptr().cast::<u8>(),
+                cells * 4,
+            )
+        };
+        Ok(out)
     }
 
     /// What the allocator did so far.

@@ -13,8 +13,8 @@ pub mod layout {
     pub const MAX_RANKS: usize = crate::MAX_RANKS;
     /// `b"STRATACM"` read as a little-endian u64, at offset 0.
     pub const MAGIC: u64 = u64::from_le_bytes(*b"STRATACM");
-    /// Layout version, a u32 at offset 8.
-    pub const VERSION: u32 = 1;
+    /// Layout version, a u32 at offset 8 (2: window buffers carry a signal area).
+    pub const VERSION: u32 = 2;
     /// Offset of `version: u32`.
     pub const VERSION_OFFSET: usize = 8;
     /// Offset of `world_size: u32`.
@@ -28,6 +28,9 @@ pub mod layout {
     /// Offset of `next_generation: u32` — the allocator's next generation, so generations
     /// stay unique across allocators of one arena.
     pub const NEXT_GENERATION_OFFSET: usize = 32;
+    /// Offset of `table_high: u32` — one past the highest domain-table slot ever written
+    /// (a kernel finding the buffer of an address scans the slots below it).
+    pub const TABLE_HIGH_OFFSET: usize = 36;
     /// The header: `[0, 8 KiB)`.
     pub const HEADER_BYTES: usize = 8 << 10;
     /// Offset of world rank 0's wake counter (`value: u32`, `waiters: u32`); one per 64-byte
@@ -57,6 +60,10 @@ pub mod layout {
     /// Slot field: `members: [u8; 64]` — world rank of each domain rank, in domain-rank
     /// order.
     pub const SLOT_MEMBERS: usize = 32;
+    /// Slot field: `data_bytes: u64` — the bytes of each rank's window that windows may
+    /// view (the request rounded up to 64); the buffer's signal area follows at the next
+    /// multiple of 128, up to `window_bytes`.
+    pub const SLOT_DATA_BYTES: usize = 96;
     /// Offset of the window data region: `TABLE_OFFSET + TABLE_SLOTS * SLOT_BYTES` = 72 KiB.
     pub const DATA_OFFSET: usize = TABLE_OFFSET + TABLE_SLOTS * SLOT_BYTES;
     /// Alignment of every window buffer's base (and of the data region's end).
@@ -67,7 +74,8 @@ pub mod layout {
     pub const MIN_ARENA_BYTES: usize = DATA_OFFSET + DATA_ALIGN as usize;
 
     const _: () = assert!(WAKE_OFFSET + MAX_RANKS * WAKE_STRIDE <= HEADER_BYTES);
-    const _: () = assert!(SLOT_MEMBERS + MAX_RANKS <= SLOT_BYTES);
+    const _: () = assert!(SLOT_MEMBERS + MAX_RANKS <= SLOT_DATA_BYTES);
+    const _: () = assert!(SLOT_DATA_BYTES + 8 <= SLOT_BYTES);
     const _: () = assert!(DATA_OFFSET == 72 << 10);
 }
 
@@ -375,6 +383,7 @@ impl CommArena {
                 .load(Ordering::Relaxed);
             chunk.copy_from_slice(&w.to_le_bytes());
         }
+        let data_bytes = self.u64_at(at + SLOT_DATA_BYTES).load(Ordering::Relaxed);
         fence(Ordering::Acquire);
         let again = g.load(Ordering::Relaxed);
         if again != current {
@@ -391,6 +400,10 @@ impl CommArena {
         if nranks == 0
             || nranks as usize > MAX_RANKS
             || window_bytes % RANK_ALIGN != 0
+            || data_bytes % RANK_ALIGN != 0
+            || crate::collective::signal_offset(data_bytes)
+                .checked_add(crate::collective::signal_area_bytes(nranks))
+                .is_none_or(|b| b > window_bytes)
             || base < DATA_OFFSET as u64
             || end.is_none_or(|e| e > self.len as u64)
             || members[..nranks as usize]
@@ -398,12 +411,13 @@ impl CommArena {
                 .any(|&m| u32::from(m) >= self.world_size)
         {
             return Err(bad(format!(
-                "domain table slot {slot} is corrupt (nranks {nranks}, window_bytes {window_bytes}, base {base})"
+                "domain table slot {slot} is corrupt (nranks {nranks}, window_bytes {window_bytes}, data_bytes {data_bytes}, base {base})"
             )));
         }
         Ok(SlotInfo {
             nranks,
             window_bytes,
+            data_bytes,
             base,
             domain: (domain_id, domain_generation),
             members,
@@ -428,8 +442,36 @@ impl CommArena {
             self.u64_at(at + SLOT_MEMBERS + i * 8)
                 .store(w, Ordering::Relaxed);
         }
+        self.u64_at(at + SLOT_DATA_BYTES)
+            .store(info.data_bytes, Ordering::Relaxed);
+        self.u32_at(TABLE_HIGH_OFFSET)
+            .fetch_max(slot + 1, Ordering::Relaxed);
         self.u32_at(at + SLOT_GENERATION)
             .store(generation, Ordering::Release);
+    }
+
+    /// The live window buffer whose ranks' copies contain arena offset `off`: its table
+    /// slot, generation and fields (a kernel finding the window of a tensor argument by
+    /// its address). Scans the slots ever written; a slot changing under the scan is read
+    /// again at most once more.
+    pub(crate) fn find_slot(&self, off: u64) -> Option<(u32, u32, SlotInfo)> {
+        let high =
+            (self.u32_at(TABLE_HIGH_OFFSET).load(Ordering::Acquire) as usize).min(TABLE_SLOTS);
+        for slot in 0..high as u32 {
+            let at = TABLE_OFFSET + slot as usize * SLOT_BYTES;
+            let generation = self.u32_at(at + SLOT_GENERATION).load(Ordering::Acquire);
+            if generation == 0 {
+                continue;
+            }
+            let Ok(info) = self.read_slot(slot, generation) else {
+                continue;
+            };
+            let end = info.base + u64::from(info.nranks) * info.window_bytes;
+            if (info.base..end).contains(&off) {
+                return Some((slot, generation, info));
+            }
+        }
+        None
     }
 
     /// Frees table slot `slot` (generation 0), before its memory is reused.
@@ -456,6 +498,7 @@ impl Drop for CommArena {
 pub(crate) struct SlotInfo {
     pub(crate) nranks: u32,
     pub(crate) window_bytes: u64,
+    pub(crate) data_bytes: u64,
     pub(crate) base: u64,
     pub(crate) domain: (u32, u32),
     pub(crate) members: [u8; MAX_RANKS],

@@ -1,11 +1,17 @@
 //! Collectives built from the window primitives: allreduce (mesh, two-phase, ring),
-//! broadcast, allgather, reduce-scatter, all-to-all. Every rank of the domain calls the
-//! same collective on the same windows; all are in place on windows and self-clearing (the
-//! signal window is left ready for the next call, run after run).
+//! broadcast, allgather, reduce-scatter, all-to-all, barrier. Every rank of the domain
+//! calls the same collective on the same windows; all are in place on windows and
+//! self-clearing (the signal area is left ready for the next call, run after run).
 //!
-//! Signal-window layout (i32 cells from the signal tensor's first element; `P = nranks`,
-//! `R = round_up(P, 16)`; align the signal tensor to 64 bytes so each group has its own
-//! cache lines):
+//! One calling convention: a collective is a method of the window it is called on (its
+//! data — in place for allreduce, broadcast and reduce-scatter, the stage of allgather and
+//! all-to-all), then the other window it needs (the target), then its options (op,
+//! algorithm, root). It synchronises through the **signal area of that window's buffer**
+//! ([`signal_area_bytes`] per rank, allocated with the buffer and sized for every
+//! collective over its domain), so no signal window is passed or sized by the caller.
+//!
+//! Signal-area layout (i32 cells; `P = nranks`, `R = round_up(P, 16)`; the area is
+//! 64-byte aligned so each group has its own cache lines):
 //!
 //! | cells | what | written by |
 //! |---|---|---|
@@ -153,15 +159,9 @@ impl Layout {
     }
 }
 
-/// Cells (i32) a signal window needs for [`Window::allreduce`] with `algo` over `nranks`
+/// Cells (i32) the signal area needs for [`Window::allreduce`] with `algo` over `nranks`
 /// ranks (ring needs `2(P−1)` more, rounded to 16, than the others).
-///
-/// ```
-/// use strata_comm::{signal_cells, collective_signal_cells, AllreduceAlgo};
-/// assert_eq!(signal_cells(2, AllreduceAlgo::Mesh), collective_signal_cells(2));
-/// assert!(signal_cells(4, AllreduceAlgo::Ring) > collective_signal_cells(4));
-/// ```
-pub fn signal_cells(nranks: u32, algo: AllreduceAlgo) -> u64 {
+fn signal_cells(nranks: u32, algo: AllreduceAlgo) -> u64 {
     let l = Layout::new(nranks);
     match algo {
         AllreduceAlgo::Ring => l.ring + (2 * (l.n - 1)).div_ceil(16) * 16,
@@ -169,11 +169,37 @@ pub fn signal_cells(nranks: u32, algo: AllreduceAlgo) -> u64 {
     }
 }
 
-/// Cells (i32) a signal window needs for broadcast, allgather, reduce-scatter and
-/// all-to-all over `nranks` ranks (the barrier rows, the sequence cell and the arrival
-/// slots).
-pub fn collective_signal_cells(nranks: u32) -> u64 {
+/// Cells (i32) broadcast, allgather, reduce-scatter, all-to-all and the barrier need over
+/// `nranks` ranks (the barrier rows, the sequence cell and the arrival slots).
+#[cfg(test)]
+fn collective_signal_cells(nranks: u32) -> u64 {
     Layout::new(nranks).ring
+}
+
+/// Alignment of a buffer's signal area in each rank's copy (and of its size): a pair of
+/// cache lines, so the adjacent-line prefetcher never couples the signal lines with the
+/// window data before them.
+pub(crate) const SIGNAL_ALIGN: u64 = 128;
+
+/// Where the signal area starts in each rank's copy of a buffer whose windows view
+/// `data_bytes` bytes.
+pub(crate) fn signal_offset(data_bytes: u64) -> u64 {
+    data_bytes.div_ceil(SIGNAL_ALIGN) * SIGNAL_ALIGN
+}
+
+/// Bytes of the signal area every window buffer of an `nranks`-rank domain carries on each
+/// rank, after the bytes its windows view (at the next multiple of 128): room for every
+/// collective and barrier over the domain (the ring allreduce needs the most), rounded up
+/// to 128. The runtime allocates it with the buffer; it is reported here for memory
+/// accounting.
+///
+/// ```
+/// use strata_comm::signal_area_bytes;
+/// assert_eq!(signal_area_bytes(2), 1536); // 368 cells (rows, sequence, arrivals, ring flags)
+/// assert!(signal_area_bytes(64) < 48 << 10);
+/// ```
+pub fn signal_area_bytes(nranks: u32) -> u64 {
+    (signal_cells(nranks, AllreduceAlgo::Ring) * 4).div_ceil(SIGNAL_ALIGN) * SIGNAL_ALIGN
 }
 
 /// A word-wise multiplicative hash (FxHash-style), folded to 32 bits: the descriptor of a
@@ -186,7 +212,7 @@ fn descriptor_hash(kind: Kind, extra: &[u64], tensors: &[&DistributedTensor]) ->
     eat(kind.code());
     extra.iter().for_each(|&w| eat(w));
     for t in tensors {
-        t.to_scalars().into_iter().for_each(&mut eat);
+        t.encode().into_iter().for_each(&mut eat);
     }
     (h ^ (h >> 29) ^ (h >> 32)) as u32
 }
@@ -212,34 +238,26 @@ fn bad(what: String) -> CommError {
     CommError::BadArgument { what }
 }
 
-/// Checks the signal window of a collective (problems every rank sees alike, reported at
-/// once, before any signal is touched).
-fn open_signal(sig: &Window<'_>, kind: Kind, others: &[&Window<'_>]) -> Result<Layout, CommError> {
-    if sig.g.t.dtype != strata_types::DataType::I32 {
-        sig.g.check_dtype(
-            strata_types::DataType::I32,
-            &format!("{}: the signal window", kind.name()),
-        )?;
-    }
-    for w in others {
-        if w.g.domain != sig.g.domain {
+/// The signal area of `w`'s buffer for a collective called on `w` with `others` (problems
+/// every rank sees alike — windows of another domain — reported at once, before any
+/// signal is touched).
+fn open_signal<'a>(
+    w: &Window<'a>,
+    kind: Kind,
+    others: &[&Window<'_>],
+) -> Result<(Window<'a>, Layout), CommError> {
+    for o in others {
+        if o.g.domain != w.g.domain {
             return Err(bad(format!(
-                "{}: the data windows and the signal window must belong to the same comm domain",
+                "{}: the windows of a collective must belong to the same comm domain",
                 kind.name()
             )));
         }
     }
-    let n = sig.nranks();
-    let needed = collective_signal_cells(n);
-    if sig.g.t.numel() < needed {
-        return Err(CommError::SignalTooSmall {
-            collective: kind.name(),
-            nranks: n,
-            needed,
-            have: sig.g.t.numel(),
-        });
-    }
-    Ok(Layout::new(n))
+    let sig = w.signal();
+    debug_assert!(sig.g.t.numel() >= signal_cells(sig.nranks(), AllreduceAlgo::Ring));
+    let lay = Layout::new(sig.nranks());
+    Ok((sig, lay))
 }
 
 struct Arrived {
@@ -343,28 +361,32 @@ fn overlap_check(a: &Window<'_>, b: &Window<'_>, what: &'static str) -> Option<C
     a.g.overlaps(&b.g).then(|| bad(what.to_owned()))
 }
 
+/// The collectives, called the same way by every rank of the window's domain. The window
+/// a collective is called on is its data (for allgather and all-to-all: the stage); a
+/// second window, if any, is the target; then the options. Each synchronises through the
+/// signal area of the buffer of the window it is called on.
+///
+/// The collectives and barriers of one buffer run one at a time on each rank, in the same
+/// order on every rank (a sequence number in the signal area pairs the ranks' calls).
+/// Tasks guarantee it by themselves: the engine and the chip order every two tasks of one
+/// rank that name windows of the same buffer, in submit order. Inside one task, call a
+/// buffer's collectives from one kernel invocation at a time (an SPMD task's blocks share
+/// the signal area). Collectives on windows of different buffers are independent.
 impl Window<'_> {
     /// Allreduce in place: every rank's copy of this (data) window ends with the
-    /// element-wise reduction over all ranks' copies. `signal` is an I32 window of the
-    /// same domain with at least [`signal_cells`]`(nranks, algo)` cells. Dtypes f32, f16,
-    /// bf16, i32. Every rank must call it with the same windows, op and algorithm;
-    /// a detected difference is [`CommError::CollectiveMismatch`] on every rank, before
-    /// any data moved. Results are bitwise identical on all ranks.
+    /// element-wise reduction over all ranks' copies. Dtypes f32, f16, bf16, i32. Every
+    /// rank must call it with the same window, op and algorithm; a detected difference is
+    /// [`CommError::CollectiveMismatch`] on every rank, before any data moved. Results are
+    /// bitwise identical on all ranks.
     ///
     /// Floats are folded in f32; mesh and two-phase fold in rank order `0, 1, …, P−1`
     /// (rounding f16/bf16 once), the ring folds chunk `c` in ring order starting at rank
     /// `c+1` (rounding after each step).
     ///
     /// # Errors
-    /// [`CommError::SignalTooSmall`], [`CommError::UnsupportedDtype`],
-    /// [`CommError::BadArgument`] (ring with `numel % P != 0`, overlapping windows,
-    /// different domains), [`CommError::CollectiveMismatch`], [`CommError::WaitTimeout`].
-    pub fn allreduce(
-        &self,
-        signal: &Window<'_>,
-        op: ReduceOp,
-        algo: AllreduceAlgo,
-    ) -> Result<(), CommError> {
+    /// [`CommError::UnsupportedDtype`], [`CommError::BadArgument`] (ring with
+    /// `numel % P != 0`), [`CommError::CollectiveMismatch`], [`CommError::WaitTimeout`].
+    pub fn allreduce(&self, op: ReduceOp, algo: AllreduceAlgo) -> Result<(), CommError> {
         let data = self;
         let nbytes = data.g.t.nbytes();
         let n = u64::from(data.nranks());
@@ -374,27 +396,16 @@ impl Window<'_> {
             a => a,
         };
         let kind = Kind::Allreduce(algo);
-        let lay = open_signal(signal, kind, &[data])?;
+        let (signal, lay) = open_signal(data, kind, &[])?;
+        let signal = &signal;
         let numel = data.g.t.numel();
         let local = first_err([
             dtype_check(data, "allreduce"),
-            overlap_check(
-                data,
-                signal,
-                "allreduce: the data window overlaps the signal window",
-            ),
             (algo == AllreduceAlgo::Ring && numel % n != 0).then(|| {
                 bad(format!(
                     "allreduce(ring): {numel} elements do not split into {n} equal chunks; use a multiple of {n} elements, or AllreduceAlgo::TwoPhase"
                 ))
             }),
-            (algo == AllreduceAlgo::Ring && signal.g.t.numel() < signal_cells(n as u32, algo))
-                .then(|| CommError::SignalTooSmall {
-                    collective: kind.name(),
-                    nranks: n as u32,
-                    needed: signal_cells(n as u32, algo),
-                    have: signal.g.t.numel(),
-                }),
         ]);
         let hash = descriptor_hash(kind, &[op.code()], &[&data.g.t, &signal.g.t]);
         let me = data.rank();
@@ -537,28 +548,21 @@ impl Window<'_> {
 
     /// Broadcast in place: every rank's copy ends equal to domain rank `root`'s. Root's
     /// data must be in its window before the call; non-roots copy it after the arrival,
-    /// then a barrier keeps root from changing it before everyone has copied. `signal`
-    /// needs [`collective_signal_cells`] cells.
+    /// then a barrier keeps root from changing it before everyone has copied.
     ///
     /// # Errors
     /// As [`Window::allreduce`]; [`CommError::BadArgument`] for `root >= nranks`.
-    pub fn broadcast(&self, signal: &Window<'_>, root: u32) -> Result<(), CommError> {
+    pub fn broadcast(&self, root: u32) -> Result<(), CommError> {
         let data = self;
         let kind = Kind::Broadcast;
-        let lay = open_signal(signal, kind, &[data])?;
+        let (signal, lay) = open_signal(data, kind, &[])?;
+        let signal = &signal;
         let n = data.nranks();
-        let local = first_err([
-            (root >= n).then(|| {
-                bad(format!(
-                    "broadcast: root {root} is not a rank of the domain (0..{n})"
-                ))
-            }),
-            overlap_check(
-                data,
-                signal,
-                "broadcast: the data window overlaps the signal window",
-            ),
-        ]);
+        let local = first_err([(root >= n).then(|| {
+            bad(format!(
+                "broadcast: root {root} is not a rank of the domain (0..{n})"
+            ))
+        })]);
         let hash = descriptor_hash(kind, &[u64::from(root)], &[&data.g.t, &signal.g.t]);
         arrive(signal, &lay, kind, hash, local, &[])?;
         let me = data.rank();
@@ -576,21 +580,20 @@ impl Window<'_> {
         signal.rows_barrier("broadcast: every rank has copied")
     }
 
-    /// Allgather: `target[src, :]` = rank `src`'s `stage`, on every rank (`target` holds
-    /// `nranks x stage.numel()` elements of the same dtype; rank `src`'s block is elements
-    /// `src·m .. (src+1)·m`). `stage` and `target` must not overlap. Pull model: after the
-    /// arrival every rank copies every rank's stage, then a barrier.
+    /// Allgather, called on the stage: `target[src, :]` = rank `src`'s stage (this
+    /// window), on every rank (`target` holds `nranks x stage.numel()` elements of the
+    /// same dtype; rank `src`'s block is elements `src·m .. (src+1)·m`). Stage and target
+    /// belong to one domain and must not overlap. Pull model: after the arrival every rank
+    /// copies every rank's stage, then a barrier.
     ///
     /// # Errors
     /// As [`Window::allreduce`]; [`CommError::BadArgument`] for sizes or dtypes that do not
-    /// fit, or overlapping windows.
-    pub fn allgather(
-        stage: &Window<'_>,
-        target: &Window<'_>,
-        signal: &Window<'_>,
-    ) -> Result<(), CommError> {
+    /// fit, overlapping windows, or windows of different domains.
+    pub fn allgather(&self, target: &Window<'_>) -> Result<(), CommError> {
+        let stage = self;
         let kind = Kind::Allgather;
-        let lay = open_signal(signal, kind, &[stage, target])?;
+        let (signal, lay) = open_signal(stage, kind, &[target])?;
+        let signal = &signal;
         let n = u64::from(signal.nranks());
         let (st, tt) = (&stage.g.t, &target.g.t);
         let local = first_err([
@@ -612,12 +615,6 @@ impl Window<'_> {
                 stage,
                 target,
                 "allgather: stage and target overlap; use separate windows",
-            ),
-            overlap_check(stage, signal, "allgather: stage overlaps the signal window"),
-            overlap_check(
-                target,
-                signal,
-                "allgather: target overlaps the signal window",
             ),
         ]);
         let hash = descriptor_hash(kind, &[], &[st, tt, &signal.g.t]);
@@ -641,10 +638,11 @@ impl Window<'_> {
     ///
     /// # Errors
     /// As [`Window::allreduce`].
-    pub fn reduce_scatter(&self, signal: &Window<'_>, op: ReduceOp) -> Result<(), CommError> {
+    pub fn reduce_scatter(&self, op: ReduceOp) -> Result<(), CommError> {
         let data = self;
         let kind = Kind::ReduceScatter;
-        let lay = open_signal(signal, kind, &[data])?;
+        let (signal, lay) = open_signal(data, kind, &[])?;
+        let signal = &signal;
         let n = u64::from(data.nranks());
         let numel = data.g.t.numel();
         let local = first_err([
@@ -654,11 +652,6 @@ impl Window<'_> {
                     "reduce_scatter: {numel} elements do not split into {n} equal chunks"
                 ))
             }),
-            overlap_check(
-                data,
-                signal,
-                "reduce_scatter: the data window overlaps the signal window",
-            ),
         ]);
         let hash = descriptor_hash(kind, &[op.code()], &[&data.g.t, &signal.g.t]);
         arrive(signal, &lay, kind, hash, local, &[])?;
@@ -687,19 +680,18 @@ impl Window<'_> {
         signal.rows_barrier("reduce_scatter: every rank has read")
     }
 
-    /// All-to-all: with `stage` and `target` seen as `nranks` equal chunks, rank `r`'s
-    /// `target` chunk `s` ends equal to rank `s`'s `stage` chunk `r` (what `s` prepared
-    /// for `r`). Same dtype and size, `numel % nranks == 0`, separate windows.
+    /// All-to-all, called on the stage: with the stage (this window) and `target` seen as
+    /// `nranks` equal chunks, rank `r`'s `target` chunk `s` ends equal to rank `s`'s stage
+    /// chunk `r` (what `s` prepared for `r`). Same dtype and size, `numel % nranks == 0`,
+    /// separate windows of one domain.
     ///
     /// # Errors
     /// As [`Window::allgather`].
-    pub fn all_to_all(
-        stage: &Window<'_>,
-        target: &Window<'_>,
-        signal: &Window<'_>,
-    ) -> Result<(), CommError> {
+    pub fn all_to_all(&self, target: &Window<'_>) -> Result<(), CommError> {
+        let stage = self;
         let kind = Kind::AllToAll;
-        let lay = open_signal(signal, kind, &[stage, target])?;
+        let (signal, lay) = open_signal(stage, kind, &[target])?;
+        let signal = &signal;
         let n = u64::from(signal.nranks());
         let (st, tt) = (&stage.g.t, &target.g.t);
         let local = first_err([
@@ -717,8 +709,6 @@ impl Window<'_> {
                 ))
             }),
             overlap_check(stage, target, "all_to_all: stage and target overlap; use separate windows"),
-            overlap_check(stage, signal, "all_to_all: stage overlaps the signal window"),
-            overlap_check(target, signal, "all_to_all: target overlaps the signal window"),
         ]);
         let hash = descriptor_hash(kind, &[], &[st, tt, &signal.g.t]);
         arrive(signal, &lay, kind, hash, local, &[])?;
@@ -749,6 +739,15 @@ mod tests {
     fn layout_sizes() {
         assert_eq!(collective_signal_cells(2), 16 + 16 + 2 * 2 * 80);
         assert_eq!(signal_cells(2, AllreduceAlgo::Ring), 352 + 16);
+        assert_eq!(signal_area_bytes(2), 1536);
+        assert_eq!(
+            signal_area_bytes(17),
+            ((32 + 16 + 2 * 17 * 80 + 32) * 4u64).div_ceil(128) * 128
+        );
+        assert_eq!(
+            (signal_offset(64), signal_offset(128), signal_offset(0)),
+            (128, 128, 0)
+        );
         assert_eq!(
             signal_cells(1, AllreduceAlgo::Ring),
             collective_signal_cells(1)

@@ -10,13 +10,15 @@ use crate::tensor::DistributedTensor;
 use std::sync::atomic::{AtomicI16, AtomicI8, AtomicU16, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+use strata_chip::SignalNote;
 use strata_sync::sync::AtomicI32;
 use strata_sync::WakeCounter;
-use strata_types::{bf16, f16, DataType, Element};
+use strata_types::{bf16, f16, DataType, Element, TensorView};
 
 /// What a chip child installs for its kernels:
 /// `chip.set_comm_context(Some(Arc::new(RankContext::new(arena, rank, timeout))))`.
-/// Kernels reach it through [`Comm::from_kernel`].
+/// Kernels reach it through [`Comm::from_kernel`] and open their window arguments with
+/// [`KernelWindows::window`] (`ctx.window(i)`).
 pub struct RankContext {
     arena: Arc<CommArena>,
     world_rank: u32,
@@ -85,24 +87,15 @@ impl RankContext {
     }
 }
 
-/// A kernel's handle on distributed memory: its world rank and size, and
-/// [`Comm::window`] to open the [`DistributedTensor`]s it was given.
-///
-/// ```no_run
-/// use strata_chip::KernelCtx;
-/// use strata_comm::{Comm, DistributedTensor, ReduceOp, AllreduceAlgo};
-/// use strata_types::CallbackResult;
-/// fn allreduce_kernel(ctx: &mut KernelCtx) -> CallbackResult {
-///     let comm = Comm::from_kernel(ctx)?;
-///     let data = comm.window(&DistributedTensor::from_scalars(&ctx.scalars()[0..])?)?;
-///     let signal = comm.window(&DistributedTensor::from_scalars(&ctx.scalars()[4..])?)?;
-///     data.allreduce(&signal, ReduceOp::Sum, AllreduceAlgo::Auto)?;
-///     Ok(())
-/// }
-/// ```
+/// A rank's handle on distributed memory: its world rank and size, and [`Comm::window`]
+/// to open a [`DistributedTensor`] on this rank (host threads playing ranks, tests). A
+/// kernel opens the windows it was given as tensor arguments with
+/// [`KernelWindows::window`] (`ctx.window(i)`).
 #[derive(Clone, Copy, Debug)]
 pub struct Comm<'a> {
     ctx: &'a RankContext,
+    /// The kernel's signal-wait note (none for a host thread playing a rank).
+    note: Option<SignalNote<'a>>,
 }
 
 impl<'a> Comm<'a> {
@@ -111,14 +104,15 @@ impl<'a> Comm<'a> {
     /// # Errors
     /// [`CommError::NoCommContext`] if the chip has none.
     pub fn from_kernel(ctx: &strata_chip::KernelCtx<'a>) -> Result<Comm<'a>, CommError> {
+        let note = Some(ctx.signal_note());
         ctx.comm::<RankContext>()
-            .map(|ctx| Comm { ctx })
+            .map(|ctx| Comm { ctx, note })
             .ok_or(CommError::NoCommContext)
     }
 
     /// A handle over a context (tests, host threads playing ranks).
     pub fn from_rank(ctx: &'a RankContext) -> Comm<'a> {
-        Comm { ctx }
+        Comm { ctx, note: None }
     }
 
     /// This rank in the world.
@@ -155,7 +149,117 @@ impl<'a> Comm<'a> {
             ctx: self.ctx,
             g,
             rank: rank as u32,
+            note: self.note,
         })
+    }
+
+    /// Opens the window a kernel's tensor argument `index` names: `buffer_offset` is the
+    /// argument's buffer in the arena (its external-memory offset), `view` the argument's
+    /// view of it. The view must be one contiguous tensor inside one rank's copy of a
+    /// live window buffer — this rank's own copy.
+    pub(crate) fn window_of_arg(
+        &self,
+        index: usize,
+        buffer_offset: u64,
+        view: &TensorView,
+    ) -> Result<Window<'a>, CommError> {
+        let not = |reason: String| CommError::NotAWindow { index, reason };
+        let arena = &self.ctx.arena;
+        let first = buffer_offset
+            .checked_add(view.byte_offset())
+            .filter(|&o| o < arena.len() as u64)
+            .ok_or_else(|| {
+                not(format!(
+                    "its address (external offset {buffer_offset:#x} + {}) is outside the comm arena of {} bytes: the chip's external memory is not this rank's comm arena",
+                    view.byte_offset(),
+                    arena.len()
+                ))
+            })?;
+        let (slot, generation, info) = arena.find_slot(first).ok_or_else(|| {
+            not("it lies in no live window buffer (the buffer was freed, or the argument is not a window)".into())
+        })?;
+        let rel = first - info.base;
+        let (copy, in_copy) = (rel / info.window_bytes, rel % info.window_bytes);
+        if !view.is_contiguous() {
+            return Err(not(format!(
+                "its view {:?} with strides {:?} is not one rank's copy but a strided view (a sub-worker sees a window as [nranks, ...]); pass the window itself to a chip task, which receives its own rank's copy",
+                view.shape(),
+                view.strides()
+            )));
+        }
+        if in_copy + view.nbytes() > info.data_bytes {
+            return Err(not(format!(
+                "its {} bytes at byte {in_copy} of a rank's copy leave the window buffer's {} bytes per rank",
+                view.nbytes(),
+                info.data_bytes
+            )));
+        }
+        let me = self.ctx.world_rank;
+        let owner = u32::from(info.members[copy as usize]);
+        if owner != me {
+            let members: Vec<u32> = info.members[..info.nranks as usize]
+                .iter()
+                .map(|&m| u32::from(m))
+                .collect();
+            return Err(if members.contains(&me) {
+                not(format!(
+                    "it is the copy of domain rank {copy} (world rank {owner}), but this kernel runs on world rank {me}: a chip task receives its own rank's copy of a window (the engine narrows it) and reaches peers' copies through the window"
+                ))
+            } else {
+                CommError::NotAMember {
+                    world_rank: me,
+                    members,
+                }
+            });
+        }
+        let t = DistributedTensor::new(slot, generation, in_copy, view.shape(), view.dtype())?;
+        self.window(&t)
+    }
+}
+
+/// `ctx.window(i)`: a kernel's window arguments as [`Window`]s (bring it into scope with
+/// `use strata_comm::KernelWindows;` or `use strata_comm::prelude::*;`).
+///
+/// A window reaches a kernel as an ordinary tensor argument: the host orchestration passes
+/// the window tensor (`TaskArgs::new().inout(&data)`) and a chip task on worker `r` receives
+/// domain rank `r`'s copy of it, in place — at the same index as the host's argument. The
+/// kernel cannot borrow it as a slice (`ctx.input` / `ctx.output` refuse it: a peer may
+/// write it while the kernel runs); it opens it here, getting this rank's [`Window`]:
+/// one-sided reads and writes of every rank's copy, signals, and the collectives.
+///
+/// ```no_run
+/// use strata_chip::KernelCtx;
+/// use strata_comm::prelude::*;
+/// use strata_types::CallbackResult;
+/// // Tensor 0: this rank's input row; 1: its output row; 2: the data window.
+/// fn allreduce_kernel(ctx: &mut KernelCtx) -> CallbackResult {
+///     let data = ctx.window(2)?;
+///     data.write(data.rank(), 0, &ctx.input::<f32>(0)?.to_vec())?;
+///     data.allreduce(ReduceOp::Sum, AllreduceAlgo::Auto)?;
+///     let mut out = ctx.output::<f32>(1)?;
+///     data.read(data.rank(), 0, out.as_mut_slice().ok_or("contiguous output")?)?;
+///     Ok(())
+/// }
+/// ```
+pub trait KernelWindows<'a> {
+    /// The window tensor argument `i` names, opened on this rank: its rank is this chip's
+    /// domain rank, its shape and dtype the argument's.
+    ///
+    /// # Errors
+    /// [`CommError::NoCommContext`] on a chip without comm context,
+    /// [`CommError::NotAWindow`] for an argument that is not this rank's copy of a live
+    /// window (naming the argument and why), [`CommError::NotAMember`].
+    fn window(&self, i: usize) -> Result<Window<'a>, CommError>;
+}
+
+impl<'a> KernelWindows<'a> for strata_chip::KernelCtx<'a> {
+    fn window(&self, i: usize) -> Result<Window<'a>, CommError> {
+        let comm = Comm::from_kernel(self)?;
+        let arg = self.external_arg(i).map_err(|e| CommError::NotAWindow {
+            index: i,
+            reason: e.to_string(),
+        })?;
+        comm.window_of_arg(i, arg.offset, &arg.view)
     }
 }
 
@@ -171,6 +275,8 @@ pub(crate) struct Geom {
     pub(crate) members: [u8; MAX_RANKS],
     /// `(domain id, domain generation)`.
     pub(crate) domain: (u32, u32),
+    /// Bytes of each rank's copy that windows view; the buffer's signal area follows.
+    pub(crate) data_bytes: u64,
     pub(crate) t: DistributedTensor,
 }
 
@@ -178,14 +284,14 @@ impl Geom {
     pub(crate) fn open(arena: &CommArena, t: &DistributedTensor) -> Result<Geom, CommError> {
         let info = arena.read_slot(t.slot, t.generation)?;
         let end = t.offset.checked_add(t.nbytes());
-        if end.is_none_or(|e| e > info.window_bytes) {
+        if end.is_none_or(|e| e > info.data_bytes) {
             return Err(CommError::BadTensor {
                 reason: format!(
                     "a {:?} {} view at byte offset {} does not fit its window buffer's {} bytes per rank",
                     t.shape(),
                     t.dtype,
                     t.offset,
-                    info.window_bytes
+                    info.data_bytes
                 ),
             });
         }
@@ -195,8 +301,34 @@ impl Geom {
             nranks: info.nranks,
             members: info.members,
             domain: info.domain,
+            data_bytes: info.data_bytes,
             t: *t,
         })
+    }
+
+    /// The buffer's signal area: `signal_area_bytes(nranks) / 4` i32 cells after the
+    /// data bytes of every rank's copy (at the next multiple of 128).
+    pub(crate) fn signal(&self) -> Geom {
+        let cells = crate::collective::signal_area_bytes(self.nranks) / 4;
+        let t = DistributedTensor {
+            offset: crate::collective::signal_offset(self.data_bytes),
+            dtype: DataType::I32,
+            ndim: 1,
+            dims: [cells, 0, 0, 0, 0],
+            ..self.t
+        };
+        Geom {
+            // SAFETY: `first` is the tensor's first byte in rank 0's copy, `t.offset` bytes
+            // into it; the signal area starts `data_bytes` into the same copy, inside the
+            // buffer (`open` checked the slot: data_bytes + signal area <= stride).
+            first: unsafe {
+                self.first
+                    .sub(self.t.offset as usize)
+                    .add(crate::collective::signal_offset(self.data_bytes) as usize)
+            },
+            t,
+            ..*self
+        }
     }
 
     pub(crate) fn members(&self) -> impl Iterator<Item = u32> + '_ {
@@ -386,6 +518,8 @@ pub struct Window<'a> {
     ctx: &'a RankContext,
     pub(crate) g: Geom,
     rank: u32,
+    /// Where a wait says what it waits on (a kernel's core slot), if anywhere.
+    note: Option<SignalNote<'a>>,
 }
 
 // SAFETY: a window is a description of shared memory (addresses into the arena, which is
@@ -528,6 +662,27 @@ impl<'a> Window<'a> {
     /// The tensor this window opens.
     pub fn tensor(&self) -> &DistributedTensor {
         &self.g.t
+    }
+
+    /// The window's shape (on each rank).
+    pub fn shape(&self) -> &[u64] {
+        self.g.t.shape()
+    }
+
+    /// The window's element type.
+    pub fn dtype(&self) -> DataType {
+        self.g.t.dtype
+    }
+
+    /// The signal area of this window's buffer, as an i32 window (what its collectives
+    /// and barriers synchronise through).
+    pub(crate) fn signal(&self) -> Window<'a> {
+        Window {
+            ctx: self.ctx,
+            g: self.g.signal(),
+            rank: self.rank,
+            note: self.note,
+        }
     }
 
     /// The world rank of domain rank `peer`.
@@ -774,14 +929,52 @@ impl<'a> Window<'a> {
         cmp: WaitCmp,
         what: impl FnOnce() -> String,
     ) -> Result<i32, CommError> {
-        signal::wait_cell(
-            self.g.cell(self.rank, flat),
+        let cell = self.g.cell(self.rank, flat);
+        let Some(note) = self.note else {
+            return signal::wait_cell(
+                cell,
+                self.wake(self.rank),
+                expected,
+                cmp,
+                self.ctx.patience(),
+            )
+            .map_err(|s| self.wait_timeout(flat, expected, cmp, s, what));
+        };
+        // A wait whose condition holds publishes nothing; one that blocks says what it
+        // waits on first, so a stalled run's error can show it.
+        let v = signal::load_cell(cell);
+        if cmp.holds(v, expected) {
+            return Ok(v);
+        }
+        note.waiting(self.ctx.world_rank, flat, cmp.symbol(), expected, v);
+        match signal::wait_cell_noting(
+            cell,
             self.wake(self.rank),
             expected,
             cmp,
             self.ctx.patience(),
-        )
-        .map_err(|s| CommError::WaitTimeout {
+            |v| note.seen(v),
+        ) {
+            Ok(v) => {
+                note.done();
+                Ok(v)
+            }
+            Err(s) => {
+                note.gave_up(s.seen);
+                Err(self.wait_timeout(flat, expected, cmp, s, what))
+            }
+        }
+    }
+
+    fn wait_timeout(
+        &self,
+        flat: u64,
+        expected: i32,
+        cmp: WaitCmp,
+        s: signal::Stuck,
+        what: impl FnOnce() -> String,
+    ) -> CommError {
+        CommError::WaitTimeout {
             rank: self.ctx.world_rank,
             domain_rank: self.rank,
             cell: self.g.unravel(flat),
@@ -790,33 +983,34 @@ impl<'a> Window<'a> {
             seen: s.seen,
             waited: s.waited,
             what: what(),
-        })
+        }
     }
 
-    /// The builtin self-clearing credit barrier on this signal tensor (I32, at least
-    /// `nranks` cells; cells `0..nranks` are the rows): `+1` into row `my_rank` of every
-    /// peer's copy, wait `>= 1` on every peer's row of the own copy, then `-1` on each of
-    /// them. Leaves every row as it found it, so the same tensor serves any number of
-    /// barriers (and the collectives' internal barriers), run after run.
+    /// A barrier of every rank of the window's domain: the builtin self-clearing credit
+    /// barrier, on the barrier rows of the buffer's signal area (the first `nranks`
+    /// cells): `+1` into row `my_rank` of every peer's copy, wait `>= 1` on every peer's
+    /// row of the own copy, then `-1` on each of them. Leaves every row as it found it, so
+    /// a buffer serves any number of barriers and collectives, run after run. Any window
+    /// of the buffer gives the same barrier; every rank of the domain must call it.
     ///
     /// # Errors
-    /// [`CommError::DtypeMismatch`], [`CommError::SignalTooSmall`],
     /// [`CommError::WaitTimeout`].
     pub fn barrier(&self) -> Result<(), CommError> {
-        self.g.check_signal("barrier")?;
-        let n = self.g.nranks;
-        if self.g.t.numel() < u64::from(n) {
-            return Err(CommError::SignalTooSmall {
-                collective: "barrier",
-                nranks: n,
-                needed: u64::from(n),
-                have: self.g.t.numel(),
-            });
-        }
-        self.rows_barrier("barrier")
+        self.signal().rows_barrier("barrier")
     }
 
-    /// The credit barrier on cells `0..nranks` (signal already validated).
+    /// This rank's barrier rows of the window's buffer (the first `nranks` cells of its
+    /// signal area, acquire-loaded): row `s` counts domain rank `s`'s barrier arrivals this
+    /// rank has not consumed — 0 everywhere between barriers and collectives, since they
+    /// are self-clearing. A diagnostic (a program that checks its barriers left no tally).
+    pub fn barrier_rows(&self) -> Vec<i32> {
+        let sig = self.signal();
+        (0..u64::from(sig.g.nranks))
+            .map(|row| signal::load_cell(sig.g.cell(self.rank, row)))
+            .collect()
+    }
+
+    /// The credit barrier on cells `0..nranks` of a signal-area window.
     pub(crate) fn rows_barrier(&self, what: &str) -> Result<(), CommError> {
         let g = &self.g;
         signal::credit_barrier(

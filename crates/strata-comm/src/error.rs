@@ -144,17 +144,13 @@ pub enum CommError {
         what: String,
     },
 
-    /// The signal tensor of a collective has too few cells.
-    #[error("{collective} over {nranks} ranks needs a signal window of at least {needed} i32 cells, this one has {have}; size it with strata_comm::signal_cells / collective_signal_cells")]
-    SignalTooSmall {
-        /// The collective.
-        collective: &'static str,
-        /// Ranks in the domain.
-        nranks: u32,
-        /// Cells needed.
-        needed: u64,
-        /// Cells present.
-        have: u64,
+    /// A kernel's tensor argument that `ctx.window(i)` cannot open as this rank's window.
+    #[error("tensor argument {index} is not this rank's copy of a window: {reason}")]
+    NotAWindow {
+        /// The argument's index.
+        index: usize,
+        /// What it is instead, and what to pass.
+        reason: String,
     },
 
     /// A wait reached its deadline.

@@ -9,15 +9,18 @@
 //!   counters, a domain table, window data; byte map in [`layout`] and `docs/comm.md`).
 //!   Every rank process maps it; only offsets are meaningful across processes.
 //! * [`CommAllocator`] — the parent side: [`Domain`]s over world ranks, zero-filled
-//!   [`WindowBuffer`]s, typed [`DistributedTensor`] views, per-run lifetime and
-//!   persistence.
-//! * [`RankContext`] — what a chip child installs (`ChipWorker::set_comm_context`);
-//!   [`Comm`] — what a kernel gets from it; [`Window`] — a tensor opened on this rank:
-//!   [`Window::read`] / [`Window::write`] (get / put), [`Window::load_tile`] /
-//!   [`Window::store_tile`] (remote load / store, optionally atomic add),
-//!   [`Window::notify`] / [`Window::wait`] / [`Window::barrier`], and the collectives
-//!   [`Window::allreduce`], [`Window::broadcast`], [`Window::allgather`],
-//!   [`Window::reduce_scatter`], [`Window::all_to_all`].
+//!   [`WindowBuffer`]s (each with its own signal area, [`signal_area_bytes`]), typed
+//!   [`DistributedTensor`] views, per-run lifetime and persistence.
+//! * [`RankContext`] — what a chip child installs (`ChipWorker::set_comm_context`, with
+//!   the arena attached as the chip's external memory); [`KernelWindows`] —
+//!   `ctx.window(i)`, a kernel's window argument opened as a [`Window`]: [`Window::read`]
+//!   / [`Window::write`] (get / put), [`Window::load_tile`] / [`Window::store_tile`]
+//!   (remote load / store, optionally atomic add), [`Window::notify`] / [`Window::wait`],
+//!   and the collectives, one calling convention for all — a method of the window they
+//!   work on: [`Window::allreduce`]`(op, algo)`, [`Window::broadcast`]`(root)`,
+//!   [`Window::reduce_scatter`]`(op)`, `stage.`[`allgather`](Window::allgather)`(&target)`,
+//!   `stage.`[`all_to_all`](Window::all_to_all)`(&target)`, [`Window::barrier`]`()`.
+//!   [`Comm`] opens [`DistributedTensor`]s directly (host threads playing ranks, tests).
 //!
 //! ```
 //! use std::sync::Arc;
@@ -25,25 +28,23 @@
 //! use strata_comm::*;
 //! use strata_types::DataType;
 //!
-//! // Parent: the arena, a window buffer on both ranks, two views of it.
+//! // Parent: the arena, a window buffer on both ranks, a view of it.
 //! let arena = Arc::new(CommArena::anonymous(1 << 20, 2)?);
 //! let mut alloc = CommAllocator::new(arena.clone());
 //! let world = alloc.world()?;
-//! let buf = alloc.alloc_window_buffer(&world, 4096)?;
+//! let buf = alloc.alloc_window_buffer(&world, 64)?;
 //! let data = alloc.window(&buf, 0, &[1, 3], DataType::F32)?;
-//! let signal = alloc.window(&buf, 1024, &[signal_cells(2, AllreduceAlgo::Mesh)], DataType::I32)?;
 //! alloc.host_write(&data, 0, 0, &[1.0f32, 2.0, 3.0])?;
 //! alloc.host_write(&data, 1, 0, &[10.0f32, 20.0, 30.0])?;
 //!
-//! // Ranks (threads here; chip child processes under L3): the same tensors on each.
+//! // Ranks (threads here; chip child processes under L3): the same tensor on each.
 //! std::thread::scope(|s| {
 //!     let ranks: Vec<_> = (0..2)
 //!         .map(|rank| {
 //!             let ctx = RankContext::new(arena.clone(), rank, Duration::from_secs(10));
 //!             s.spawn(move || -> Result<(), CommError> {
-//!                 let comm = Comm::from_rank(&ctx);
-//!                 let (d, sig) = (comm.window(&data)?, comm.window(&signal)?);
-//!                 d.allreduce(&sig, ReduceOp::Sum, AllreduceAlgo::Mesh)
+//!                 let d = Comm::from_rank(&ctx).window(&data)?;
+//!                 d.allreduce(ReduceOp::Sum, AllreduceAlgo::Mesh)
 //!             })
 //!         })
 //!         .collect();
@@ -83,16 +84,15 @@ mod loom_tests;
 pub use signal::{NotifyOp, WaitCmp};
 
 #[cfg(not(loom))]
-pub use alloc::{BufferPlacement, CommAllocator, CommStats, Domain, WindowBuffer};
+pub use alloc::{BufferPlacement, CommAllocator, CommStats, Domain, RankCopy, WindowBuffer};
 #[cfg(not(loom))]
 pub use arena::{layout, CommArena};
 #[cfg(not(loom))]
 pub use collective::{
-    collective_signal_cells, signal_cells, AllreduceAlgo, AUTO_MESH_MAX_BYTES,
-    SMALL_ALLREDUCE_BYTES,
+    signal_area_bytes, AllreduceAlgo, AUTO_MESH_MAX_BYTES, SMALL_ALLREDUCE_BYTES,
 };
 #[cfg(not(loom))]
-pub use comm::{Comm, RankContext, StoreOp, Window};
+pub use comm::{Comm, KernelWindows, RankContext, StoreOp, Window};
 #[cfg(not(loom))]
 pub use error::CommError;
 #[cfg(not(loom))]
@@ -102,3 +102,10 @@ pub use tensor::{DistributedTensor, MAX_DIMS};
 
 /// Most ranks a world (and a domain) may have.
 pub const MAX_RANKS: usize = 64;
+
+/// What a distributed kernel uses: `ctx.window(i)` ([`KernelWindows`]), the collectives'
+/// options and the signal operations. `use strata_comm::prelude::*;`
+#[cfg(not(loom))]
+pub mod prelude {
+    pub use crate::{AllreduceAlgo, KernelWindows, NotifyOp, ReduceOp, StoreOp, WaitCmp, Window};
+}

@@ -134,6 +134,19 @@ pub(crate) fn wait_cell(
     cmp: WaitCmp,
     p: Patience,
 ) -> Result<i32, Stuck> {
+    wait_cell_noting(cell, wake, expected, cmp, p, |_| {})
+}
+
+/// [`wait_cell`], telling `seen` each value the parked phase reads (not the spin phase:
+/// it stays a load and a compare), so a stall snapshot shows the cell's value.
+pub(crate) fn wait_cell_noting(
+    cell: &AtomicI32,
+    wake: WakeCounter<'_>,
+    expected: i32,
+    cmp: WaitCmp,
+    p: Patience,
+    mut seen_value: impl FnMut(i32),
+) -> Result<i32, Stuck> {
     let v = cell.load(Ordering::Acquire);
     if cmp.holds(v, expected) {
         return Ok(v);
@@ -160,6 +173,7 @@ pub(crate) fn wait_cell(
         if cmp.holds(v, expected) {
             return Ok(v);
         }
+        seen_value(v);
         let now = Instant::now();
         let nap = match deadline {
             Some(d) if now >= d => {

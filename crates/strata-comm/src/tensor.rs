@@ -1,8 +1,7 @@
 //! [`DistributedTensor`]: what a kernel names — the same plain value on every rank.
 
-use crate::arena::layout::TABLE_SLOTS;
 use crate::error::CommError;
-use strata_types::{DataType, TaskArgs, TypesError};
+use strata_types::DataType;
 
 /// Most dims a distributed tensor may have.
 pub const MAX_DIMS: usize = 5;
@@ -16,11 +15,11 @@ const DIM_BITS: [u32; MAX_DIMS] = [64, 64, 42, 32, 25];
 /// A typed, row-major, contiguous view of one window buffer: the same value on every rank
 /// of the buffer's domain. It names the buffer's domain-table slot and generation (so a
 /// view of a freed buffer is refused), a byte offset within each rank's window, a dtype
-/// and a shape. Plain data: it travels to kernels as [`DistributedTensor::SCALARS`] task
-/// scalars ([`DistributedTensor::push_to`], [`DistributedTensor::from_scalars`]).
+/// and a shape.
 ///
-/// Made by [`crate::CommAllocator::window`]; opened in a kernel by
-/// [`crate::Comm::window`].
+/// Made by [`crate::CommAllocator::window`]; opened on a rank by [`crate::Comm::window`]
+/// (host threads playing ranks). Kernels do not handle it: they receive windows as tensor
+/// arguments and open them with [`crate::KernelWindows::window`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DistributedTensor {
     pub(crate) slot: u32,
@@ -32,8 +31,8 @@ pub struct DistributedTensor {
 }
 
 impl DistributedTensor {
-    /// How many u64 scalars a tensor encodes to.
-    pub const SCALARS: usize = 4;
+    /// How many u64 words a tensor encodes to (its descriptor in collective hashes).
+    pub(crate) const SCALARS: usize = 4;
 
     /// Validates and builds a view (the allocator checks it against its buffer).
     pub(crate) fn new(
@@ -128,23 +127,10 @@ impl DistributedTensor {
         Self::new(self.slot, self.generation, self.offset, shape, dtype)
     }
 
-    /// The encoding as task scalars:
+    /// The encoding (a tensor's identity in a collective's descriptor hash):
     /// `[tag:12 | ndim:4 | dtype:8 | slot:8 | generation:32, byte offset, shape lo, shape hi]`,
     /// the shape packed at 64, 64, 42, 32 or 25 bits per dim for 1..=5 dims.
-    ///
-    /// ```
-    /// # use strata_comm::*;
-    /// # use strata_types::DataType;
-    /// # let arena = std::sync::Arc::new(CommArena::anonymous(1 << 20, 2)?);
-    /// # let mut alloc = CommAllocator::new(arena);
-    /// # let world = alloc.world()?;
-    /// # let buf = alloc.alloc_window_buffer(&world, 4096)?;
-    /// let t = alloc.window(&buf, 0, &[4, 8], DataType::F32)?;
-    /// let s = t.to_scalars();
-    /// assert_eq!(DistributedTensor::from_scalars(&s)?, t);
-    /// # Ok::<(), CommError>(())
-    /// ```
-    pub fn to_scalars(&self) -> [u64; Self::SCALARS] {
+    pub(crate) fn encode(&self) -> [u64; Self::SCALARS] {
         let s0 = (TAG << 52)
             | (u64::from(self.ndim) << 48)
             | (u64::from(self.dtype.code()) << 40)
@@ -158,25 +144,16 @@ impl DistributedTensor {
         [s0, self.offset, packed as u64, (packed >> 64) as u64]
     }
 
-    /// Decodes the first [`DistributedTensor::SCALARS`] values of `s` (as written by
-    /// [`DistributedTensor::to_scalars`]).
-    ///
-    /// # Errors
-    /// [`CommError::BadTensor`] if `s` is too short or does not hold an encoded tensor.
-    pub fn from_scalars(s: &[u64]) -> Result<Self, CommError> {
+    /// Decodes [`DistributedTensor::encode`] (the tests' round trip).
+    #[cfg(test)]
+    fn decode(s: &[u64]) -> Result<Self, CommError> {
         let bad = |reason: String| CommError::BadTensor { reason };
         if s.len() < Self::SCALARS {
-            return Err(bad(format!(
-                "a distributed tensor travels as {} scalars, only {} given",
-                Self::SCALARS,
-                s.len()
-            )));
+            return Err(bad(format!("{} words given", s.len())));
         }
         let s0 = s[0];
         if s0 >> 52 != TAG {
-            return Err(bad(format!(
-                "scalar {s0:#018x} does not start an encoded distributed tensor (wrong scalar index?)"
-            )));
+            return Err(bad(format!("{s0:#018x} is not an encoded tensor")));
         }
         let ndim = ((s0 >> 48) & 0xF) as usize;
         if ndim == 0 || ndim > MAX_DIMS {
@@ -184,10 +161,6 @@ impl DistributedTensor {
         }
         let dtype = DataType::from_code(((s0 >> 40) & 0xFF) as u8)
             .map_err(|e| bad(format!("encoded tensor: {e}")))?;
-        let slot = ((s0 >> 32) & 0xFF) as u32;
-        debug_assert!((slot as usize) < TABLE_SLOTS);
-        let generation = s0 as u32;
-        let offset = s[1];
         let packed = u128::from(s[2]) | (u128::from(s[3]) << 64);
         let bits = DIM_BITS[ndim - 1];
         let mask: u128 = if bits == 64 {
@@ -198,18 +171,7 @@ impl DistributedTensor {
         let shape: Vec<u64> = (0..ndim)
             .map(|i| ((packed >> (i as u32 * bits)) & mask) as u64)
             .collect();
-        Self::new(slot, generation, offset, &shape, dtype)
-    }
-
-    /// Appends the encoding to a task's scalars.
-    ///
-    /// # Errors
-    /// [`TypesError::TooManyScalars`] past the argument limit.
-    pub fn push_to(&self, args: &mut TaskArgs) -> Result<(), TypesError> {
-        for s in self.to_scalars() {
-            args.push_scalar_bits(s)?;
-        }
-        Ok(())
+        Self::new(((s0 >> 32) & 0xFF) as u32, s0 as u32, s[1], &shape, dtype)
     }
 }
 
@@ -218,7 +180,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn scalars_round_trip_for_every_rank() {
+    fn the_encoding_round_trips_for_every_rank() {
         for shape in [
             vec![1u64 << 40],
             vec![3, u64::MAX / 8],
@@ -227,16 +189,13 @@ mod tests {
             vec![(1 << 25) - 1, 5, 1, 2, 3],
         ] {
             let t = DistributedTensor::new(255, 0xDEAD_BEEF, 4096, &shape, DataType::I8).unwrap();
-            let s = t.to_scalars();
-            assert_eq!(DistributedTensor::from_scalars(&s).unwrap(), t);
-            let mut args = TaskArgs::new();
-            t.push_to(&mut args).unwrap();
-            assert_eq!(args.scalars(), &s);
+            let s = t.encode();
+            assert_eq!(DistributedTensor::decode(&s).unwrap(), t);
         }
         assert!(DistributedTensor::new(0, 1, 0, &[1 << 25, 1, 1, 1, 1], DataType::F32).is_err());
         assert!(DistributedTensor::new(0, 1, 2, &[4], DataType::F32).is_err());
         assert!(DistributedTensor::new(0, 1, 0, &[], DataType::F32).is_err());
-        assert!(DistributedTensor::from_scalars(&[1, 2, 3, 4]).is_err());
-        assert!(DistributedTensor::from_scalars(&[1, 2]).is_err());
+        assert!(DistributedTensor::decode(&[1, 2, 3, 4]).is_err());
+        assert!(DistributedTensor::decode(&[1, 2]).is_err());
     }
 }

@@ -6,7 +6,7 @@ mod common;
 use common::*;
 use std::sync::Arc;
 use strata_comm::*;
-use strata_types::{DataType, TaskArgs};
+use strata_types::DataType;
 
 #[test]
 fn arena_header_is_validated() {
@@ -155,12 +155,6 @@ fn stale_tensors_are_refused_after_end_run_even_when_the_slot_is_reused() {
     let b2 = w.alloc.alloc_window_buffer(&dom, 64).unwrap();
     assert_eq!(b2.table_slot(), b.table_slot());
     check(&w.alloc);
-    // The decoded scalars of the stale tensor are refused the same way.
-    let back = DistributedTensor::from_scalars(&t.to_scalars()).unwrap();
-    let out = run_ranks(&w.arena, &[1], TIMEOUT, |comm| {
-        comm.window(&back).map(|_| ())
-    });
-    assert!(matches!(out[0], Err(CommError::StaleTensor { .. })));
 }
 
 #[test]
@@ -237,7 +231,11 @@ fn a_full_arena_and_a_full_table_are_typed_errors_and_space_comes_back() {
             largest_free,
             ..
         }) => {
-            assert_eq!((requested, per_rank, nranks), (2 * cap, cap, 2));
+            let stride = cap + signal_area_bytes(2); // cap is a multiple of 128
+            assert_eq!(
+                (requested, per_rank, nranks),
+                ((2 * stride).div_ceil(4096) * 4096, stride, 2)
+            );
             assert_eq!((capacity, largest_free), (cap, cap));
         }
         other => panic!("{other:?}"),
@@ -259,7 +257,10 @@ fn a_full_arena_and_a_full_table_are_typed_errors_and_space_comes_back() {
     w.alloc.end_run();
     // Freed ranges coalesce: one buffer of the whole capacity fits again.
     let dom = w.alloc.world().unwrap();
-    let all = w.alloc.alloc_window_buffer(&dom, cap / 2).unwrap();
+    let all = w
+        .alloc
+        .alloc_window_buffer(&dom, cap / 2 - signal_area_bytes(2))
+        .unwrap();
     assert_eq!(w.alloc.bytes_in_use(), cap);
     let _ = all;
     w.alloc.end_run();
@@ -276,32 +277,33 @@ fn a_full_arena_and_a_full_table_are_typed_errors_and_space_comes_back() {
 }
 
 #[test]
-fn tensors_travel_as_task_scalars() {
-    let mut w = world(2, 1 << 20);
-    let dom = w.alloc.world().unwrap();
-    let b = w.alloc.alloc_window_buffer(&dom, 4096).unwrap();
+fn windows_view_the_data_bytes_and_the_signal_area_follows_on_every_rank() {
+    let mut w = world(3, 1 << 20);
+    let dom = w.alloc.domain(&[2, 0]).unwrap();
+    let b = w.alloc.alloc_window_buffer(&dom, 4000).unwrap();
+    assert_eq!(b.bytes(), 4032);
     let t = w.alloc.window(&b, 256, &[2, 3, 4], DataType::BF16).unwrap();
     assert_eq!(
         (t.numel(), t.nbytes(), t.shape()),
         (24, 48, &[2u64, 3, 4][..])
     );
     assert_eq!((t.dtype(), t.byte_offset()), (DataType::BF16, 256));
-    let mut args = TaskArgs::new();
-    args.push_scalar(7u64).unwrap();
-    t.push_to(&mut args).unwrap();
-    assert_eq!(args.scalars().len(), 1 + DistributedTensor::SCALARS);
+    let p = w.alloc.placement(&b).unwrap();
     assert_eq!(
-        DistributedTensor::from_scalars(&args.scalars()[1..]).unwrap(),
-        t
+        (p.rank_stride, p.data_bytes, p.nranks),
+        (4096 + signal_area_bytes(2), 4032, 2)
     );
+    assert_eq!(p.arena_offset % 4096, 0);
+    // A view ends at the data bytes: the signal area is not viewable.
+    assert!(w.alloc.window(&b, 4032 - 4, &[1], DataType::I32).is_ok());
     assert!(matches!(
-        DistributedTensor::from_scalars(&args.scalars()[0..4]),
+        w.alloc.window(&b, 4032, &[1], DataType::I32),
         Err(CommError::BadTensor { .. })
     ));
-    assert!(matches!(
-        DistributedTensor::from_scalars(&args.scalars()[2..]),
-        Err(CommError::BadTensor { .. })
-    ));
+    assert_eq!(
+        w.alloc.bytes_in_use(),
+        (2 * p.rank_stride).div_ceil(4096) * 4096
+    );
 }
 
 #[test]

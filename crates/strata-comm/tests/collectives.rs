@@ -21,10 +21,8 @@ fn allreduce_case(
     let mut w = world(p, 4 << 20);
     let dom = w.alloc.world().unwrap();
     let db = r64(numel * dtype.size_bytes() as u64);
-    let cells = signal_cells(p, algo);
-    let buf = w.alloc.alloc_window_buffer(&dom, db + cells * 4).unwrap();
+    let buf = w.alloc.alloc_window_buffer(&dom, db).unwrap();
     let data = w.alloc.window(&buf, 0, &[numel], dtype).unwrap();
-    let sig = w.alloc.window(&buf, db, &[cells], DataType::I32).unwrap();
     let inputs: Vec<Vec<Vec<f64>>> = (0..rounds)
         .map(|r| {
             (0..p)
@@ -37,13 +35,12 @@ fn allreduce_case(
     }
     let outs = run_ranks(&w.arena, &all(p), TIMEOUT, |comm| {
         let d = comm.window(&data).unwrap();
-        let s = comm.window(&sig).unwrap();
         let mut outs = Vec::new();
         for (r, input) in inputs.iter().enumerate() {
             if r > 0 {
                 put_own(&d, &input[d.rank() as usize]);
             }
-            d.allreduce(&s, op, algo).unwrap();
+            d.allreduce(op, algo).unwrap();
             outs.push(get_own(&d));
         }
         outs
@@ -57,7 +54,7 @@ fn allreduce_case(
             );
         }
     }
-    assert!(rows_clear(&w.alloc, &sig, p), "barrier rows left a tally");
+    assert!(rows_clear(&w.alloc, &buf, p), "barrier rows left a tally");
 }
 
 #[test]
@@ -69,19 +66,13 @@ fn s1_quickstart_two_rank_allreduce() {
     ] {
         let mut w = world(2, 1 << 20);
         let dom = w.alloc.world().unwrap();
-        let cells = signal_cells(2, algo);
-        let buf = w.alloc.alloc_window_buffer(&dom, 64 + cells * 4).unwrap();
+        let buf = w.alloc.alloc_window_buffer(&dom, 64).unwrap();
         let x = w.alloc.window(&buf, 0, &[1, 3], DataType::F32).unwrap();
-        let sig = w
-            .alloc
-            .window(&buf, 64, &[2, cells / 2], DataType::I32)
-            .unwrap();
         w.alloc.host_write(&x, 0, 0, &[1f32, 2., 3.]).unwrap();
         w.alloc.host_write(&x, 1, 0, &[10f32, 20., 30.]).unwrap();
         run_ranks(&w.arena, &[0, 1], TIMEOUT, |comm| {
             let d = comm.window(&x).unwrap();
-            d.allreduce(&comm.window(&sig).unwrap(), ReduceOp::Sum, algo)
-                .unwrap();
+            d.allreduce(ReduceOp::Sum, algo).unwrap();
         });
         for r in 0..2 {
             let mut out = [0f32; 3];
@@ -92,10 +83,8 @@ fn s1_quickstart_two_rank_allreduce() {
     // The docs' SIZE = 256 with the ring: out[i] = in0[i] + in1[i].
     let mut w = world(2, 1 << 20);
     let dom = w.alloc.world().unwrap();
-    let cells = signal_cells(2, AllreduceAlgo::Ring);
-    let buf = w.alloc.alloc_window_buffer(&dom, 1024 + cells * 4).unwrap();
+    let buf = w.alloc.alloc_window_buffer(&dom, 1024).unwrap();
     let x = w.alloc.window(&buf, 0, &[1, 256], DataType::F32).unwrap();
-    let sig = w.alloc.window(&buf, 1024, &[cells], DataType::I32).unwrap();
     let a: Vec<f32> = (0..256).map(|i| i as f32).collect();
     let b: Vec<f32> = (0..256).map(|i| (i + 100) as f32).collect();
     w.alloc.host_write(&x, 0, 0, &a).unwrap();
@@ -103,11 +92,7 @@ fn s1_quickstart_two_rank_allreduce() {
     run_ranks(&w.arena, &[0, 1], TIMEOUT, |comm| {
         comm.window(&x)
             .unwrap()
-            .allreduce(
-                &comm.window(&sig).unwrap(),
-                ReduceOp::Sum,
-                AllreduceAlgo::Ring,
-            )
+            .allreduce(ReduceOp::Sum, AllreduceAlgo::Ring)
             .unwrap();
     });
     for r in 0..2 {
@@ -168,7 +153,8 @@ fn allreduce_large_messages_span_many_blocks() {
     }
 }
 
-/// Builds a world with a data window of `numel` x `dtype` and a collective signal window.
+/// Builds a world with one window buffer: a data window of `data_shape` x `dtype` and,
+/// after it, an optional second window of `extra_shape`.
 fn setup(
     p: u32,
     data_shape: &[u64],
@@ -178,32 +164,24 @@ fn setup(
     World,
     DistributedTensor,
     Option<DistributedTensor>,
-    DistributedTensor,
+    WindowBuffer,
 ) {
     let mut w = world(p, 4 << 20);
     let dom = w.alloc.world().unwrap();
     let es = dtype.size_bytes() as u64;
     let a = r64(data_shape.iter().product::<u64>() * es);
     let b = extra_shape.map_or(0, |s| r64(s.iter().product::<u64>() * es));
-    let cells = signal_cells(p, AllreduceAlgo::Ring);
-    let buf = w
-        .alloc
-        .alloc_window_buffer(&dom, a + b + cells * 4)
-        .unwrap();
+    let buf = w.alloc.alloc_window_buffer(&dom, a + b).unwrap();
     let x = w.alloc.window(&buf, 0, data_shape, dtype).unwrap();
     let y = extra_shape.map(|s| w.alloc.window(&buf, a, s, dtype).unwrap());
-    let sig = w
-        .alloc
-        .window(&buf, a + b, &[cells], DataType::I32)
-        .unwrap();
-    (w, x, y, sig)
+    (w, x, y, buf)
 }
 
 #[test]
-fn broadcast_from_every_root_reusing_one_signal() {
+fn broadcast_from_every_root_reusing_one_signal_area() {
     for p in [2u32, 3, 4] {
         for dtype in [DataType::F32, DataType::I32, DataType::F16] {
-            let (w, x, _, sig) = setup(p, &[p as u64, 37], dtype, None);
+            let (w, x, _, buf) = setup(p, &[p as u64, 37], dtype, None);
             let m = 37 * p as usize;
             let inputs: Vec<Vec<Vec<f64>>> = (0..p)
                 .map(|root| {
@@ -214,11 +192,10 @@ fn broadcast_from_every_root_reusing_one_signal() {
                 .collect();
             let outs = run_ranks(&w.arena, &all(p), TIMEOUT, |comm| {
                 let d = comm.window(&x).unwrap();
-                let s = comm.window(&sig).unwrap();
                 (0..p)
                     .map(|root| {
                         put_own(&d, &inputs[root as usize][d.rank() as usize]);
-                        d.broadcast(&s, root).unwrap();
+                        d.broadcast(root).unwrap();
                         get_own(&d)
                     })
                     .collect::<Vec<_>>()
@@ -232,7 +209,7 @@ fn broadcast_from_every_root_reusing_one_signal() {
                     assert_eq!(o[root], want, "p={p} {dtype} root {root} rank {rank}");
                 }
             }
-            assert!(rows_clear(&w.alloc, &sig, p));
+            assert!(rows_clear(&w.alloc, &buf, p));
         }
     }
 }
@@ -242,7 +219,7 @@ fn allgather_at_2_3_4_ranks() {
     for p in [2u32, 3, 4] {
         for dtype in DTYPES {
             let m = 29u64;
-            let (w, stage, target, sig) = setup(p, &[m], dtype, Some(&[p as u64, m]));
+            let (w, stage, target, _) = setup(p, &[m], dtype, Some(&[p as u64, m]));
             let target = target.unwrap();
             let inputs: Vec<Vec<Vec<f64>>> = (0..2)
                 .map(|round| {
@@ -254,11 +231,10 @@ fn allgather_at_2_3_4_ranks() {
             let outs = run_ranks(&w.arena, &all(p), TIMEOUT, |comm| {
                 let st = comm.window(&stage).unwrap();
                 let tg = comm.window(&target).unwrap();
-                let s = comm.window(&sig).unwrap();
                 (0..2)
                     .map(|round| {
                         put_own(&st, &inputs[round][st.rank() as usize]);
-                        Window::allgather(&st, &tg, &s).unwrap();
+                        st.allgather(&tg).unwrap();
                         get_own(&tg)
                     })
                     .collect::<Vec<_>>()
@@ -282,7 +258,7 @@ fn reduce_scatter_every_op_at_2_3_4_ranks() {
         for dtype in DTYPES {
             for op in OPS {
                 let m = 21u64;
-                let (w, x, _, sig) = setup(p, &[p as u64, m], dtype, None);
+                let (w, x, _, _) = setup(p, &[p as u64, m], dtype, None);
                 let n = (p as u64 * m) as usize;
                 let inputs: Vec<Vec<f64>> = (0..p).map(|r| values(op, 900 + r as u64, n)).collect();
                 for r in 0..p {
@@ -290,7 +266,7 @@ fn reduce_scatter_every_op_at_2_3_4_ranks() {
                 }
                 run_ranks(&w.arena, &all(p), TIMEOUT, |comm| {
                     let d = comm.window(&x).unwrap();
-                    d.reduce_scatter(&comm.window(&sig).unwrap(), op).unwrap();
+                    d.reduce_scatter(op).unwrap();
                 });
                 let golden = fold(op, dtype, &inputs);
                 for (r, input) in inputs.iter().enumerate() {
@@ -323,7 +299,7 @@ fn all_to_all_at_2_3_4_ranks() {
         for dtype in [DataType::F32, DataType::I32, DataType::BF16] {
             let m = 13u64;
             let shape = [p as u64, m];
-            let (w, stage, target, sig) = setup(p, &shape, dtype, Some(&shape));
+            let (w, stage, target, _) = setup(p, &shape, dtype, Some(&shape));
             let target = target.unwrap();
             // stage of rank s, chunk d = 1000 s + 100 d + j (scaled down for bf16).
             let val = |s: u32, d: u32, j: u64| -> f64 {
@@ -342,7 +318,7 @@ fn all_to_all_at_2_3_4_ranks() {
             run_ranks(&w.arena, &all(p), TIMEOUT, |comm| {
                 let st = comm.window(&stage).unwrap();
                 let tg = comm.window(&target).unwrap();
-                Window::all_to_all(&st, &tg, &comm.window(&sig).unwrap()).unwrap();
+                st.all_to_all(&tg).unwrap();
             });
             for r in 0..p {
                 let want: Vec<f64> = (0..p)
@@ -358,44 +334,42 @@ fn all_to_all_at_2_3_4_ranks() {
     }
 }
 
-/// One signal window serves a long mix of collectives and barriers, call after call.
+/// One buffer's signal area serves a long mix of collectives and barriers on its windows,
+/// call after call.
 #[test]
-fn one_signal_window_serves_every_collective_in_turn() {
+fn one_signal_area_serves_every_collective_in_turn() {
     let p = 4u32;
-    let (w, x, y, sig) = setup(p, &[p as u64, 40], DataType::F32, Some(&[p as u64, 40]));
+    let (w, x, y, buf) = setup(p, &[p as u64, 40], DataType::F32, Some(&[p as u64, 40]));
     let y = y.unwrap();
     let small = x.with_shape(&[8], DataType::F32).unwrap();
     let outs = run_ranks(&w.arena, &all(p), TIMEOUT, |comm| {
         let d = comm.window(&x).unwrap();
         let ds = comm.window(&small).unwrap();
         let t = comm.window(&y).unwrap();
-        let s = comm.window(&sig).unwrap();
         let me = d.rank() as f64;
         let mut log = Vec::new();
         for round in 0..3 {
             let base = 10_000.0 * round as f64;
             put_own(&d, &vec![base + me; 160]);
-            d.allreduce(&s, ReduceOp::Sum, AllreduceAlgo::Mesh).unwrap();
+            d.allreduce(ReduceOp::Sum, AllreduceAlgo::Mesh).unwrap();
             log.push(get_own(&d)[0]);
             put_own(&ds, &[base + me; 8]);
-            ds.allreduce(&s, ReduceOp::Max, AllreduceAlgo::Mesh)
-                .unwrap();
+            ds.allreduce(ReduceOp::Max, AllreduceAlgo::Mesh).unwrap();
             log.push(get_own(&ds)[7]);
-            s.barrier().unwrap();
+            t.barrier().unwrap();
             put_own(&d, &vec![base + me; 160]);
-            d.allreduce(&s, ReduceOp::Min, AllreduceAlgo::Ring).unwrap();
+            d.allreduce(ReduceOp::Min, AllreduceAlgo::Ring).unwrap();
             log.push(get_own(&d)[159]);
             put_own(&d, &vec![base + me; 160]);
-            d.broadcast(&s, 2).unwrap();
+            d.broadcast(2).unwrap();
             log.push(get_own(&d)[3]);
             put_own(&d, &vec![base + me; 160]);
-            d.allreduce(&s, ReduceOp::Sum, AllreduceAlgo::TwoPhase)
-                .unwrap();
+            d.allreduce(ReduceOp::Sum, AllreduceAlgo::TwoPhase).unwrap();
             log.push(get_own(&d)[100]);
             put_own(&d, &vec![base + me; 160]);
-            Window::all_to_all(&d, &t, &s).unwrap();
+            d.all_to_all(&t).unwrap();
             log.push(get_own(&t)[40 * 3]);
-            s.barrier().unwrap();
+            d.barrier().unwrap();
         }
         log
     });
@@ -409,11 +383,11 @@ fn one_signal_window_serves_every_collective_in_turn() {
             );
         }
     }
-    assert!(rows_clear(&w.alloc, &sig, p));
+    assert!(rows_clear(&w.alloc, &buf, p));
 }
 
 #[test]
-fn a_collective_mismatch_is_detected_on_every_rank_and_the_signal_stays_usable() {
+fn a_collective_mismatch_is_detected_on_every_rank_and_the_signal_area_stays_usable() {
     for (p, a, b) in [
         // op differs
         (
@@ -434,20 +408,18 @@ fn a_collective_mismatch_is_detected_on_every_rank_and_the_signal_stays_usable()
             (ReduceOp::Sum, AllreduceAlgo::Mesh, 512),
         ),
     ] {
-        let (w, x, _, sig) = setup(p, &[512], DataType::F32, None);
+        let (w, x, _, _) = setup(p, &[512], DataType::F32, None);
         let outs = run_ranks(&w.arena, &all(p), TIMEOUT, |comm| {
             let me = comm.world_rank();
             let (op, algo, n) = if me == p - 1 { b } else { a };
             let d = comm
                 .window(&x.with_shape(&[n], DataType::F32).unwrap())
                 .unwrap();
-            let s = comm.window(&sig).unwrap();
-            let first = d.allreduce(&s, op, algo);
-            // Everyone agrees now: the same signal window still works.
+            let first = d.allreduce(op, algo);
+            // Everyone agrees now: the same signal area still works.
             let full = comm.window(&x).unwrap();
             put_own(&full, &vec![1.0 + me as f64; 512]);
-            full.allreduce(&s, ReduceOp::Sum, AllreduceAlgo::Mesh)
-                .unwrap();
+            full.allreduce(ReduceOp::Sum, AllreduceAlgo::Mesh).unwrap();
             (first, get_own(&full)[511])
         });
         let total: f64 = (1..=p).map(f64::from).sum();
@@ -470,69 +442,60 @@ fn a_collective_mismatch_is_detected_on_every_rank_and_the_signal_stays_usable()
 }
 
 #[test]
-fn arguments_every_rank_rejects_leave_the_signal_usable() {
+fn arguments_every_rank_rejects_leave_the_signal_area_usable() {
     let p = 2;
-    let (w, x, y, sig) = setup(p, &[7], DataType::F32, Some(&[5]));
+    let (w, x, y, buf) = setup(p, &[7], DataType::F32, Some(&[5]));
     let y = y.unwrap();
     let outs = run_ranks(&w.arena, &all(p), TIMEOUT, |comm| {
         let d = comm.window(&x).unwrap();
         let t = comm.window(&y).unwrap();
-        let s = comm.window(&sig).unwrap();
-        let ring = d.allreduce(&s, ReduceOp::Sum, AllreduceAlgo::Ring);
-        let root = d.broadcast(&s, 9);
-        let gather = Window::allgather(&d, &t, &s);
-        // Data on top of the signal's first cells.
-        let on_signal = comm
-            .window(&sig.with_shape(&[8], DataType::F32).unwrap())
-            .unwrap();
-        let overlap = on_signal.allreduce(&s, ReduceOp::Sum, AllreduceAlgo::Mesh);
-        let small = comm
-            .window(&sig.with_shape(&[8], DataType::I32).unwrap())
-            .unwrap();
-        let too_small = d.allreduce(&small, ReduceOp::Sum, AllreduceAlgo::Mesh);
-        let not_i32 = d.allreduce(&d, ReduceOp::Sum, AllreduceAlgo::Mesh);
+        let ring = d.allreduce(ReduceOp::Sum, AllreduceAlgo::Ring);
+        let root = d.broadcast(9);
+        let gather = d.allgather(&t);
+        let overlap = d.all_to_all(&d);
         put_own(&d, &[2.0; 7]);
-        d.allreduce(&s, ReduceOp::Prod, AllreduceAlgo::TwoPhase)
+        d.allreduce(ReduceOp::Prod, AllreduceAlgo::TwoPhase)
             .unwrap();
-        (ring, root, gather, overlap, too_small, not_i32, get_own(&d))
+        (ring, root, gather, overlap, get_own(&d))
     });
-    for (ring, root, gather, overlap, too_small, not_i32, v) in outs {
-        assert!(
-            matches!(ring, Err(CommError::BadArgument { .. })),
-            "{ring:?}"
-        );
-        assert!(
-            matches!(root, Err(CommError::BadArgument { .. })),
-            "{root:?}"
-        );
-        assert!(
-            matches!(gather, Err(CommError::BadArgument { .. })),
-            "{gather:?}"
-        );
-        assert!(
-            matches!(overlap, Err(CommError::BadArgument { .. })),
-            "{overlap:?}"
-        );
-        // A signal tensor too small to arrive on is refused before it is touched.
-        assert!(
-            matches!(too_small, Err(CommError::SignalTooSmall { .. })),
-            "{too_small:?}"
-        );
-        assert!(
-            matches!(not_i32, Err(CommError::DtypeMismatch { .. })),
-            "{not_i32:?}"
-        );
+    for (ring, root, gather, overlap, v) in outs {
+        for (what, r) in [
+            ("ring", ring),
+            ("root", root),
+            ("gather", gather),
+            ("overlap", overlap),
+        ] {
+            assert!(
+                matches!(r, Err(CommError::BadArgument { .. })),
+                "{what}: {r:?}"
+            );
+        }
         assert_eq!(v, vec![4.0; 7]);
     }
+    assert!(rows_clear(&w.alloc, &buf, p));
+    // A stage and a target of two domains (over the same ranks, in another order).
+    let mut w2 = world(2, 1 << 20);
+    let d01 = w2.alloc.world().unwrap();
+    let d10 = w2.alloc.domain(&[1, 0]).unwrap();
+    let b1 = w2.alloc.alloc_window_buffer(&d01, 64).unwrap();
+    let b2 = w2.alloc.alloc_window_buffer(&d10, 64).unwrap();
+    let s1 = w2.alloc.window(&b1, 0, &[2], DataType::F32).unwrap();
+    let s2 = w2.alloc.window(&b2, 0, &[4], DataType::F32).unwrap();
+    let outs = run_ranks(&w2.arena, &all(2), TIMEOUT, |comm| {
+        let (a, b) = (comm.window(&s1).unwrap(), comm.window(&s2).unwrap());
+        a.allgather(&b)
+    });
+    for o in outs {
+        assert!(
+            matches!(&o, Err(CommError::BadArgument { what }) if what.contains("same comm domain")),
+            "{o:?}"
+        );
+    }
     // f64 data is not reducible.
-    let (w, x, _, sig) = setup(2, &[4], DataType::F64, None);
+    let (w, x, _, _) = setup(2, &[4], DataType::F64, None);
     let outs = run_ranks(&w.arena, &all(2), TIMEOUT, |comm| {
         let d = comm.window(&x).unwrap();
-        d.allreduce(
-            &comm.window(&sig).unwrap(),
-            ReduceOp::Sum,
-            AllreduceAlgo::Mesh,
-        )
+        d.allreduce(ReduceOp::Sum, AllreduceAlgo::Mesh)
     });
     for o in outs {
         assert!(
@@ -544,18 +507,14 @@ fn arguments_every_rank_rejects_leave_the_signal_usable() {
 
 #[test]
 fn a_rank_that_never_arrives_ends_the_collective_with_a_wait_timeout() {
-    let (w, x, _, sig) = setup(2, &[16], DataType::F32, None);
+    let (w, x, _, _) = setup(2, &[16], DataType::F32, None);
     let outs = run_ranks(
         &w.arena,
         &[0],
         std::time::Duration::from_millis(200),
         |comm| {
             let d = comm.window(&x).unwrap();
-            d.allreduce(
-                &comm.window(&sig).unwrap(),
-                ReduceOp::Sum,
-                AllreduceAlgo::TwoPhase,
-            )
+            d.allreduce(ReduceOp::Sum, AllreduceAlgo::TwoPhase)
         },
     );
     match &outs[0] {

@@ -3,9 +3,10 @@
 //! memory and the machine's single-core memcpy, in one run (`harness = false`).
 //!
 //! **strata.** A `Process`-mode `DistWorker` with two chips. One run per timed loop: the
-//! host orchestration allocates a window buffer (the data, `bytes` per rank, and a signal
-//! window) and submits one group of a user kernel to both chips. On each rank the kernel
-//! opens both windows (`strata_comm::Comm::from_kernel(ctx)?.window(..)`), pins its core
+//! host orchestration allocates a window buffer (the data, `bytes` per rank; the buffer
+//! carries its own signal area) and submits one group of a user kernel to both chips, the
+//! data window an ordinary argument of each. On each rank the kernel opens its copy
+//! (`ctx.window(1)`, strata-comm's `KernelWindows`), pins its core
 //! thread to CPU `rank`, checks one allreduce of rank-dependent data against the host
 //! golden, zeroes its copy, runs `iters / 10 + 1` warm-up allreduces and a barrier, then
 //! **times a loop of `iters` allreduces on the same windows with the monotonic clock**
@@ -55,7 +56,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use strata_chip::{ChipConfig, CoreArgs, KernelError};
-use strata_comm::{signal_cells, Comm, DistributedTensor};
+use strata_comm::KernelWindows;
 use strata_dist::{AllreduceAlgo, DistConfig, DistWorker, HostOrchHandle, ReduceOp};
 use strata_host::SharedTensor;
 use strata_testkit::bench::{
@@ -63,7 +64,7 @@ use strata_testkit::bench::{
     FloorSpec, Json, Machine, Rounds, RoundsReport,
 };
 use strata_testkit::peer;
-use strata_types::{ArgTag, CallConfig, DataType, TaskArgs};
+use strata_types::{CallConfig, DataType, TaskArgs};
 
 /// (bytes, JSON suffix, latency or bandwidth figure).
 const SIZES: [(u64, &str, bool); 5] = [
@@ -83,8 +84,6 @@ const ALGOS: [AllreduceAlgo; 4] = [
 const PINGPONG_ROUNDS: u64 = 5_000;
 /// A calibration loop is long enough at this many seconds.
 const CALIBRATED: f64 = 0.05;
-/// Bytes of a signal window that serves every algorithm (ring needs the most).
-const SIGNAL_BYTES: u64 = 4 * 368;
 /// Generous bounds: a timed loop takes about a second at most.
 const KERNEL_TIMEOUT: Duration = Duration::from_secs(600);
 const WAIT_TIMEOUT: Duration = Duration::from_secs(60);
@@ -132,9 +131,6 @@ fn pingpong_ns() -> f64 {
 
 // ----- strata through L3 -----------------------------------------------------------------
 
-/// Scalars of the kernel after the two windows' tensors.
-const S_ITERS: usize = 2 * DistributedTensor::SCALARS;
-
 struct L3 {
     w: DistWorker,
     orch: HostOrchHandle,
@@ -148,33 +144,29 @@ fn l3_start() -> L3 {
         ..ChipConfig::default()
     };
     let mut cfg = DistConfig::l3(vec![chip; 2], 0);
-    // One buffer lives at a time: 64 MiB of data and a signal window per rank, plus the
+    // One buffer lives at a time: 64 MiB of data and its signal area per rank, plus the
     // arena's header and domain table.
     cfg.comm_arena_bytes = 2 * ((64 << 20) + 4096) + (1 << 20);
     cfg.comm_wait_timeout = WAIT_TIMEOUT;
     let mut w = DistWorker::new(cfg).expect("worker");
     let k = w
         .register_kernel("bench.allreduce_loop", |ctx| {
-            let at = |i: usize| {
-                DistributedTensor::from_scalars(&ctx.scalars()[i * DistributedTensor::SCALARS..])
-            };
-            let (d_t, s_t) = (at(0)?, at(1)?);
-            let iters = ctx.scalar::<u64>(S_ITERS)?;
-            let warmup = ctx.scalar::<u64>(S_ITERS + 1)?;
-            let algo = AllreduceAlgo::from_code(ctx.scalar::<u64>(S_ITERS + 2)?)
+            // Tensor 0: this rank's result row; 1: the data window.
+            let d = ctx.window(1)?;
+            let iters = ctx.scalar::<u64>(0)?;
+            let warmup = ctx.scalar::<u64>(1)?;
+            let algo = AllreduceAlgo::from_code(ctx.scalar::<u64>(2)?)
                 .ok_or_else(|| KernelError::new("algorithm code"))?;
-            let comm = Comm::from_kernel(ctx)?;
-            let (d, s) = (comm.window(&d_t)?, comm.window(&s_t)?);
             let (r, n) = (d.rank(), d.nranks());
             let saved = affinity();
             pin(r as usize);
             // One allreduce of rank-dependent data against the host golden.
-            let numel = d_t.numel() as usize;
+            let numel = d.tensor().numel() as usize;
             let x: Vec<f32> = (0..numel)
                 .map(|i| ((r + 1) as usize * (i % 13)) as f32)
                 .collect();
             d.write(r, 0, &x)?;
-            d.allreduce(&s, ReduceOp::Sum, algo)?;
+            d.allreduce(ReduceOp::Sum, algo)?;
             let mut y = vec![0f32; numel];
             d.read(r, 0, &mut y)?;
             let k = (n * (n + 1) / 2) as f32;
@@ -184,12 +176,12 @@ fn l3_start() -> L3 {
             // call's arrival, so rewriting it here is safe.)
             d.write(r, 0, &vec![0f32; numel])?;
             for _ in 0..warmup {
-                d.allreduce(&s, ReduceOp::Sum, algo)?;
+                d.allreduce(ReduceOp::Sum, algo)?;
             }
-            s.barrier()?;
+            d.barrier()?;
             let t = Instant::now();
             for _ in 0..iters {
-                d.allreduce(&s, ReduceOp::Sum, algo)?;
+                d.allreduce(ReduceOp::Sum, algo)?;
             }
             let ns = t.elapsed().as_nanos() as u64;
             d.read(r, 0, &mut y)?;
@@ -209,7 +201,7 @@ fn l3_start() -> L3 {
     let chip_orch = w
         .register_chip_orchestration("bench.allreduce_loop", move |o, a| {
             let mut core = CoreArgs::new();
-            core.output(&a.tensor(0)?);
+            core.output(&a.tensor(0)?).inout(&a.tensor(1)?);
             for i in 0..a.scalar_count() {
                 core.scalar_bits(a.scalar::<u64>(i)?);
             }
@@ -223,30 +215,21 @@ fn l3_start() -> L3 {
     let orch = w.register_orchestration("bench.allreduce", move |o, a| {
         let s = |i: usize| a.scalar_at::<u64>(i).ok_or("missing scalar");
         let (bytes, iters, warmup, algo) = (s(0)?, s(1)?, s(2)?, s(3)?);
-        let sig_off = bytes.div_ceil(4096) * 4096;
-        let buf = o.alloc_window_buffer(sig_off + SIGNAL_BYTES)?;
+        let buf = o.alloc_window_buffer(bytes)?;
         let data = o.window(&buf, 0, &[bytes / 4], DataType::F32)?;
-        let signal = o.window(&buf, sig_off, &[SIGNAL_BYTES / 4], DataType::I32)?;
         let mut per_rank = Vec::new();
         for r in 0..2u64 {
-            let mut t = TaskArgs::new();
-            t.push_tensor(ra.arg_view(ra.view().slice(0, r, r + 1)?, ArgTag::OutputExisting)?)?;
-            t.push_tensor(data.arg(ArgTag::InOut))?;
-            t.push_tensor(signal.arg(ArgTag::InOut))?;
-            data.push_to(&mut t)?;
-            signal.push_to(&mut t)?;
-            for v in [iters, warmup, algo] {
-                t.push_scalar_bits(v)?;
-            }
+            let t = TaskArgs::new()
+                .output_existing(ra.slice(0, r, r + 1))
+                .inout(&data)
+                .scalar(iters)
+                .scalar(warmup)
+                .scalar(algo);
             per_rank.push(t);
         }
         o.submit_next_level_group(chip_orch, &per_rank, &[0, 1])?;
         Ok(())
     });
-    assert!(
-        signal_cells(2, AllreduceAlgo::Ring) * 4 <= SIGNAL_BYTES,
-        "SIGNAL_BYTES covers every algorithm"
-    );
     assert_single_threaded("init (level-3 worker with 2 chip children)");
     w.init().expect("init");
     L3 { w, orch, res }

@@ -5,7 +5,7 @@
 
 use crate::control::{ControlCommand, ControlDecodeError, CopyDirection};
 use std::sync::Arc;
-use strata_chip::{ChipConfig, ChipWorker, OrchHandle, RunArgs};
+use strata_chip::{ChipConfig, ChipWorker, ExternalMemory, OrchHandle, RunArgs};
 use strata_host::{ChildEnv, ChildProgram, SharedMemory};
 use strata_mailbox::{codes, ControlReply, ControlRequest, FailureReport, Handler, TaskRequest};
 use strata_types::TaskArgs;
@@ -16,8 +16,9 @@ pub(crate) struct ChipChild {
     index: usize,
     config: ChipConfig,
     registry: strata_chip::Registry,
-    /// This chip's rank in the comm arena, installed as its kernels' comm context.
-    rank: Option<strata_comm::RankContext>,
+    /// This chip's rank in the comm arena, installed as its kernels' comm context, and
+    /// the arena's shared-memory region (attached as the chip's external memory).
+    rank: Option<(strata_comm::RankContext, u64)>,
 }
 
 impl ChipChild {
@@ -25,7 +26,7 @@ impl ChipChild {
         index: usize,
         config: ChipConfig,
         registry: strata_chip::Registry,
-        rank: Option<strata_comm::RankContext>,
+        rank: Option<(strata_comm::RankContext, u64)>,
     ) -> Self {
         ChipChild {
             index,
@@ -54,7 +55,20 @@ impl ChildProgram for ChipChild {
         };
         let mut chip =
             ChipWorker::with_registry(config, self.registry).map_err(|e| e.to_string())?;
-        if let Some(rank) = self.rank {
+        if let Some((rank, region)) = self.rank {
+            // The comm arena is the chip's external memory: a window argument (a tensor in
+            // the arena's region) reaches its kernels in place, at device address
+            // EXTERNAL_BASE + its arena offset.
+            let arena = rank.arena().clone();
+            // SAFETY: the arena is a page-aligned MAP_SHARED mapping of the worker's shared
+            // memory, mapped in this process for its whole life (the `Arc` keeps the
+            // description alive too); peers touch it only through atomics and raw copies,
+            // as the kernels here do (strata-comm).
+            let ext =
+                unsafe { ExternalMemory::new(region, arena.base_ptr(), arena.len() as u64, arena) }
+                    .map_err(|e| e.to_string())?;
+            chip.attach_external_memory(ext)
+                .map_err(|e| e.to_string())?;
             chip.set_comm_context(Some(Arc::new(rank)));
         }
         chip.init().map_err(|e| e.to_string())?;
@@ -82,7 +96,8 @@ impl ChipHandler {
         // SAFETY: `ptr` checks that each view's whole span lies in a region mapped in this
         // process (mappings live as long as the process); the engine dispatched this task
         // only after every conflicting task finished, so nothing writes these bytes
-        // during the run.
+        // during the run. (Windows — the comm arena's region — are not mapped this way:
+        // the chip passes them in place as its external memory, never as slices.)
         unsafe {
             RunArgs::from_task_args(
                 args,
@@ -101,7 +116,11 @@ impl Handler for ChipHandler {
         self.chip
             .run(&OrchHandle::from_id(req.callable), &mut run, req.config)
             .map(|_| ())
-            .map_err(|e| FailureReport::new(e.code().unwrap_or(codes::FAILED), e.to_string()))
+            .map_err(|e| {
+                // The wait-for state travels as data beside the one-line message.
+                FailureReport::new(e.code().unwrap_or(codes::FAILED), e.headline())
+                    .with_wait_for(e.wait_for().cloned())
+            })
     }
 
     fn control(&mut self, req: &ControlRequest<'_>) -> Result<ControlReply, FailureReport> {

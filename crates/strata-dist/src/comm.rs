@@ -6,13 +6,11 @@
 //! for the run's turn and submits the builtins, and reaches this state only through
 //! [`CommCtx::claim`], so the comm state knows nothing of the orchestration.
 //!
-//! Windows reach kernels by name: a [`WindowTensor`] pushes the four scalars of its
-//! [`DistributedTensor`] into a task's arguments, and the kernel opens it with
-//! `strata_comm::Comm::from_kernel(ctx)?.window(&DistributedTensor::from_scalars(..)?)`.
-//! As a *tensor* argument ([`WindowTensor::arg`]) a window only orders tasks (it is the
-//! comm arena's shared memory, tracked like any other); next-level tasks do not receive it
-//! as a kernel tensor — the kernel reaches the window in place, which is what lets peers
-//! write into it while the kernel runs.
+//! A window is an ordinary tensor argument ([`WindowTensor`] is an `IntoTensorArg`: every
+//! rank's copy, `[nranks, ...shape]`). The orchestration narrows it for a chip task to the
+//! copy of the rank the task runs on (`Orch::submit_next_level*`); the chip child, whose
+//! external memory is the comm arena, passes that copy in place, and the kernel opens it
+//! with `strata_comm::KernelWindows::window` (`ctx.window(i)`), at the index the host gave.
 
 use crate::config::WindowLifetime;
 use crate::error::DistError;
@@ -20,14 +18,14 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use strata_chip::{CoreArgs, KernelCtx, KernelError, OrchHandle};
 use strata_comm::{
-    AllreduceAlgo, BufferPlacement, Comm, CommAllocator, CommArena, CommError, CommStats,
-    DistributedTensor, Domain, ReduceOp, WindowBuffer,
+    AllreduceAlgo, BufferPlacement, CommAllocator, CommArena, CommError, CommStats,
+    DistributedTensor, Domain, KernelWindows, ReduceOp, WindowBuffer,
 };
 use strata_graph::RunId;
 use strata_types::{
     ArgTag, BufferDesc, BufferIdentity, BufferLocation, CallableDescriptor, CallableKind,
-    CallbackResult, DataType, Element, IdentityMinter, IntoTensorArg, TaskArgs, TensorArg,
-    TensorView, TypesError,
+    CallbackResult, DataType, Element, IdentityMinter, IntoTensorArg, TensorArg, TensorView,
+    TypesError,
 };
 
 impl From<CommError> for DistError {
@@ -68,6 +66,18 @@ struct CommState {
     /// Persistent buffers by allocation ordinal: (domain members, bytes, buffer).
     kept: Vec<(Vec<u32>, u64, WindowBuffer)>,
     identities: HashMap<WindowBuffer, BufferIdentity>,
+    /// The live buffers by identity (what a task argument's descriptor names).
+    buffers: HashMap<BufferIdentity, WindowBuffer>,
+}
+
+/// A live window buffer a task argument names ([`CommCtx::geometry`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct WindowGeometry {
+    /// Where its ranks' copies are.
+    pub(crate) placement: BufferPlacement,
+    /// The domain rank of the worker the task runs on (`None`: not a member, or no
+    /// worker asked about).
+    pub(crate) rank: Option<u32>,
 }
 
 impl CommCtx {
@@ -98,6 +108,7 @@ impl CommCtx {
                     ordinal: 0,
                     kept: Vec::new(),
                     identities: HashMap::new(),
+                    buffers: HashMap::new(),
                 }),
             },
             arena,
@@ -129,6 +140,7 @@ impl CommCtx {
                 st.alloc.end_run();
                 let kept: Vec<WindowBuffer> = st.kept.iter().map(|k| k.2).collect();
                 st.identities.retain(|b, _| kept.contains(b));
+                st.buffers.retain(|_, b| kept.contains(b));
             }
             st.owner = Some(run);
             st.ordinal = 0;
@@ -141,20 +153,47 @@ impl CommCtx {
         self.lock().alloc.stats()
     }
 
-    /// Whether `desc` is exactly the descriptor of a window buffer allocated now (of the
-    /// run that owns the windows, or persistent).
-    pub(crate) fn window_live(&self, desc: &BufferDesc) -> bool {
+    /// The window buffer `desc` is exactly the descriptor of, if it is allocated now (by
+    /// the run that owns the windows, or persistent), and the domain rank of `worker` in
+    /// its domain.
+    pub(crate) fn geometry(
+        &self,
+        desc: &BufferDesc,
+        worker: Option<usize>,
+    ) -> Option<WindowGeometry> {
         let st = self.lock();
         let BufferLocation::HostShared { offset, .. } = desc.location() else {
-            return false;
+            return None;
         };
-        st.identities.iter().any(|(buf, id)| {
-            *id == desc.identity()
-                && st.alloc.placement(buf).is_ok_and(|p| {
-                    p.arena_offset == offset
-                        && Some(desc.nbytes()) == p.rank_stride.checked_mul(u64::from(p.nranks))
-                })
-        })
+        let buf = st.buffers.get(&desc.identity())?;
+        let placement = st.alloc.placement(buf).ok()?;
+        let exact = placement.arena_offset == offset
+            && Some(desc.nbytes())
+                == placement
+                    .rank_stride
+                    .checked_mul(u64::from(placement.nranks));
+        if !exact {
+            return None;
+        }
+        let rank = worker.and_then(|w| {
+            let members = st.alloc.members(&buf.domain()).ok()?;
+            members
+                .iter()
+                .position(|&m| m as usize == w)
+                .map(|d| d as u32)
+        });
+        Some(WindowGeometry { placement, rank })
+    }
+
+    /// The next-level workers of the domain of the window buffer `desc` names (for
+    /// messages), in rank order.
+    pub(crate) fn members_of(&self, desc: &BufferDesc) -> Vec<u32> {
+        let st = self.lock();
+        st.buffers
+            .get(&desc.identity())
+            .and_then(|b| st.alloc.members(&b.domain()).ok())
+            .map(<[u32]>::to_vec)
+            .unwrap_or_default()
     }
 
     /// Frees every window buffer, persistent ones included (at close).
@@ -164,6 +203,7 @@ impl CommCtx {
         st.alloc.release_persistent();
         st.kept.clear();
         st.identities.clear();
+        st.buffers.clear();
         st.owner = None;
     }
 }
@@ -233,7 +273,8 @@ impl RunWindows<'_> {
             }
         };
         st.ordinal += 1;
-        st.identities.entry(buf).or_insert_with(|| minter.mint());
+        let id = *st.identities.entry(buf).or_insert_with(|| minter.mint());
+        st.buffers.insert(id, buf);
         Ok(buf)
     }
 
@@ -245,6 +286,14 @@ impl RunWindows<'_> {
         shape: &[u64],
         dtype: DataType,
     ) -> Result<WindowTensor, DistError> {
+        if shape.len() >= strata_types::MAX_DIMS {
+            return Err(DistError::InvalidArgs(format!(
+                "a window has 1..={} dims, not {} ({shape:?}): as a task argument it covers every rank's copy, [nranks, ...shape], at most {} dims; merge dims",
+                strata_types::MAX_DIMS - 1,
+                shape.len(),
+                strata_types::MAX_DIMS
+            )));
+        }
         let tensor = self.st.alloc.window(buf, offset, shape, dtype)?;
         let placement = self.st.alloc.placement(buf)?;
         let identity = *self.st.identities.get(buf).ok_or_else(|| {
@@ -270,8 +319,23 @@ impl RunWindows<'_> {
     }
 }
 
-/// A window tensor as a host orchestration holds it: the [`DistributedTensor`] kernels open
-/// on every rank, and what the engine needs to order tasks that touch it.
+/// A window tensor as a host orchestration holds it ([`Orch::window`](crate::Orch::window)):
+/// a typed view of a window buffer, the same on every rank of the buffer's domain. Pass it
+/// to tasks like any tensor (`TaskArgs::new().inout(&data)`, tagged by how the task uses
+/// it):
+///
+/// - a **chip task** on worker `w` receives domain rank `d`'s copy (`w`'s rank in the
+///   window's domain) at the same argument index, in place — its kernel opens it with
+///   `ctx.window(i)` (`strata_comm::KernelWindows`). Tasks of different ranks that name
+///   the window are not ordered against each other (their kernels synchronise through
+///   signals and collectives), so per-rank tasks submitted one by one run concurrently;
+///   tasks of one rank that name any window of the same buffer run one at a time, in
+///   submit order (a kernel may write the window and signal through the buffer's signal
+///   area whatever its tag). A worker outside the window's domain is refused
+///   ([`DistError::WindowOutsideDomain`]);
+/// - a **sub-worker task** receives every rank's copy, a `[nranks, ...shape]` view
+///   (strided: consecutive ranks' copies are `rank_stride` bytes apart), ordered after
+///   every earlier task on any rank that touched the buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WindowTensor {
     tensor: DistributedTensor,
@@ -282,7 +346,7 @@ pub struct WindowTensor {
 }
 
 impl WindowTensor {
-    /// The tensor kernels open (`Comm::window`); the same on every rank.
+    /// The comm-level tensor (what strata-comm's host side opens); the same on every rank.
     pub fn tensor(&self) -> DistributedTensor {
         self.tensor
     }
@@ -310,7 +374,7 @@ impl WindowTensor {
     fn buffer(&self) -> BufferDesc {
         // SAFETY: the window buffer's bytes in the arena belong to it alone while it is
         // allocated, under this identity (`CommState::identities`); a task naming it is
-        // admitted only while it is live (`CommCtx::window_live`).
+        // admitted only while it is live (`CommCtx::geometry`).
         unsafe {
             BufferDesc::from_parts(
                 self.identity,
@@ -323,17 +387,31 @@ impl WindowTensor {
         }
     }
 
-    /// The tensor on every rank as a task argument: a task that names it is ordered
-    /// against every other task touching those bytes (`tag` says how it touches them). A
-    /// next-level task does not receive it as a kernel tensor (push the tensor's scalars
-    /// with [`WindowTensor::push_to`] so the kernel can open the window); a sub-worker
-    /// sees it as a `[nranks, numel]` view.
+    /// The tensor on every rank as a task argument, `[nranks, ...shape]` (what
+    /// `IntoTensorArg for &WindowTensor` gives): a chip task receives its own rank's copy
+    /// of it, a sub-worker task all of them (see [`WindowTensor`]).
     pub fn arg(&self, tag: ArgTag) -> TensorArg {
         let esize = self.tensor.dtype().size_bytes() as u64;
+        let shape = self.tensor.shape();
+        let mut dims = vec![u64::from(self.placement.nranks)];
+        dims.extend_from_slice(shape);
+        let mut strides = vec![self.placement.rank_stride / esize];
+        let mut acc = 1u64;
+        let mut inner: Vec<u64> = shape
+            .iter()
+            .rev()
+            .map(|&d| {
+                let s = acc;
+                acc *= d;
+                s
+            })
+            .collect();
+        inner.reverse();
+        strides.extend(inner);
         let view = TensorView::new(
             self.tensor.dtype(),
-            &[u64::from(self.placement.nranks), self.tensor.numel()],
-            &[self.placement.rank_stride / esize, 1],
+            &dims,
+            &strides,
             self.tensor.byte_offset(),
         )
         .unwrap_or_else(|_| unreachable!("a live window's geometry is valid"));
@@ -344,7 +422,9 @@ impl WindowTensor {
         }
     }
 
-    /// Domain rank `rank`'s copy as a task argument (see [`WindowTensor::arg`]).
+    /// Domain rank `rank`'s copy alone as a task argument (a `shape` view): for a
+    /// sub-worker task that works on one rank's copy, or a chip task on that rank (which
+    /// receives the same copy from [`WindowTensor::arg`]).
     ///
     /// # Errors
     /// A rank outside the domain.
@@ -355,10 +435,11 @@ impl WindowTensor {
                 self.placement.nranks
             )));
         }
+        let c = TensorView::contiguous(self.tensor.dtype(), self.tensor.shape())?;
         let view = TensorView::new(
             self.tensor.dtype(),
-            &[self.tensor.numel()],
-            &[1],
+            c.shape(),
+            c.strides(),
             u64::from(rank) * self.placement.rank_stride + self.tensor.byte_offset(),
         )?;
         Ok(TensorArg {
@@ -367,42 +448,64 @@ impl WindowTensor {
             tag,
         })
     }
-
-    /// Appends the tensor's scalars ([`DistributedTensor::SCALARS`] of them) to `args`.
-    ///
-    /// # Errors
-    /// Too many scalars.
-    pub fn push_to(&self, args: &mut TaskArgs) -> Result<(), DistError> {
-        Ok(self.tensor.push_to(args)?)
-    }
 }
 
 /// The tensor on every rank ([`WindowTensor::arg`]), for [`strata_types::TaskArgs`]'
-/// chaining methods.
+/// chaining methods: `TaskArgs::new().inout(&window)`.
 impl IntoTensorArg for &WindowTensor {
     fn into_tensor_arg(self, tag: ArgTag) -> Result<TensorArg, TypesError> {
         Ok(self.arg(tag))
     }
 }
 
+/// Narrows a window argument of a chip task on the worker of domain rank `rank` to that
+/// rank's copy: the whole-window view `[nranks, ...shape]` ([`WindowTensor::arg`]) becomes
+/// the rank's `shape` view; a view inside one rank's copy must be that rank's. `Err` says
+/// why the view is refused.
+pub(crate) fn narrow_view(
+    view: &TensorView,
+    placement: &BufferPlacement,
+    rank: u32,
+) -> Result<TensorView, String> {
+    let esize = view.dtype().size_bytes() as u64;
+    let stride = placement.rank_stride;
+    let whole = view.ndims() >= 2
+        && view.shape()[0] == u64::from(placement.nranks)
+        && view.strides()[0] * esize == stride
+        && view.byte_offset() < stride;
+    if whole {
+        return TensorView::new(
+            view.dtype(),
+            &view.shape()[1..],
+            &view.strides()[1..],
+            view.byte_offset() + u64::from(rank) * stride,
+        )
+        .map_err(|e| e.to_string());
+    }
+    let (lo, hi) = view.byte_span();
+    let copy = lo / stride;
+    if hi > (copy + 1) * stride {
+        return Err(format!(
+            "its view spans several ranks' copies without being the whole window ([{}, ...shape], as the WindowTensor gives it): pass the window itself",
+            placement.nranks
+        ));
+    }
+    if copy != u64::from(rank) {
+        return Err(format!(
+            "it names domain rank {copy}'s copy, but the task runs on domain rank {rank}: a chip task takes its own rank's copy (pass the window itself; the kernel reaches peers' copies through ctx.window)"
+        ));
+    }
+    Ok(*view)
+}
+
 // ----- builtin chip orchestrations and kernels --------------------------------------------
 
-fn tensor_at(ctx: &KernelCtx<'_>, i: usize) -> Result<DistributedTensor, KernelError> {
-    let s = ctx.scalars();
-    let start = i * DistributedTensor::SCALARS;
-    let cells = s.get(start..).unwrap_or(&[]);
-    Ok(DistributedTensor::from_scalars(cells)?)
-}
-
-fn extra(ctx: &KernelCtx<'_>, windows: usize, i: usize) -> Result<u64, KernelError> {
-    ctx.scalar::<u64>(windows * DistributedTensor::SCALARS + i)
-}
-
-/// A chip orchestration that runs `kernel` once with the task's scalars.
+/// A chip orchestration that runs `kernel` once with the task's tensors (tagged `tags`) and
+/// scalars.
 fn forward(
     registry: &mut strata_chip::Registry,
     name: &str,
-    tensor_tag: Option<ArgTag>,
+    tags: &'static [ArgTag],
     kernel: impl Fn(&mut KernelCtx<'_>) -> CallbackResult + Send + Sync + 'static,
 ) -> Result<OrchHandle, DistError> {
     let k = registry.register_kernel(
@@ -416,8 +519,8 @@ fn forward(
         ),
         move |o, a| {
             let mut core = CoreArgs::new();
-            if let Some(tag) = tensor_tag {
-                core.tensor(&a.tensor(0)?, tag);
+            for (i, tag) in tags.iter().enumerate() {
+                core.tensor(&a.tensor(i)?, *tag);
             }
             for i in 0..a.scalar_count() {
                 core.scalar_bits(a.scalar::<u64>(i)?);
@@ -433,7 +536,8 @@ fn op_of(code: u64) -> Result<ReduceOp, KernelError> {
         .ok_or_else(|| KernelError::new(format!("unknown reduce op code {code}")))
 }
 
-/// Copies between a kernel tensor and a window copy of the same type and length.
+/// Copies between a kernel's host tensor (argument 0) and its window copy (argument 1) of
+/// the same type and length.
 fn stage_typed<T: Element>(
     ctx: &mut KernelCtx<'_>,
     w: &strata_comm::Window<'_>,
@@ -454,12 +558,10 @@ fn stage_typed<T: Element>(
 }
 
 fn stage_kernel(ctx: &mut KernelCtx<'_>, into_window: bool) -> CallbackResult {
-    let t = tensor_at(ctx, 0)?;
-    let comm = Comm::from_kernel(ctx)?;
-    let w = comm.window(&t)?;
+    let w = ctx.window(1)?;
     macro_rules! by_dtype {
         ($($t:ty => $d:ident),*) => {
-            match t.dtype() {
+            match w.dtype() {
                 $(DataType::$d => stage_typed::<$t>(ctx, &w, into_window),)*
                 other => Err(format!("staging {other} windows is not supported").into()),
             }
@@ -469,63 +571,101 @@ fn stage_kernel(ctx: &mut KernelCtx<'_>, into_window: bool) -> CallbackResult {
               u64 => U64, strata_types::f16 => F16, strata_types::bf16 => BF16, f32 => F32, f64 => F64)
 }
 
+const DATA: &[ArgTag] = &[ArgTag::InOut];
+const STAGE_TARGET: &[ArgTag] = &[ArgTag::Input, ArgTag::InOut];
+
 fn register_builtins(registry: &mut strata_chip::Registry) -> Result<Builtins, DistError> {
     Ok(Builtins {
-        allreduce: forward(registry, "allreduce", None, |ctx| {
-            let (d, s) = (tensor_at(ctx, 0)?, tensor_at(ctx, 1)?);
-            let op = op_of(extra(ctx, 2, 0)?)?;
-            let code = extra(ctx, 2, 1)?;
+        allreduce: forward(registry, "allreduce", DATA, |ctx| {
+            let op = op_of(ctx.scalar::<u64>(0)?)?;
+            let code = ctx.scalar::<u64>(1)?;
             let algo = AllreduceAlgo::from_code(code).ok_or_else(|| {
                 KernelError::new(format!("unknown allreduce algorithm code {code}"))
             })?;
-            let comm = Comm::from_kernel(ctx)?;
-            comm.window(&d)?.allreduce(&comm.window(&s)?, op, algo)?;
+            ctx.window(0)?.allreduce(op, algo)?;
             Ok(())
         })?,
-        broadcast: forward(registry, "broadcast", None, |ctx| {
-            let (d, s) = (tensor_at(ctx, 0)?, tensor_at(ctx, 1)?);
-            let root = extra(ctx, 2, 0)? as u32;
-            let comm = Comm::from_kernel(ctx)?;
-            comm.window(&d)?.broadcast(&comm.window(&s)?, root)?;
+        broadcast: forward(registry, "broadcast", DATA, |ctx| {
+            let root = ctx.scalar::<u64>(0)? as u32;
+            ctx.window(0)?.broadcast(root)?;
             Ok(())
         })?,
-        allgather: forward(registry, "allgather", None, |ctx| {
-            let (st, tg, sg) = (tensor_at(ctx, 0)?, tensor_at(ctx, 1)?, tensor_at(ctx, 2)?);
-            let comm = Comm::from_kernel(ctx)?;
-            strata_comm::Window::allgather(
-                &comm.window(&st)?,
-                &comm.window(&tg)?,
-                &comm.window(&sg)?,
-            )?;
+        allgather: forward(registry, "allgather", STAGE_TARGET, |ctx| {
+            ctx.window(0)?.allgather(&ctx.window(1)?)?;
             Ok(())
         })?,
-        reduce_scatter: forward(registry, "reduce_scatter", None, |ctx| {
-            let (d, s) = (tensor_at(ctx, 0)?, tensor_at(ctx, 1)?);
-            let op = op_of(extra(ctx, 2, 0)?)?;
-            let comm = Comm::from_kernel(ctx)?;
-            comm.window(&d)?.reduce_scatter(&comm.window(&s)?, op)?;
+        reduce_scatter: forward(registry, "reduce_scatter", DATA, |ctx| {
+            let op = op_of(ctx.scalar::<u64>(0)?)?;
+            ctx.window(0)?.reduce_scatter(op)?;
             Ok(())
         })?,
-        all_to_all: forward(registry, "all_to_all", None, |ctx| {
-            let (st, tg, sg) = (tensor_at(ctx, 0)?, tensor_at(ctx, 1)?, tensor_at(ctx, 2)?);
-            let comm = Comm::from_kernel(ctx)?;
-            strata_comm::Window::all_to_all(
-                &comm.window(&st)?,
-                &comm.window(&tg)?,
-                &comm.window(&sg)?,
-            )?;
+        all_to_all: forward(registry, "all_to_all", STAGE_TARGET, |ctx| {
+            ctx.window(0)?.all_to_all(&ctx.window(1)?)?;
             Ok(())
         })?,
-        barrier: forward(registry, "barrier", None, |ctx| {
-            let s = tensor_at(ctx, 0)?;
-            Comm::from_kernel(ctx)?.window(&s)?.barrier()?;
+        barrier: forward(registry, "barrier", DATA, |ctx| {
+            ctx.window(0)?.barrier()?;
             Ok(())
         })?,
-        stage_in: forward(registry, "stage_in", Some(ArgTag::Input), |ctx| {
-            stage_kernel(ctx, true)
-        })?,
-        stage_out: forward(registry, "stage_out", Some(ArgTag::OutputExisting), |ctx| {
-            stage_kernel(ctx, false)
-        })?,
+        stage_in: forward(
+            registry,
+            "stage_in",
+            &[ArgTag::Input, ArgTag::OutputExisting],
+            |ctx| stage_kernel(ctx, true),
+        )?,
+        stage_out: forward(
+            registry,
+            "stage_out",
+            &[ArgTag::OutputExisting, ArgTag::Input],
+            |ctx| stage_kernel(ctx, false),
+        )?,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn placement(nranks: u32) -> BufferPlacement {
+        BufferPlacement {
+            arena_offset: 72 << 10,
+            rank_stride: 2048,
+            data_bytes: 256,
+            nranks,
+        }
+    }
+
+    #[test]
+    fn a_whole_window_narrows_to_each_ranks_copy_and_other_views_are_checked() {
+        let p = placement(3);
+        // The whole window [3, 2, 4] f32 at byte 64 of each copy (rank stride 512 f32).
+        let whole = TensorView::new(DataType::F32, &[3, 2, 4], &[512, 4, 1], 64).unwrap();
+        for rank in 0..3u32 {
+            let v = narrow_view(&whole, &p, rank).unwrap();
+            assert_eq!(v.shape(), &[2, 4]);
+            assert_eq!(v.strides(), &[4, 1]);
+            assert_eq!(v.byte_offset(), 64 + 2048 * u64::from(rank));
+        }
+        // A rank's own copy passes as it is; another rank's copy is refused.
+        let own = TensorView::new(DataType::F32, &[2, 4], &[4, 1], 2048 + 64).unwrap();
+        assert_eq!(narrow_view(&own, &p, 1).unwrap(), own);
+        let e = narrow_view(&own, &p, 2).unwrap_err();
+        assert!(
+            e.contains("domain rank 1's copy") && e.contains("domain rank 2"),
+            "{e}"
+        );
+        // A view over two copies that is not the whole window.
+        let two = TensorView::new(DataType::F32, &[2, 8], &[512, 1], 0).unwrap();
+        assert!(narrow_view(&two, &p, 0)
+            .unwrap_err()
+            .contains("several ranks"));
+        // One rank: the whole window [1, 1, 1] is not confused with a copy of shape
+        // [1, 1]: a copy's leading stride never spans a whole rank stride (the signal area
+        // follows the data).
+        let p1 = placement(1);
+        let whole1 = TensorView::new(DataType::I32, &[1, 1, 1], &[512, 1, 1], 0).unwrap();
+        assert_eq!(narrow_view(&whole1, &p1, 0).unwrap().shape(), &[1, 1]);
+        let copy1 = TensorView::contiguous(DataType::I32, &[1, 1]).unwrap();
+        assert_eq!(narrow_view(&copy1, &p1, 0).unwrap().shape(), &[1, 1]);
+    }
 }

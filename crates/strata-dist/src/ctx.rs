@@ -427,6 +427,47 @@ impl Ctx {
         Ok((free, self.device_capacity.get(worker).copied().unwrap_or(0)))
     }
 
+    /// Copies `len` bytes between chip tensor `dev`, from its byte `dev_offset` on, and
+    /// bytes `[offset, offset + len)` of shared-memory region `region` (which every child
+    /// maps): one control request, the chip reads or writes the region in place.
+    pub(crate) fn copy_range(
+        &self,
+        dev: &DeviceTensor,
+        dev_offset: u64,
+        region: u64,
+        offset: u64,
+        len: u64,
+        direction: CopyDirection,
+    ) -> Result<(), DistError> {
+        let lane = self.check_device_range(dev, dev_offset, len)?;
+        if !self.region_visible(region) {
+            return Err(DistError::InvalidArgs(format!(
+                "shared-memory region {region} was created after this worker started its children, which do not map it; create it before init()"
+            )));
+        }
+        if direction == CopyDirection::FromDevice && self.shared.is_read_only(region) {
+            return Err(DistError::InvalidArgs(format!(
+                "copy from the device into shared-memory region {region}, which was handed to the worker read-only"
+            )));
+        }
+        self.shared.ptr(region, offset, len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        self.control(
+            lane,
+            ControlCommand::Copy {
+                direction,
+                addr: dev.ptr().addr(),
+                dev_offset,
+                region,
+                offset,
+                len,
+            },
+        )?;
+        Ok(())
+    }
+
     pub(crate) fn committed_device_memory(&self, worker: usize) -> Result<u64, DistError> {
         let lane = self.chip_lane(worker)?;
         self.control(lane, ControlCommand::CommittedBytes)

@@ -4,11 +4,16 @@
 //! ordinary next-level child by implementing it.
 //!
 //! The local implementation, [`LocalEndpoint`], is one strata-host [`Lane`]: a mailbox's
-//! parent end plus the child's liveness watch.
+//! parent end plus the child's liveness watch. A child this crate does not know how to
+//! reach (a level-3 worker on another host) is added as a [`RemoteChild`]: it opens its
+//! own endpoint at the parent's `init`, and the scheduler holds it beside the local ones in
+//! an `AnyEndpoint`.
 
+use crate::config::DistConfig;
 use crate::control::ControlCommand;
+use std::sync::Arc;
 use std::time::Instant;
-use strata_host::{Children, ExecMode, HostError, Lane};
+use strata_host::{Children, Doorbell, ExecMode, HostError, Lane, SharedMemory};
 use strata_mailbox::{FailureReport, MailboxError, TaskPublication, TaskSlot};
 
 /// What a child is (its kind travels with its endpoint; the scheduler never guesses it
@@ -47,6 +52,10 @@ pub enum EndpointError {
     /// A control request failed: the child's answer, a deadline, or the child's death.
     #[error("{0}")]
     Control(#[source] HostError),
+    /// A failure a remote endpoint describes itself (the message says what happened
+    /// and, where there is one, how to fix it).
+    #[error("{0}")]
+    Remote(String),
 }
 
 /// What a task frame's completion says: `Ok` or the child's failure (code and message).
@@ -60,8 +69,8 @@ pub type TaskOutcome = Result<(), FailureReport>;
 /// configuration, encoded argument blob): nothing in it points into this process's memory
 /// except through the shared-memory region ids the arguments name.
 ///
-/// Today the engine builds only its own local endpoints; the network node (strata-net)
-/// adds the remote one.
+/// The engine builds its own local endpoints; a [`RemoteChild`] (strata-net's remote
+/// node) brings its own.
 pub trait Endpoint: Send {
     /// The child's name in messages, e.g. `"chip_process dev=0"`.
     fn label(&self) -> &str;
@@ -106,6 +115,14 @@ pub trait Endpoint: Send {
     /// Returns whether it was killed (`false`: abandoned).
     fn kill(&mut self) -> bool;
 
+    /// Whether the child usually answers a task within a scheduler spin budget (tens of
+    /// µs): then a waiting scheduler spins before it parks. A remote child answers after
+    /// a network round trip at best, and spinning for it only takes a CPU from the
+    /// threads that bring its answer, so it says `false`. `true` by default.
+    fn answers_soon(&self) -> bool {
+        true
+    }
+
     /// What the child is doing, for the message of a missed deadline (e.g. that the
     /// process is stopped), when that can be told.
     fn state_note(&self) -> Option<String> {
@@ -117,6 +134,227 @@ pub trait Endpoint: Send {
     fn abandon(endpoints: Vec<Self>)
     where
         Self: Sized;
+
+    /// The worker is closing: ask the child to shut down without waiting for it (every
+    /// child is asked first, then each is waited for, so their shutdowns overlap). A
+    /// local child is shut down with its siblings by strata-host instead, so this does
+    /// nothing by default.
+    fn begin_shutdown(&mut self) {}
+
+    /// Waits until the child confirmed its shutdown (its whole subtree reaped), or
+    /// `deadline`; then stops it the hard way. `Err` says what was abnormal (it had to be
+    /// killed, or reported a child that ended badly). Does nothing by default.
+    ///
+    /// # Errors
+    /// What was abnormal about the child's end, naming it.
+    fn finish_shutdown(&mut self, deadline: Instant) -> Result<(), String> {
+        let _ = deadline;
+        Ok(())
+    }
+}
+
+/// What a [`RemoteChild`] is given to open its endpoint at the parent's `init`.
+#[derive(Debug, Clone)]
+pub struct RemoteContext {
+    /// The child's worker id in the parent (what `submit_next_level` names).
+    pub worker_id: usize,
+    /// The parent's doorbell: ring it whenever a task completes (or the child is found
+    /// gone), so the scheduler, parked on it, looks at once.
+    pub doorbell: Doorbell,
+    /// The parent's shared memory: the regions the tasks' tensor arguments name.
+    pub shared: Arc<SharedMemory>,
+    /// The parent's registry digest ([`crate::DistWorker::registry_digest`]): the remote
+    /// side must run a program with the same registrations.
+    pub registry_digest: [u8; 32],
+    /// When the whole tree must be up (the parent's `startup_timeout` from `init`).
+    pub deadline: Instant,
+}
+
+/// What the process that serves a [`RemoteChild`] is given (see
+/// [`RemoteChild::serves_here`]).
+#[derive(Debug, Clone)]
+pub struct NodeContext {
+    /// The child's worker id in the parent.
+    pub worker_id: usize,
+    /// The registry digest of the program (the same in every process that runs it).
+    pub registry_digest: [u8; 32],
+}
+
+/// A next-level child of a level-4 worker that this crate does not reach itself: a
+/// level-3 worker in another process tree (on another host), reached through an
+/// [`Endpoint`] its implementation opens (strata-net's remote node). Added with
+/// [`crate::DistWorker::add_remote_child`] before `init`; its worker id comes from the
+/// same counter as [`crate::DistWorker::add_worker`]'s.
+///
+/// Closures cannot cross hosts, so a remote child runs *the same program*: every process
+/// of a job executes the same `main` and makes the same registrations (the registry
+/// digest proves it). What differs is what the level-4 worker's `init` does there: in the
+/// root process it opens each remote child's endpoint ([`RemoteChild::connect`]); in a
+/// process started to serve remote child `k` ([`RemoteChild::serves_here`]), `init` builds
+/// the level-3 worker ([`RemoteChild::node_config`] with every registration of the
+/// level-4 worker), hands it to [`RemoteChild::serve`], and exits the process with the
+/// status `serve` returns instead of returning.
+pub trait RemoteChild: Send {
+    /// The child's name in messages, e.g. `"remote_worker level=3 id=1 (hostB:7070)"`.
+    fn label(&self) -> String;
+
+    /// The configuration of the level-3 worker that serves this child (a level-3
+    /// configuration).
+    fn node_config(&self) -> DistConfig;
+
+    /// Whether this process was started to serve this child (worker id `worker_id`).
+    fn serves_here(&self, worker_id: usize) -> bool;
+
+    /// Serves the parent as this child with `worker` (new, not initialised, holding every
+    /// registration of the level-4 worker) until the parent shuts it down or goes away;
+    /// returns the process's exit status. Called at most once, from the level-4 worker's
+    /// `init` in a process for which [`RemoteChild::serves_here`] is true; no thread of
+    /// the engine runs yet, so `worker.init()` may fork.
+    fn serve(self: Box<Self>, worker: crate::DistWorker, node: NodeContext) -> i32;
+
+    /// Opens the endpoint to this child (the root process's side), after the local
+    /// children were started, by `ctx.deadline`. The remote children of one worker
+    /// connect concurrently (one thread each).
+    ///
+    /// # Errors
+    /// Why the child could not be reached or refused the session, naming it and saying
+    /// how to fix it.
+    fn connect(self: Box<Self>, ctx: RemoteContext) -> Result<Box<dyn Endpoint>, String>;
+}
+
+/// The endpoint of one child of the scheduler: a local lane (static calls, nothing
+/// between a publication and the mailbox but this match) or a remote child's boxed
+/// endpoint.
+// The local endpoint is kept inline (not boxed like the remote one): its publish and poll
+// are the hot path, and a box would put a pointer chase in front of every mailbox access.
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum AnyEndpoint {
+    /// A child in this process tree.
+    Local(LocalEndpoint),
+    /// A child reached through an endpoint another crate implements.
+    Remote(Box<dyn Endpoint>),
+}
+
+impl std::fmt::Debug for AnyEndpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AnyEndpoint::Local(l) => l.fmt(f),
+            AnyEndpoint::Remote(r) => write!(f, "Remote({})", r.label()),
+        }
+    }
+}
+
+impl Endpoint for AnyEndpoint {
+    fn label(&self) -> &str {
+        match self {
+            AnyEndpoint::Local(l) => l.label(),
+            AnyEndpoint::Remote(r) => r.label(),
+        }
+    }
+
+    #[inline]
+    fn kind(&self) -> ChildKind {
+        match self {
+            AnyEndpoint::Local(l) => l.kind(),
+            AnyEndpoint::Remote(r) => r.kind(),
+        }
+    }
+
+    #[inline]
+    fn publish(&mut self, slot: TaskSlot, task: &TaskPublication<'_>) -> Result<(), EndpointError> {
+        match self {
+            AnyEndpoint::Local(l) => l.publish(slot, task),
+            AnyEndpoint::Remote(r) => r.publish(slot, task),
+        }
+    }
+
+    #[inline]
+    fn poll(&mut self, slot: TaskSlot) -> Result<Option<TaskOutcome>, EndpointError> {
+        match self {
+            AnyEndpoint::Local(l) => l.poll(slot),
+            AnyEndpoint::Remote(r) => r.poll(slot),
+        }
+    }
+
+    fn control(
+        &mut self,
+        request: &ControlCommand,
+        deadline: Option<Instant>,
+    ) -> Result<u64, EndpointError> {
+        match self {
+            AnyEndpoint::Local(l) => l.control(request, deadline),
+            AnyEndpoint::Remote(r) => r.control(request, deadline),
+        }
+    }
+
+    fn check_alive(&mut self) -> Result<(), EndpointError> {
+        match self {
+            AnyEndpoint::Local(l) => l.check_alive(),
+            AnyEndpoint::Remote(r) => r.check_alive(),
+        }
+    }
+
+    fn kill(&mut self) -> bool {
+        match self {
+            AnyEndpoint::Local(l) => l.kill(),
+            AnyEndpoint::Remote(r) => r.kill(),
+        }
+    }
+
+    fn state_note(&self) -> Option<String> {
+        match self {
+            AnyEndpoint::Local(l) => l.state_note(),
+            AnyEndpoint::Remote(r) => r.state_note(),
+        }
+    }
+
+    #[inline]
+    fn answers_soon(&self) -> bool {
+        match self {
+            AnyEndpoint::Local(_) => true,
+            AnyEndpoint::Remote(r) => r.answers_soon(),
+        }
+    }
+
+    fn abandon(endpoints: Vec<Self>) {
+        let (local, remote) = AnyEndpoint::split(endpoints);
+        for mut r in remote {
+            // No orderly shutdown: stop the remote child at once (its node reaps its own
+            // subtree when the session ends).
+            r.kill();
+        }
+        LocalEndpoint::abandon(local);
+    }
+
+    fn begin_shutdown(&mut self) {
+        if let AnyEndpoint::Remote(r) = self {
+            r.begin_shutdown();
+        }
+    }
+
+    fn finish_shutdown(&mut self, deadline: Instant) -> Result<(), String> {
+        match self {
+            AnyEndpoint::Local(_) => Ok(()),
+            AnyEndpoint::Remote(r) => r.finish_shutdown(deadline),
+        }
+    }
+}
+
+impl AnyEndpoint {
+    /// The local endpoints (in lane order) and the remote ones.
+    pub(crate) fn split(
+        endpoints: Vec<AnyEndpoint>,
+    ) -> (Vec<LocalEndpoint>, Vec<Box<dyn Endpoint>>) {
+        let mut local = Vec::new();
+        let mut remote = Vec::new();
+        for e in endpoints {
+            match e {
+                AnyEndpoint::Local(l) => local.push(l),
+                AnyEndpoint::Remote(r) => remote.push(r),
+            }
+        }
+        (local, remote)
+    }
 }
 
 /// A child in this process tree: a strata-host [`Lane`] (the mailbox's parent end and the

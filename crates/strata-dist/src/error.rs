@@ -47,6 +47,19 @@ pub enum DistError {
         /// What the descriptor names and why it is refused.
         reason: String,
     },
+    /// A window tensor passed to a task on a worker outside the window's domain: a chip
+    /// task receives its own rank's copy of a window, and this worker has none.
+    #[error("tensor argument {index}{} is a window of the domain over workers {members:?}, but the task runs on worker {worker}, which is not one of them: submit it to a member of the domain, or allocate the window in a domain that includes worker {worker} (Orch::comm_domain)", .member.map(|m| format!(" of group member {m}")).unwrap_or_default())]
+    WindowOutsideDomain {
+        /// Index of the tensor argument.
+        index: usize,
+        /// The worker the task was submitted to.
+        worker: usize,
+        /// The window's domain: next-level worker ids in domain-rank order.
+        members: Vec<u32>,
+        /// The group member whose arguments hold it (`None` outside a group).
+        member: Option<usize>,
+    },
     /// A worker id that names no next-level child.
     #[error("worker id {id} is out of range: this worker has {count} next-level workers (ids 0..{count})")]
     UnknownWorker {
@@ -78,9 +91,17 @@ pub enum DistError {
     /// recover its type); the run's unstarted tasks were cancelled.
     #[error("orchestration failed: {0}")]
     Orchestration(strata_types::BoxError),
-    /// `RunHandle::wait` timed out; the run goes on (wait again later).
-    #[error("RunHandle::wait() timed out after {0:?}; the run is still in flight")]
-    WaitTimeout(std::time::Duration),
+    /// `RunHandle::wait` timed out; the run goes on (wait again later). Carries what the
+    /// run was waiting for at that moment: which tasks wait for which producers or
+    /// workers, which run where and for how long.
+    #[error("RunHandle::wait() timed out after {after:?}; the run is still in flight{}", wait_for.as_ref().map_or_else(String::new, |w| format!("\n{w}")))]
+    WaitTimeout {
+        /// The timeout given to `wait`.
+        after: std::time::Duration,
+        /// The scheduler's wait-for state when the wait gave up (`None` if the scheduler
+        /// could not be asked: its loop broke).
+        wait_for: Option<std::sync::Arc<strata_types::WaitFor>>,
+    },
     /// A child process or thread failed to start, died, or misbehaved.
     #[error(transparent)]
     Host(#[from] strata_host::HostError),
@@ -109,6 +130,11 @@ pub enum DistError {
     /// worker is closed and every child reaped regardless.
     #[error("the worker closed, but: {0}")]
     Close(String),
+    /// A remote next-level child ([`crate::RemoteChild`]) could not be reached or refused
+    /// its session at `init`; the message names it and says how to fix it. Nothing of
+    /// the tree is left running.
+    #[error("remote child failed to start: {0}")]
+    RemoteStart(String),
     /// A failure of the engine itself (a thread that could not start or panicked); the
     /// message says which. Please report it.
     #[error("internal error: {0}")]

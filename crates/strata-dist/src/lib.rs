@@ -47,7 +47,9 @@ pub use config::{
 };
 pub use control::{ControlCommand, ControlDecodeError, CopyDirection, COPY_PAYLOAD_BYTES};
 pub use ctx::CopyPath;
-pub use endpoint::{ChildKind, Endpoint, EndpointError, TaskOutcome};
+pub use endpoint::{
+    ChildKind, Endpoint, EndpointError, NodeContext, RemoteChild, RemoteContext, TaskOutcome,
+};
 pub use error::DistError;
 pub use orch::Orch;
 pub use registry::{HostOrchFn, HostOrchHandle, NextLevelCallable, SubHandle};

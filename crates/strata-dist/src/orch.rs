@@ -7,16 +7,19 @@ use crate::error::DistError;
 use crate::registry::{NextLevelCallable, Programs, SubHandle};
 use crate::task::{DistTask, Member, Route, Target};
 use crate::tensor::RunTensor;
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 use strata_chip::DeviceTensor;
-use strata_graph::{Access, BufferKey, KeySpace, Orchestrator, ReadyTask, RunId, TaskSpec};
+use strata_graph::{
+    Access, BufferKey, Footprint, KeySpace, Orchestrator, ReadyTask, RunId, TaskSpec,
+};
 use strata_host::SharedTensor;
 use strata_mailbox::EncodedConfig;
 use strata_types::wire::encode_args;
 use strata_types::{
-    BufferDesc, BufferIdentity, BufferLocation, CallConfig, CallbackResult, DataType, TaskArgs,
-    TensorArg, TensorView,
+    ArgTag, BufferDesc, BufferIdentity, BufferLocation, CallConfig, CallbackResult, DataType,
+    TaskArgs, TensorArg, TensorView,
 };
 
 mod windows;
@@ -76,6 +79,43 @@ fn check_group_args(args: &[TaskArgs]) -> Result<(), DistError> {
         check_args(a, Some(m))?;
     }
     Ok(())
+}
+
+/// The ordering key of a window buffer ([`Orch::window_order`]): its identity at
+/// generation `u32::MAX`, which no buffer of this worker has (its minter hands out
+/// generation 1, and window buffers are never re-generated).
+fn window_order_key(buffer: &BufferDesc) -> BufferKey {
+    let id = buffer.identity();
+    let order = BufferIdentity::new(id.owner(), id.buffer_id(), u32::MAX)
+        .unwrap_or_else(|_| unreachable!("u32::MAX is not zero"));
+    BufferKey::new(order, KeySpace::Host)
+}
+
+/// The error of a window argument whose buffer is not live.
+fn window_stale(index: usize) -> DistError {
+    DistError::StaleTensor {
+        index,
+        reason: "it names the comm arena but no live window buffer of this run (a window tensor kept from an earlier run, whose buffer was freed)".into(),
+    }
+}
+
+/// A group member's error, naming the member where the error has room for it.
+fn in_member(e: DistError, member: usize) -> DistError {
+    match e {
+        DistError::WindowOutsideDomain {
+            index,
+            worker,
+            members,
+            ..
+        } => DistError::WindowOutsideDomain {
+            index,
+            worker,
+            members,
+            member: Some(member),
+        },
+        DistError::InvalidArgs(m) => DistError::InvalidArgs(format!("group member {member}: {m}")),
+        e => e,
+    }
 }
 
 /// Ready tasks are handed to the scheduler in batches of this many (or at once when it is
@@ -167,9 +207,60 @@ impl<'w> Orch<'w> {
         Ok(())
     }
 
+    /// The arguments of a chip task on `worker` as the chip receives them: every window
+    /// tensor (the comm arena's memory) narrowed to the copy of `worker`'s rank in the
+    /// window's domain; everything else as given, at the same index. Borrows `args` when
+    /// it names no window.
+    ///
+    /// # Errors
+    /// [`DistError::StaleTensor`] for a window whose buffer was freed,
+    /// [`DistError::WindowOutsideDomain`] for a worker outside the window's domain,
+    /// [`DistError::InvalidArgs`] for a view that is neither the whole window nor the
+    /// worker's own copy.
+    fn narrow<'a>(
+        &self,
+        args: &'a TaskArgs,
+        worker: usize,
+    ) -> Result<Cow<'a, TaskArgs>, DistError> {
+        let Some(comm) = &self.ctx.comm else {
+            return Ok(Cow::Borrowed(args));
+        };
+        let in_arena = |t: &TensorArg| matches!(t.buffer.location(), BufferLocation::HostShared { region, .. } if region == comm.region);
+        if !args.tensors().iter().any(in_arena) {
+            return Ok(Cow::Borrowed(args));
+        }
+        let mut out = TaskArgs::with_limits(args.limits());
+        for (i, t) in args.tensors().iter().enumerate() {
+            if !in_arena(t) {
+                out.push_tensor(*t)?;
+                continue;
+            }
+            let geo = comm
+                .geometry(&t.buffer, Some(worker))
+                .ok_or_else(|| window_stale(i))?;
+            let rank = geo.rank.ok_or_else(|| DistError::WindowOutsideDomain {
+                index: i,
+                worker,
+                members: comm.members_of(&t.buffer),
+                member: None,
+            })?;
+            let view = crate::comm::narrow_view(&t.view, &geo.placement, rank).map_err(|why| {
+                DistError::InvalidArgs(format!(
+                    "tensor argument {i} is a window of the comm arena: {why}"
+                ))
+            })?;
+            out.push_tensor(TensorArg { view, ..*t })?;
+        }
+        for &s in args.scalars() {
+            out.push_scalar_bits(s)?;
+        }
+        Ok(Cow::Owned(out))
+    }
+
     /// Checks that every tensor argument is a live buffer of this worker that `target`
     /// can see, builds the accesses, and collects the shared-tensor regions the task will
-    /// hold in use while it runs (`uses`, each once).
+    /// hold in use while it runs (`uses`, each once). A chip task's `args` are already
+    /// narrowed ([`Orch::narrow`]).
     fn accesses(
         &self,
         args: &TaskArgs,
@@ -177,9 +268,14 @@ impl<'w> Orch<'w> {
         out: &mut Vec<Access>,
         uses: &mut Vec<u64>,
     ) -> Result<(), DistError> {
+        let first = out.len();
         for (i, t) in args.tensors().iter().enumerate() {
             let b = t.buffer;
             t.view.check_fits(b.nbytes())?;
+            if self.window_order(i, t, target, args, out, first)? {
+                out.push(Access::of_arg(t));
+                continue;
+            }
             match b.location() {
                 BufferLocation::HostLocal { .. } => {
                     return Err(DistError::InvalidArgs(format!(
@@ -222,6 +318,75 @@ impl<'w> Orch<'w> {
         Ok(())
     }
 
+    /// For a window argument (`false` for any other tensor): checks that its buffer is
+    /// live and adds the buffer's **ordering access** to `out` (once per buffer and task;
+    /// the argument's own access, its view with its tag, is added by the caller).
+    ///
+    /// The ordering access is on a key of its own (the buffer's identity at a generation
+    /// no buffer has), so it adds edges without disturbing the aliasing check of the
+    /// views. A chip task's counts as writing its rank's whole copy, signal area included:
+    /// its kernel may write the window and signal through the buffer whatever the tag,
+    /// and peers reach the other copies — so tasks of one rank on one buffer are ordered
+    /// in submit order, tasks of different ranks are not. A sub-worker task's covers
+    /// every rank's copy (any rank's kernel may write any copy), reading or writing as
+    /// its arguments of the buffer do.
+    fn window_order(
+        &self,
+        i: usize,
+        t: &TensorArg,
+        target: Target,
+        args: &TaskArgs,
+        out: &mut Vec<Access>,
+        first: usize,
+    ) -> Result<bool, DistError> {
+        let Some(comm) = &self.ctx.comm else {
+            return Ok(false);
+        };
+        let in_arena = |t: &TensorArg| matches!(t.buffer.location(), BufferLocation::HostShared { region, .. } if region == comm.region);
+        if !in_arena(t) {
+            return Ok(false);
+        }
+        let geo = comm
+            .geometry(&t.buffer, None)
+            .ok_or_else(|| window_stale(i))?;
+        let key = window_order_key(&t.buffer);
+        if out[first..].iter().any(|a| a.key == key) {
+            return Ok(true);
+        }
+        let same = || {
+            args.tensors()
+                .iter()
+                .filter(|u| in_arena(u) && u.buffer.identity() == t.buffer.identity())
+        };
+        let p = geo.placement;
+        let (footprint, tag) = match target {
+            Target::Worker(_) => {
+                let copy = t.view.byte_offset() / p.rank_stride;
+                let tag = if same().all(|u| u.tag == ArgTag::NoDep) {
+                    ArgTag::NoDep
+                } else {
+                    ArgTag::InOut
+                };
+                (
+                    Footprint::bytes(copy * p.rank_stride, (copy + 1) * p.rank_stride)?,
+                    tag,
+                )
+            }
+            Target::Sub => {
+                let tag = if same().any(|u| u.tag.writes()) {
+                    ArgTag::InOut
+                } else if same().any(|u| u.tag.reads()) {
+                    ArgTag::Input
+                } else {
+                    ArgTag::NoDep
+                };
+                (Footprint::bytes(0, t.buffer.nbytes())?, tag)
+            }
+        };
+        out.push(Access::new(key, footprint, tag));
+        Ok(true)
+    }
+
     /// Checks a shared-memory descriptor against the buffers this worker owns there: its
     /// comm arena's live windows, this run's live intermediates, a live shared tensor
     /// (exactly its descriptor), or a descriptor the parent admitted. Returns the region a
@@ -234,12 +399,12 @@ impl<'w> Orch<'w> {
     ) -> Result<Option<u64>, DistError> {
         let stale = |reason: String| DistError::StaleTensor { index: i, reason };
         if self.ctx.comm.as_ref().is_some_and(|c| c.region == region) {
-            let live = self.ctx.comm.as_ref().is_some_and(|c| c.window_live(b));
-            return if live {
-                Ok(None)
-            } else {
-                Err(stale("it names the comm arena but no live window buffer of this run (a window tensor kept from an earlier run, whose buffer was freed)".into()))
-            };
+            let live = self
+                .ctx
+                .comm
+                .as_ref()
+                .is_some_and(|c| c.geometry(b, None).is_some());
+            return if live { Ok(None) } else { Err(window_stale(i)) };
         }
         if self.ctx.heap_regions.contains(&region) {
             return match self.run_tensors.get(&b.identity()) {
@@ -268,27 +433,6 @@ impl<'w> Orch<'w> {
         Err(stale(format!(
             "shared-memory region {region} holds no buffer of this worker that matches it"
         )))
-    }
-
-    /// The blob of a next-level task: window tensors (the comm arena's memory) order the
-    /// task but are not sent as kernel tensors — kernels reach windows in place, by the
-    /// scalars that name them.
-    fn next_level_blob(&self, args: &TaskArgs) -> Result<Vec<u8>, DistError> {
-        let Some(comm) = &self.ctx.comm else {
-            return Self::blob(args);
-        };
-        let in_arena = |t: &TensorArg| matches!(t.buffer.location(), BufferLocation::HostShared { region, .. } if region == comm.region);
-        if !args.tensors().iter().any(in_arena) {
-            return Self::blob(args);
-        }
-        let mut kept = TaskArgs::with_limits(args.limits());
-        for t in args.tensors().iter().filter(|t| !in_arena(t)) {
-            kept.push_tensor(*t)?;
-        }
-        for &s in args.scalars() {
-            kept.push_scalar_bits(s)?;
-        }
-        Self::blob(&kept)
     }
 
     fn blob(args: &TaskArgs) -> Result<Vec<u8>, DistError> {
@@ -407,15 +551,16 @@ impl<'w> Orch<'w> {
         check_args(args, None)?;
         let callable = callable.into();
         self.check_next(worker, &callable, "submit_next_level")?;
+        let args = self.narrow(args, worker)?;
         let mut acc = Vec::with_capacity(args.tensors().len());
         let mut uses = Vec::new();
-        self.accesses(args, Target::Worker(worker), &mut acc, &mut uses)?;
+        self.accesses(&args, Target::Worker(worker), &mut acc, &mut uses)?;
         let task = DistTask {
             callable: callable.id(),
             config: self.config_for(config)?,
             members: vec![Member {
                 target: Target::Worker(worker),
-                blob: self.next_level_blob(args)?,
+                blob: Self::blob(&args)?,
                 uses,
             }],
         };
@@ -454,14 +599,15 @@ impl<'w> Orch<'w> {
         }
         let mut members = Vec::with_capacity(args.len());
         let mut accesses = Vec::with_capacity(args.len());
-        for (a, &w) in args.iter().zip(workers) {
+        for (m, (a, &w)) in args.iter().zip(workers).enumerate() {
+            let a = self.narrow(a, w).map_err(|e| in_member(e, m))?;
             let mut acc = Vec::new();
             let mut uses = Vec::new();
-            self.accesses(a, Target::Worker(w), &mut acc, &mut uses)?;
+            self.accesses(&a, Target::Worker(w), &mut acc, &mut uses)?;
             accesses.push(acc);
             members.push(Member {
                 target: Target::Worker(w),
-                blob: self.next_level_blob(a)?,
+                blob: Self::blob(&a)?,
                 uses,
             });
         }

@@ -28,6 +28,13 @@ impl HostOrchHandle {
         self.id
     }
 
+    /// The handle of the host orchestration with digest `id` (e.g. one named by a task
+    /// that came from another process of the same program). Running it fails with
+    /// `UnknownCallable` if nothing is registered under `id`.
+    pub fn from_id(id: CallableId) -> Self {
+        HostOrchHandle { id }
+    }
+
     /// The handle a host orchestration registered under `name` has (on any worker: the
     /// digest depends on the name alone); using it where nothing is registered under that
     /// name is an error then.
@@ -148,6 +155,29 @@ impl Programs {
         self.subs.absorb(&other.subs);
         self.chip.absorb(&other.chip)?;
         Ok(())
+    }
+
+    /// A digest of every registered callable's identity: host orchestrations, sub-worker
+    /// callables (sorted, so registration order does not matter), then the chip
+    /// registry's own digest.
+    pub(crate) fn digest(&self) -> [u8; 32] {
+        use sha2::{Digest, Sha256};
+        let mut host: Vec<&CallableId> = self.host.keys().collect();
+        host.sort_by_key(|id| id.0);
+        let mut subs: Vec<CallableId> = self.subs.ids().collect();
+        subs.sort_by_key(|id| id.0);
+        let mut h = Sha256::new();
+        h.update(b"strata registry digest v1\0");
+        h.update((host.len() as u64).to_le_bytes());
+        for id in host {
+            h.update(id.0);
+        }
+        h.update((subs.len() as u64).to_le_bytes());
+        for id in &subs {
+            h.update(id.0);
+        }
+        h.update(self.chip.digest().0);
+        h.finalize().into()
     }
 
     pub(crate) fn host_name(&self, id: &CallableId) -> Option<&str> {

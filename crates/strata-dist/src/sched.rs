@@ -21,8 +21,10 @@
 //! Waiting is spin-then-park on the worker's doorbell, which children ring after every
 //! completion and the orchestrator rings when it hands over work.
 
+mod stall;
+
 use crate::control::ControlCommand;
-use crate::endpoint::{ChildKind, Endpoint, EndpointError, LocalEndpoint};
+use crate::endpoint::{AnyEndpoint, ChildKind, Endpoint, EndpointError, LocalEndpoint};
 use crate::task::{DistTask, Route, Target};
 use crate::worker::CHIP_FAILED_BELOW;
 use std::collections::{BTreeMap, VecDeque};
@@ -348,6 +350,9 @@ pub(crate) enum Step {
     Idle {
         /// A child holds a task.
         busy: bool,
+        /// A child that holds a task answers within a spin budget
+        /// ([`Endpoint::answers_soon`]): worth spinning for before parking.
+        spin: bool,
     },
 }
 
@@ -355,7 +360,7 @@ pub(crate) enum Step {
 /// FIFOs. It talks to the children only through their endpoints: generic over them, so the
 /// local lanes are reached by static calls (nothing between a publication and the
 /// mailbox), and a future remote endpoint slots in as another `E` (or an enum of both).
-pub(crate) struct SchedLoop<E: Endpoint = LocalEndpoint> {
+pub(crate) struct SchedLoop<E: Endpoint = AnyEndpoint> {
     sched: Scheduler<DistTask>,
     /// One per child, in lane order: lanes `0..n_next` are the next-level children (lane
     /// index = worker id); the rest are sub-workers.
@@ -391,6 +396,9 @@ pub(crate) struct SchedLoop<E: Endpoint = LocalEndpoint> {
 /// the worker to shut down.
 pub(crate) struct SchedExit {
     pub(crate) children: Children,
+    /// The remote children (strata-net's endpoints), still running: asked to shut down
+    /// and waited for beside the local ones.
+    pub(crate) remotes: Vec<Box<dyn Endpoint>>,
     /// In-use marks of shared tensors whose tasks were abandoned at the close deadline
     /// (see [`SchedLoop::abandoned_uses`]): the worker releases them once the children are
     /// reaped, or keeps them for good if a thread child was detached still running.
@@ -399,12 +407,15 @@ pub(crate) struct SchedExit {
     pub(crate) shared: Arc<SharedMemory>,
 }
 
-impl SchedLoop<LocalEndpoint> {
-    /// Ends the loop: queued control requests are refused, and the local children, still
-    /// running, are handed back for their shutdown together.
+impl SchedLoop<AnyEndpoint> {
+    /// Ends the loop: queued control requests are refused, and the children, still
+    /// running, are handed back for their shutdown together (the local ones as strata-host
+    /// `Children`, the remote ones as their endpoints).
     fn into_exit(mut self) -> SchedExit {
+        let (local, remotes) = AnyEndpoint::split(self.take_endpoints());
         SchedExit {
-            children: LocalEndpoint::into_children(self.take_endpoints()),
+            children: LocalEndpoint::into_children(local),
+            remotes,
             abandoned_uses: std::mem::take(&mut self.abandoned_uses),
             shared: self.shared.clone(),
         }
@@ -524,7 +535,12 @@ impl<E: Endpoint> SchedLoop<E> {
         if !busy {
             self.sched.flush();
         }
-        Step::Idle { busy }
+        let spin = self
+            .lanes
+            .iter()
+            .zip(&self.endpoints)
+            .any(|(l, e)| l.is_busy() && e.answers_soon());
+        Step::Idle { busy, spin }
     }
 
     /// Whether the loop has nothing to do until it is handed new work (nothing in the
@@ -756,6 +772,7 @@ impl<E: Endpoint> SchedLoop<E> {
                         let outcome = outcome.map_err(|f| {
                             let message = self.attribute(lane, f.message);
                             Failure::with_code(FailureKind::Task, f.code, message)
+                                .with_wait_for(f.wait_for.map(|w| Arc::new(*w)))
                         });
                         self.finish(lane, slot, outcome);
                         progress = true;
@@ -832,10 +849,15 @@ impl<E: Endpoint> SchedLoop<E> {
                 "{label}: the task ran past its deadline of {budget:?}{note} (timeout); {how} so the worker can close"
             );
             let dead = format!("{label}: stopped after a task ran past its deadline of {budget:?}");
+            // Before the lane is stopped: the snapshot shows the task still running there.
+            let wait_for = Arc::new(self.wait_for(format!(
+                "{label}: a task ran past its deadline of {budget:?}"
+            )));
             self.lanes[lane].dead = Some(dead.clone());
             self.link.set_unusable(what.clone());
             self.abandon_uses(lane);
-            self.finish(lane, slot, Err(Failure::new(FailureKind::Timeout, what)));
+            let f = Failure::new(FailureKind::Timeout, what).with_wait_for(Some(wait_for));
+            self.finish(lane, slot, Err(f));
             self.finish_all(lane, &Failure::new(FailureKind::Endpoint, dead));
         }
     }
@@ -1227,6 +1249,12 @@ impl Driver {
         self.seat.broken()
     }
 
+    /// The scheduler's wait-for state now, headed by `stalled` (`None` if the loop broke
+    /// or was taken down).
+    pub(crate) fn wait_for(&self, stalled: String) -> Option<strata_types::WaitFor> {
+        self.seat.with(|lp| lp.wait_for(stalled)).ok().flatten()
+    }
+
     /// The loop broke: nothing more is admitted, with the panic as the reason.
     fn broke(&self, b: &Broken) {
         self.link.set_unusable(format!("internal error: {b}"));
@@ -1263,9 +1291,10 @@ impl Driver {
                 }
                 Ok(None | Some(Step::Stopped)) => break,
                 Ok(Some(Step::Progressed)) => {}
-                Ok(Some(Step::Idle { busy })) => {
+                Ok(Some(Step::Idle { busy, spin })) => {
                     let slice = if busy { BUSY_SLICE } else { IDLE_SLICE };
-                    self.link.doorbell.wait(seen, SPIN, slice);
+                    let spin = if spin { SPIN } else { Duration::ZERO };
+                    self.link.doorbell.wait(seen, spin, slice);
                 }
             }
         }
@@ -1306,6 +1335,25 @@ impl Driver {
                     Step::Progressed => {
                         idle_since = None;
                         Turn::Again
+                    }
+                    Step::Idle {
+                        busy: true,
+                        spin: false,
+                    } => {
+                        // Only children that answer slowly (remote ones) hold tasks: a
+                        // spin would only take the CPU from the threads that bring their
+                        // answers. Park on the doorbell, still the driver (no hand-over
+                        // to the scheduler thread, which would add a wake-up).
+                        let mut wait = BUSY_SLICE;
+                        if let Some(d) = deadline {
+                            wait = wait.min(d.saturating_duration_since(Instant::now()));
+                        }
+                        if wait.is_zero() {
+                            Turn::HandBack
+                        } else {
+                            link.doorbell.wait(seen, Duration::ZERO, wait);
+                            Turn::Again
+                        }
                     }
                     Step::Idle { .. } => {
                         let now = Instant::now();

@@ -7,7 +7,9 @@ mod nested;
 use crate::chip_child::ChipChild;
 use crate::config::{DistConfig, Level};
 use crate::ctx::Ctx;
-use crate::endpoint::{ChildKind, Endpoint, LocalEndpoint};
+use crate::endpoint::{
+    AnyEndpoint, ChildKind, Endpoint, LocalEndpoint, NodeContext, RemoteChild, RemoteContext,
+};
 use crate::error::DistError;
 use crate::orch::Orch;
 use crate::registry::{HostOrchHandle, Programs, SubHandle};
@@ -105,11 +107,19 @@ struct Runtime {
 pub struct DistWorker {
     config: DistConfig,
     programs: Programs,
-    children: Vec<DistWorker>,
+    children: Vec<NextChild>,
     shared: Arc<SharedMemory>,
     minter: Arc<IdentityMinter>,
     state: State,
     rt: Option<Runtime>,
+}
+
+/// A next-level child added before `init` (level 4), in worker-id order.
+enum NextChild {
+    /// A level-3 worker forked into this process tree (`add_worker`).
+    Local(Box<DistWorker>),
+    /// A level-3 worker reached through an endpoint of another crate (`add_remote_child`).
+    Remote(Box<dyn RemoteChild>),
 }
 
 impl std::fmt::Debug for DistWorker {
@@ -282,8 +292,44 @@ impl DistWorker {
                 child.state.name()
             )));
         }
-        self.children.push(child);
+        self.children.push(NextChild::Local(Box::new(child)));
         Ok(self.children.len() - 1)
+    }
+
+    /// Adds a level-3 worker that this crate does not reach itself — one on another host,
+    /// through strata-net — as a next-level child of this level-4 worker (before init).
+    /// Returns its worker id, drawn from the same counter as [`DistWorker::add_worker`]'s.
+    /// See [`RemoteChild`] for how the remote side gets the registered callables (it runs
+    /// the same program) and what `init` does in the process that serves it.
+    ///
+    /// # Errors
+    /// This worker is not level 4 or not new; the child's configuration is not a valid
+    /// level-3 one.
+    pub fn add_remote_child(&mut self, child: Box<dyn RemoteChild>) -> Result<usize, DistError> {
+        self.require("add_remote_child", State::New)?;
+        if self.config.level != Level::L4 {
+            return Err(DistError::InvalidConfig(
+                "add_remote_child requires a level-4 worker".into(),
+            ));
+        }
+        let config = child.node_config();
+        if config.level != Level::L3 {
+            return Err(DistError::InvalidConfig(format!(
+                "add_remote_child: {} must be a level-3 worker",
+                child.label()
+            )));
+        }
+        config.validate()?;
+        self.children.push(NextChild::Remote(child));
+        Ok(self.children.len() - 1)
+    }
+
+    /// A digest of every callable registered so far (host orchestrations, sub-worker
+    /// callables, kernels and chip orchestrations, by their identities): two processes
+    /// with the same digest can run each other's tasks. A remote node is accepted only if
+    /// its program's digest equals its parent's.
+    pub fn registry_digest(&self) -> [u8; 32] {
+        self.programs.digest()
     }
 
     /// A shared tensor (zeroed) every child can see, zero-copy. Create shared tensors
@@ -337,6 +383,8 @@ impl DistWorker {
     }
 
     fn start(&mut self) -> Result<Runtime, DistError> {
+        let started = Instant::now();
+        self.serve_if_node()?;
         let cfg = &self.config.clone();
         let mut heap_regions = [0u64; RING_COUNT];
         let mut heap_leases = Vec::with_capacity(RING_COUNT);
@@ -388,13 +436,23 @@ impl DistWorker {
         let visible_regions = self.shared.regions() as u64;
 
         let mut programs: Vec<Box<dyn ChildProgram>> = Vec::new();
+        // Remote next-level children (level 4): their endpoints are opened after the local
+        // children are forked (opening one may start threads).
+        let mut remote: Vec<(usize, Box<dyn RemoteChild>)> = Vec::new();
         // What each child is, in lane order: it travels with the child's endpoint.
         let mut kinds = Vec::new();
         match cfg.level {
             Level::L3 => {
                 for (i, c) in cfg.chips.iter().enumerate() {
-                    let rank = arena.as_ref().map(|a| {
-                        strata_comm::RankContext::new(a.clone(), i as u32, cfg.comm_wait_timeout)
+                    let rank = arena.as_ref().zip(comm.as_ref()).map(|(a, c)| {
+                        (
+                            strata_comm::RankContext::new(
+                                a.clone(),
+                                i as u32,
+                                cfg.comm_wait_timeout,
+                            ),
+                            c.region,
+                        )
                     });
                     programs.push(Box::new(ChipChild::new(
                         i,
@@ -406,10 +464,15 @@ impl DistWorker {
                 }
             }
             Level::L4 => {
-                for (i, mut child) in std::mem::take(&mut self.children).into_iter().enumerate() {
-                    child.programs.absorb(&self.programs)?;
-                    programs.push(Box::new(NestedChild::new(i, child)));
-                    kinds.push(ChildKind::Worker);
+                for (i, child) in std::mem::take(&mut self.children).into_iter().enumerate() {
+                    match child {
+                        NextChild::Local(mut child) => {
+                            child.programs.absorb(&self.programs)?;
+                            programs.push(Box::new(NestedChild::new(i, *child)));
+                            kinds.push(ChildKind::Worker);
+                        }
+                        NextChild::Remote(r) => remote.push((i, r)),
+                    }
                 }
             }
         }
@@ -419,7 +482,12 @@ impl DistWorker {
             ));
             kinds.push(ChildKind::Sub);
         }
-        let labels: Vec<String> = programs.iter().map(|p| p.label()).collect();
+        let mut labels: Vec<String> = programs.iter().map(|p| p.label()).collect();
+        // Labels in worker-id order: the remote children take their ids' places among
+        // the local ones.
+        for (id, r) in &remote {
+            labels.insert(*id, r.label());
+        }
         let doorbell = Doorbell::new()?;
         let mut children = Children::spawn(
             &self.shared,
@@ -434,11 +502,31 @@ impl DistWorker {
             },
         )?;
         let children_pids = children.pids();
-        let mailbox_bases = children
+        let mut mailbox_bases: Vec<usize> = children
             .lanes_mut()
             .iter_mut()
             .map(|l| l.parent().mailbox().region().as_ptr() as usize)
             .collect();
+        for (id, _) in &remote {
+            // No mailbox behind a remote child.
+            mailbox_bases.insert(*id, 0);
+        }
+        let mut remote_endpoints = if remote.is_empty() {
+            Vec::new()
+        } else {
+            let ctx = RemoteContext {
+                worker_id: 0,
+                doorbell: doorbell.clone(),
+                shared: self.shared.clone(),
+                registry_digest: self.programs.digest(),
+                deadline: started
+                    .checked_add(cfg.startup_timeout)
+                    .or_else(|| started.checked_add(FAR_FUTURE))
+                    .unwrap_or(started),
+            };
+            // On error `children` drops here, shutting the local children down.
+            connect_remotes(remote, &ctx)?
+        };
         let (orch, sched) = graph::<DistTask>(GraphConfig {
             rings: [RingConfig {
                 heap_bytes: cfg.heap_ring_bytes,
@@ -452,12 +540,15 @@ impl DistWorker {
             doorbell,
             kinds.iter().filter(|k| **k != ChildKind::Sub).count(),
         ));
-        let endpoints: Vec<LocalEndpoint> = children
+        let mut endpoints: Vec<AnyEndpoint> = children
             .into_lanes()
             .into_iter()
             .zip(kinds)
-            .map(|(lane, kind)| LocalEndpoint::new(lane, kind, cfg.exec_mode))
+            .map(|(lane, kind)| AnyEndpoint::Local(LocalEndpoint::new(lane, kind, cfg.exec_mode)))
             .collect();
+        for (id, e) in remote_endpoints.drain(..) {
+            endpoints.insert(id, AnyEndpoint::Remote(e));
+        }
         let next: Vec<ChildKind> = endpoints
             .iter()
             .map(|e| e.kind())
@@ -504,6 +595,40 @@ impl DistWorker {
             comm_lease,
             _staging_lease: staging_lease,
         })
+    }
+
+    /// In a process started to serve one of this level-4 worker's remote children
+    /// ([`RemoteChild::serves_here`]): builds that level-3 worker with every registration
+    /// of this one, serves the parent with it, and exits the process with the status the
+    /// child's `serve` returns — `init` does not return there. Elsewhere does nothing.
+    fn serve_if_node(&mut self) -> Result<(), DistError> {
+        if self.config.level != Level::L4 {
+            return Ok(());
+        }
+        let Some(id) = self
+            .children
+            .iter()
+            .enumerate()
+            .find_map(|(id, c)| match c {
+                NextChild::Remote(r) if r.serves_here(id) => Some(id),
+                _ => None,
+            })
+        else {
+            return Ok(());
+        };
+        let NextChild::Remote(child) = self.children.swap_remove(id) else {
+            unreachable!("found as a remote child above")
+        };
+        let mut worker = DistWorker::new(child.node_config())?;
+        worker.programs.absorb(&self.programs)?;
+        let node = NodeContext {
+            worker_id: id,
+            registry_digest: self.programs.digest(),
+        };
+        // The rest of this process's level-4 tree is never started here.
+        self.children.clear();
+        let status = child.serve(worker, node);
+        std::process::exit(status)
     }
 
     fn runtime(&mut self, op: &'static str) -> Result<&mut Runtime, DistError> {
@@ -681,6 +806,24 @@ impl DistWorker {
         self.submit_run(orch, args, config, true, false)?.wait(None)
     }
 
+    /// [`DistWorker::run_with`] for a level-3 worker that serves a level-4 parent in
+    /// another process tree (strata-net's remote node): the task's tensor arguments were
+    /// admitted by the parent and name memory the server set up for them — shared memory
+    /// created before this worker's `init`, which the server owns and keeps alive until
+    /// the run ends — so the run takes them as they are and may pass them on to its
+    /// children. Device tensors of this worker's chips are still checked.
+    ///
+    /// # Errors
+    /// As `run_with`; a tensor argument in shared memory its children cannot see.
+    pub fn run_for_parent(
+        &mut self,
+        orch: &HostOrchHandle,
+        args: &TaskArgs,
+        config: &CallConfig,
+    ) -> Result<(), DistError> {
+        self.run_nested(orch, args, config)
+    }
+
     /// [`DistWorker::run_with`] for a level-3 worker serving its level-4 parent: the
     /// task's arguments were admitted by the parent, so the run may pass them on.
     pub(crate) fn run_nested(
@@ -797,6 +940,126 @@ impl DistWorker {
     pub fn committed_device_memory(&mut self, worker: usize) -> Result<u64, DistError> {
         self.idle_control("committed_device_memory")?
             .committed_device_memory(worker)
+    }
+
+    /// Copies `len` bytes between chip tensor `t`, from its byte `dev_offset` on, and bytes
+    /// `[offset, offset + len)` of shared-memory region `region` (outside any run): the
+    /// chip reads or writes the region in place, so bytes that already lie in shared
+    /// memory (a remote node's staging area) are not staged again. The region must have
+    /// existed before `init` (the chips map it).
+    ///
+    /// # Errors
+    /// A run in flight; a freed tensor or one of another worker ([`DistError::StaleTensor`]);
+    /// a range that leaves the tensor or the region; a worker that is not a chip.
+    pub fn copy_range(
+        &mut self,
+        t: &DeviceTensor,
+        dev_offset: u64,
+        region: u64,
+        offset: u64,
+        len: u64,
+        direction: crate::control::CopyDirection,
+    ) -> Result<(), DistError> {
+        self.idle_control("copy_range")?
+            .copy_range(t, dev_offset, region, offset, len, direction)
+    }
+
+    // ----- device memory of remote next-level children ---------------------------------
+
+    /// Admits device memory that a remote next-level child (a [`crate::RemoteChild`],
+    /// level-4 only) allocated on one of its chips, so tasks of that child may name it:
+    /// returns the descriptor (`BufferLocation::Device { worker, addr }`, a fresh identity,
+    /// `nbytes`) that task arguments carry. `addr` is the child's own handle for the
+    /// allocation; only the child interprets it. Tasks to any other worker that name it
+    /// are refused, and so is every task once it is retired
+    /// ([`DistWorker::retire_remote_device`]). Outside any run.
+    ///
+    /// # Errors
+    /// A run in flight; `worker` is not a next-level worker child of this worker.
+    pub fn admit_remote_device(
+        &mut self,
+        worker: usize,
+        addr: u64,
+        nbytes: u64,
+    ) -> Result<strata_types::BufferDesc, DistError> {
+        let ctx = self.idle_control("admit_remote_device")?;
+        match ctx.next.get(worker) {
+            Some(ChildKind::Worker) => {}
+            Some(_) => {
+                return Err(DistError::InvalidArgs(format!(
+                "worker {worker} is a chip; remote device memory belongs to a level-3 worker child"
+            )))
+            }
+            None => {
+                return Err(DistError::UnknownWorker {
+                    id: worker,
+                    count: ctx.next.len(),
+                })
+            }
+        }
+        let identity = ctx.minter.mint();
+        // SAFETY: the descriptor names device memory the child allocated for this
+        // allocation alone (its handle `addr`, `nbytes` bytes); the engine never
+        // dereferences a device address, it only checks tasks against the live set.
+        let desc = unsafe {
+            strata_types::BufferDesc::from_parts(
+                identity,
+                nbytes,
+                strata_types::BufferLocation::Device {
+                    worker: worker as u32,
+                    addr,
+                },
+            )
+        };
+        ctx.child_tensors
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(identity, (worker, addr, nbytes));
+        Ok(desc)
+    }
+
+    /// Retires a descriptor from [`DistWorker::admit_remote_device`] (its child freed the
+    /// allocation): later tasks naming it are refused ([`DistError::StaleTensor`]).
+    /// Outside any run.
+    ///
+    /// # Errors
+    /// A run in flight; a descriptor that is not admitted (retired twice, or not one of
+    /// this worker's).
+    pub fn retire_remote_device(
+        &mut self,
+        desc: &strata_types::BufferDesc,
+    ) -> Result<(), DistError> {
+        let ctx = self.idle_control("retire_remote_device")?;
+        let strata_types::BufferLocation::Device { worker, addr } = desc.location() else {
+            return Err(DistError::InvalidArgs(
+                "retire_remote_device: not a device descriptor".into(),
+            ));
+        };
+        let mut live = ctx.child_tensors.lock().unwrap_or_else(|e| e.into_inner());
+        if live.get(&desc.identity()) != Some(&(worker as usize, addr, desc.nbytes())) {
+            return Err(DistError::InvalidArgs(format!(
+                "remote device memory {addr:#x} of worker {worker} is not admitted by this worker (retired twice, or another worker's)"
+            )));
+        }
+        live.remove(&desc.identity());
+        Ok(())
+    }
+
+    /// Checks that device-memory work for remote next-level child `worker` may go ahead
+    /// now: the worker is initialised and usable, and no run is in flight (so no task of
+    /// the child runs while its memory is changed, as for local chips).
+    ///
+    /// # Errors
+    /// Not initialised, unusable, a run in flight, or `worker` out of range.
+    pub fn remote_device_idle(&mut self, worker: usize, op: &'static str) -> Result<(), DistError> {
+        let ctx = self.idle_control(op)?;
+        if worker >= ctx.next.len() {
+            return Err(DistError::UnknownWorker {
+                id: worker,
+                count: ctx.next.len(),
+            });
+        }
+        Ok(())
     }
 
     /// Test-only fault injection: a later pass of the scheduler loop panics with
@@ -925,7 +1188,22 @@ impl DistWorker {
         let grace = deadline
             .saturating_duration_since(Instant::now())
             .max(self.config.close_grace.min(SHUTDOWN_FLOOR));
+        // Remote children are asked first and waited for after the local ones, so their
+        // shutdowns overlap.
+        for r in &mut exit.remotes {
+            r.begin_shutdown();
+        }
         let shutdown = exit.children.shutdown(grace);
+        let remote_end = Instant::now().checked_add(grace);
+        let mut remote_news = Vec::new();
+        for mut r in exit.remotes.drain(..) {
+            let until = remote_end.unwrap_or_else(Instant::now);
+            if let Err(e) = r.finish_shutdown(until) {
+                if !already_reported {
+                    remote_news.push(e);
+                }
+            }
+        }
         // A thread child that did not stop was detached still running its task: it may
         // go on writing into the heap rings, the comm arena and the shared tensors that
         // task names. That memory is quarantined — never handed to the next run or the
@@ -961,12 +1239,13 @@ impl DistWorker {
         let report = shutdown?;
         // A child that died before close was reported then (its run failed, the worker
         // became unusable); anything else abnormal is news.
-        let news: Vec<String> = report
+        let mut news: Vec<String> = report
             .abnormal()
             .into_iter()
             .filter(|c| !(c.died_before_shutdown && already_reported))
             .map(|c| c.to_string())
             .collect();
+        news.append(&mut remote_news);
         if news.is_empty() {
             Ok(())
         } else {
@@ -1064,7 +1343,10 @@ impl RunHandle {
                         return Err(broken(b));
                     }
                     if left.is_some_and(|l| l <= slice) {
-                        return Err(DistError::WaitTimeout(timeout.unwrap_or_default()));
+                        let after = timeout.unwrap_or_default();
+                        let stalled = format!("run {} did not finish within {after:?}", self.run.0);
+                        let wait_for = self.driver.wait_for(stalled).map(Arc::new);
+                        return Err(DistError::WaitTimeout { after, wait_for });
                     }
                 }
             }
@@ -1086,4 +1368,68 @@ impl Drop for RunHandle {
             self.waiter.release_when_done(self.run);
         }
     }
+}
+
+/// A remote child's worker id and its open endpoint.
+type Connected = (usize, Box<dyn Endpoint>);
+
+/// Opens the endpoints of the remote children, concurrently (one thread each: a remote
+/// child's `connect` blocks on its handshake), in worker-id order. On any failure the
+/// endpoints already open are killed and the first error (in worker-id order) returned.
+fn connect_remotes(
+    remote: Vec<(usize, Box<dyn RemoteChild>)>,
+    ctx: &RemoteContext,
+) -> Result<Vec<Connected>, DistError> {
+    /// A child's worker id, label, and its endpoint or why there is none.
+    type Attempt = (usize, String, Result<Box<dyn Endpoint>, String>);
+    let results: Vec<Attempt> = std::thread::scope(|scope| {
+        let joins: Vec<_> = remote
+            .into_iter()
+            .map(|(id, child)| {
+                let label = child.label();
+                let ctx = RemoteContext {
+                    worker_id: id,
+                    ..ctx.clone()
+                };
+                let join = std::thread::Builder::new()
+                    .name(format!("strata-connect-{id}"))
+                    .spawn_scoped(scope, move || child.connect(ctx));
+                (id, label, join)
+            })
+            .collect();
+        joins
+            .into_iter()
+            .map(|(id, label, join)| {
+                let r = match join {
+                    Ok(j) => j.join().unwrap_or_else(|p| {
+                        Err(format!(
+                            "connecting panicked: {}",
+                            strata_sync::panic_message(&*p)
+                        ))
+                    }),
+                    Err(e) => Err(format!("cannot start a thread to connect: {e}")),
+                };
+                (id, label, r)
+            })
+            .collect()
+    });
+    let mut open = Vec::new();
+    let mut first_error = None;
+    for (id, label, r) in results {
+        match r {
+            Ok(e) => open.push((id, e)),
+            Err(message) => {
+                first_error.get_or_insert(DistError::RemoteStart(format!(
+                    "worker {id} ({label}): {message}"
+                )));
+            }
+        }
+    }
+    if let Some(e) = first_error {
+        for (_, mut ep) in open {
+            ep.kill();
+        }
+        return Err(e);
+    }
+    Ok(open)
 }

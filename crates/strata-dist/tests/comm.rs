@@ -1,38 +1,47 @@
 //! Distributed memory end to end: window buffers, signals, one-sided access and
-//! collectives across emulated chips, each a forked process of a level-3 worker
-//! (`harness = false`: the binary forks; every scenario runs inside strata-testkit's leak
-//! check). Kernels reach windows through `strata_comm::Comm::from_kernel`; results are
-//! checked against host goldens.
+//! collectives across emulated chips — forked processes of a level-3 worker, and (where
+//! marked) the same scenario with the chips as threads (`harness = false`: the binary
+//! forks; every scenario runs inside strata-testkit's leak check). A window is an ordinary
+//! tensor argument: the host orchestration passes the `WindowTensor`, each chip task
+//! receives its own rank's copy at the same index, and the kernel opens it with
+//! `ctx.window(i)`. Results are checked against host goldens.
 
 use std::time::{Duration, Instant};
-use strata_chip::{ChipConfig, CoreArgs, KernelCtx, KernelError, OrchHandle};
-use strata_comm::{Comm, DistributedTensor, NotifyOp, StoreOp, WaitCmp};
+use strata_chip::{ChipConfig, CoreArgs, KernelCtx, OrchHandle};
+use strata_comm::prelude::*;
 use strata_dist::*;
-use strata_host::SharedTensor;
+use strata_host::{ExecMode, SharedTensor};
 use strata_testkit::*;
 use strata_types::{ArgTag, CallbackResult, DataType, TaskArgs, TensorArg};
 
-fn l3(chips: usize) -> DistConfig {
-    let mut c = DistConfig::l3(vec![ChipConfig::default(); chips], 0);
+const MODES: [ExecMode; 2] = [ExecMode::Process, ExecMode::Threads];
+
+fn l3_in(mode: ExecMode, chips: usize, subs: usize) -> DistConfig {
+    let mut c = DistConfig::l3(vec![ChipConfig::default(); chips], subs).with_exec_mode(mode);
     c.comm_arena_bytes = 16 << 20;
     c
 }
 
-/// Registers `kernel` under `name` with a chip orchestration that hands it tensor 0 as an
-/// input and tensor 1 (if any) as an output, and every scalar.
+fn l3(chips: usize) -> DistConfig {
+    l3_in(ExecMode::Process, chips, 0)
+}
+
+/// The tags of the usual kernel: input row, window, output row.
+const IN_WIN_OUT: &[ArgTag] = &[ArgTag::Input, ArgTag::InOut, ArgTag::OutputExisting];
+
+/// Registers `kernel` under `name` with a chip orchestration that hands it the task's
+/// tensors (tensor `i` tagged `tags[i]`) and every scalar.
 fn register(
     w: &mut DistWorker,
     name: &str,
+    tags: &'static [ArgTag],
     kernel: impl Fn(&mut KernelCtx<'_>) -> CallbackResult + Send + Sync + 'static,
 ) -> Result<OrchHandle, String> {
     let k = w.register_kernel(name, kernel).ctx("kernel")?;
     w.register_chip_orchestration(name, move |o, a| {
         let mut core = CoreArgs::new();
-        if a.tensor_count() > 0 {
-            core.input(&a.tensor(0)?);
-        }
-        if a.tensor_count() > 1 {
-            core.output(&a.tensor(1)?);
+        for (i, tag) in tags.iter().enumerate().take(a.tensor_count()) {
+            core.tensor(&a.tensor(i)?, *tag);
         }
         for i in 0..a.scalar_count() {
             core.scalar_bits(a.scalar::<u64>(i)?);
@@ -43,246 +52,484 @@ fn register(
     .ctx("chip orchestration")
 }
 
-/// The window tensor named by the scalars at `i * 4`.
-fn window_at(ctx: &KernelCtx<'_>, i: usize) -> Result<DistributedTensor, KernelError> {
-    Ok(DistributedTensor::from_scalars(
-        &ctx.scalars()[i * DistributedTensor::SCALARS..],
-    )?)
-}
-
-/// Per-rank arguments: rank `r`'s row of `x` (input), row `r` of `y` (output), the
-/// windows (as dependencies and as scalars), then `extra` scalars.
-fn rank_args(
-    r: u64,
-    x: Option<&SharedTensor>,
-    y: Option<&SharedTensor>,
-    windows: &[&WindowTensor],
-    extra: &[u64],
-) -> Result<TaskArgs, DistError> {
-    let row = |t: &SharedTensor, tag: ArgTag| -> Result<TensorArg, DistError> {
-        Ok(t.arg_view(t.view().slice(0, r, r + 1)?, tag)?)
-    };
-    let mut a = TaskArgs::new();
-    if let Some(x) = x {
-        a.push_tensor(row(x, ArgTag::Input)?)?;
-    }
-    if let Some(y) = y {
-        a.push_tensor(row(y, ArgTag::OutputExisting)?)?;
-    }
-    for w in windows {
-        a.push_tensor(w.arg(ArgTag::InOut))?;
-    }
-    for w in windows {
-        w.push_to(&mut a)?;
-    }
-    for &s in extra {
-        a.push_scalar_bits(s)?;
-    }
-    Ok(a)
-}
-
 fn rows<T: strata_types::Element>(t: &SharedTensor, n: usize) -> Result<Vec<Vec<T>>, String> {
     let v = t.to_vec::<T>().ctx("read")?;
     Ok(v.chunks(v.len() / n).map(|c| c.to_vec()).collect())
 }
 
+fn row(t: &SharedTensor, r: u64) -> Result<TensorArg, DistError> {
+    Ok(t.arg_view(t.view().slice(0, r, r + 1)?, ArgTag::Input)?)
+}
+
 // -------------------------------------------------------------------------------------
 
-/// S1, the quickstart: a user kernel stages its input into the window, allreduces it with
-/// the two-rank mesh, and reads the result back.
-fn quickstart_allreduce_of_two_ranks() -> Outcome {
+/// S1, the quickstart as the reference writes it: a per-rank loop of single tasks, each
+/// given its input row, its output row and the data window as ordinary arguments. Each
+/// kernel stages its row into its copy, allreduces, and reads the result back. The two
+/// tasks name the same window: were they ordered against each other, the first would wait
+/// in the collective for the second forever (the deadline would fail the run).
+fn s1_quickstart_per_rank_singles_allreduce() -> Outcome {
     const N: u64 = 256;
-    let mut w = DistWorker::new(l3(2)).ctx("new")?;
-    let k = register(&mut w, "allreduce_user", |ctx| {
-        let (data, signal) = (window_at(ctx, 0)?, window_at(ctx, 1)?);
-        let comm = Comm::from_kernel(ctx)?;
-        let (d, s) = (comm.window(&data)?, comm.window(&signal)?);
-        let input = ctx.input::<f32>(0)?.to_vec();
-        d.write(d.rank(), 0, &input)?;
-        d.allreduce(&s, ReduceOp::Sum, AllreduceAlgo::Mesh)?;
-        let mut out = vec![0f32; input.len()];
-        d.read(d.rank(), 0, &mut out)?;
-        ctx.output::<f32>(1)?
-            .as_mut_slice()
-            .ok_or_else(|| KernelError::new("contiguous output"))?
-            .copy_from_slice(&out);
-        Ok(())
-    })?;
-    let xs: Vec<f32> = (0..2 * N)
-        .map(|i| {
-            if i < N {
-                (i + 1) as f32
-            } else {
-                10.0 * (i - N + 1) as f32
+    for mode in MODES {
+        let mut w = DistWorker::new(l3_in(mode, 2, 0)).ctx("new")?;
+        let k = register(&mut w, "allreduce_user", IN_WIN_OUT, |ctx| {
+            let data = ctx.window(1)?;
+            data.write(data.rank(), 0, &ctx.input::<f32>(0)?.to_vec())?;
+            data.allreduce(ReduceOp::Sum, AllreduceAlgo::Auto)?;
+            let mut out = ctx.output::<f32>(2)?;
+            data.read(data.rank(), 0, out.as_mut_slice().ok_or("contiguous")?)?;
+            Ok(())
+        })?;
+        let xs: Vec<f32> = (1..=N)
+            .map(|i| i as f32)
+            .chain((1..=N).map(|i| 10.0 * i as f32))
+            .collect();
+        let x = w.shared_tensor_from(&[2, N], &xs).ctx("x")?;
+        let y = w.shared_tensor(&[2, N], DataType::F32).ctx("y")?;
+        let (xa, ya) = (x.clone(), y.clone());
+        let orch = w.register_orchestration("quickstart", move |o, _| {
+            let buf = o.alloc_window_buffer(4 * N)?;
+            let data = o.window(&buf, 0, &[1, N], DataType::F32)?;
+            for r in 0..2u64 {
+                let args = TaskArgs::new()
+                    .input(xa.slice(0, r, r + 1))
+                    .inout(&data)
+                    .output_existing(ya.slice(0, r, r + 1));
+                o.submit_next_level(k, &args, r as usize)?;
             }
-        })
-        .collect();
-    let x = w.shared_tensor_from(&[2, N], &xs).ctx("x")?;
-    let y = w.shared_tensor(&[2, N], DataType::F32).ctx("y")?;
-    let (xa, ya) = (x.clone(), y.clone());
-    let orch = w.register_orchestration("quickstart", move |o, _| {
-        let cells = strata_comm::signal_cells(2, AllreduceAlgo::Mesh);
-        let buf = o.alloc_window_buffer(4 * N + 4 * cells)?;
-        let data = o.window(&buf, 0, &[1, N], DataType::F32)?;
-        let signal = o.window(&buf, 4 * N, &[cells], DataType::I32)?;
-        let args = (0..2)
-            .map(|r| rank_args(r, Some(&xa), Some(&ya), &[&data, &signal], &[]))
-            .collect::<Result<Vec<_>, _>>()?;
-        o.submit_next_level_group(k, &args, &[0, 1])?;
-        Ok(())
-    });
-    w.init().ctx("init")?;
-    for round in 0..3 {
-        y.write(&vec![f32::NAN; 2 * N as usize]).ctx("poison")?;
-        w.run(&orch, &TaskArgs::new()).ctx("run")?;
-        let golden: Vec<f32> = (0..N).map(|i| 11.0 * (i + 1) as f32).collect();
-        for (r, got) in rows::<f32>(&y, 2)?.iter().enumerate() {
-            check!(got == &golden, "round {round} rank {r}: {:?}…", &got[..4]);
+            Ok(())
+        });
+        w.init().ctx("init")?;
+        for round in 0..3 {
+            y.write(&vec![f32::NAN; 2 * N as usize]).ctx("poison")?;
+            w.run(&orch, &TaskArgs::new())
+                .map_err(|e| format!("{mode:?}: {e}"))?;
+            let golden: Vec<f32> = (1..=N).map(|i| 11.0 * i as f32).collect();
+            for (r, got) in rows::<f32>(&y, 2)?.iter().enumerate() {
+                check!(
+                    got == &golden,
+                    "{mode:?} round {round} rank {r}: {:?}…",
+                    &got[..4]
+                );
+            }
         }
+        w.close().ctx("close")?;
     }
-    w.close().ctx("close")?;
     Ok(())
 }
 
-/// S4: rank r adds r+1 into its peer's cell and waits for its own → [[2], [1]].
-fn notify_wait_handshake() -> Outcome {
+/// Kernel tensor indices are the host's argument indices: a kernel given a host tensor,
+/// a window, another host tensor and a second window sees each at the index the host
+/// passed it (no window drops out of the list), in both exec modes.
+fn window_arguments_keep_the_hosts_indices() -> Outcome {
+    const TAGS: &[ArgTag] = &[
+        ArgTag::Input,
+        ArgTag::InOut,
+        ArgTag::OutputExisting,
+        ArgTag::Input,
+    ];
+    for mode in MODES {
+        let mut w = DistWorker::new(l3_in(mode, 2, 1)).ctx("new")?;
+        let k = register(&mut w, "indices", TAGS, |ctx| {
+            // 0: x row [4] f32; 1: window a [2, 2] i32; 2: y row [4] f32; 3: window b [3] f32.
+            let x = ctx.input::<f32>(0)?.to_vec();
+            let a = ctx.window(1)?;
+            let b = ctx.window(3)?;
+            if a.shape() != [2, 2] || a.dtype() != DataType::I32 {
+                return Err(format!("window a: {:?} {}", a.shape(), a.dtype()).into());
+            }
+            if b.shape() != [3] || b.dtype() != DataType::F32 {
+                return Err(format!("window b: {:?} {}", b.shape(), b.dtype()).into());
+            }
+            let me = a.rank();
+            a.write(me, 0, &[me as i32 + 1; 4])?;
+            let mut bv = [0f32; 3];
+            b.read(me, 0, &mut bv)?;
+            let mut y = ctx.output::<f32>(2)?;
+            let y = y.as_mut_slice().ok_or("contiguous")?;
+            for (i, v) in y.iter_mut().enumerate() {
+                *v = x[i] + bv[i % 3] + 1000.0 * ctx.tensor_count() as f32;
+            }
+            Ok(())
+        })?;
+        let x = w
+            .shared_tensor_from(&[2, 4], &[1f32, 2., 3., 4., 5., 6., 7., 8.])
+            .ctx("x")?;
+        let y = w.shared_tensor(&[2, 4], DataType::F32).ctx("y")?;
+        let seen = w.shared_tensor(&[2, 4], DataType::I32).ctx("seen")?;
+        let dump = w.register_sub("dump", |call| {
+            // The window as a sub-worker sees it: [nranks, 2, 2].
+            let v = call.tensor::<i32>(0)?;
+            if v.shape() != [2, 2, 2] {
+                return Err(format!("sub-worker view {:?}", v.shape()).into());
+            }
+            let all = v.to_vec();
+            call.tensor_mut::<i32>(1)?.copy_from_slice(&all)?;
+            Ok(())
+        });
+        let (xa, ya, sa) = (x.clone(), y.clone(), seen.clone());
+        let orch = w.register_orchestration("indices", move |o, _| {
+            let buf = o.alloc_window_buffer(64)?;
+            let a = o.window(&buf, 0, &[2, 2], DataType::I32)?;
+            let b = o.window(&buf, 16, &[3], DataType::F32)?;
+            for r in 0..2u32 {
+                o.window_write(&b, r, &[10.0 * (r + 1) as f32, 0.5, 0.25])?;
+            }
+            for r in 0..2u64 {
+                let args = TaskArgs::new()
+                    .input(xa.slice(0, r, r + 1))
+                    .inout(&a)
+                    .output_existing(ya.slice(0, r, r + 1))
+                    .input(&b);
+                o.submit_next_level(k, &args, r as usize)?;
+            }
+            o.submit_sub(&dump, &TaskArgs::new().input(&a).output_existing(&sa))?;
+            Ok(())
+        });
+        w.init().ctx("init")?;
+        w.run(&orch, &TaskArgs::new())
+            .map_err(|e| format!("{mode:?}: {e}"))?;
+        let want = vec![
+            vec![4011.0f32, 4002.5, 4003.25, 4014.0],
+            vec![4025.0, 4006.5, 4007.25, 4028.0],
+        ];
+        check!(
+            rows::<f32>(&y, 2)? == want,
+            "{mode:?}: {:?}",
+            y.to_vec::<f32>()
+        );
+        check!(
+            seen.to_vec::<i32>().ctx("seen")? == vec![1, 1, 1, 1, 2, 2, 2, 2],
+            "{mode:?}: the sub-worker saw {:?}",
+            seen.to_vec::<i32>()
+        );
+        w.close().ctx("close")?;
+    }
+    Ok(())
+}
+
+/// A window given to a task on a worker outside its domain is refused at the submit,
+/// naming the worker and the domain — a single and a group member alike; a view of
+/// another rank's copy is refused too. Both exec modes.
+fn a_window_to_a_worker_outside_its_domain_is_refused() -> Outcome {
+    for mode in MODES {
+        let mut w = DistWorker::new(l3_in(mode, 3, 0)).ctx("new")?;
+        let k = register(&mut w, "noop", &[ArgTag::InOut], |_| Ok(()))?;
+        let orch = w.register_orchestration("outside", move |o, _| {
+            let pair = o.comm_domain(&[1, 2])?;
+            let buf = o.alloc_window_buffer_in(&pair, 64)?;
+            let win = o.window(&buf, 0, &[4], DataType::F32)?;
+            let single = o
+                .submit_next_level(k, &TaskArgs::new().inout(&win), 0)
+                .err()
+                .ok_or("a single on worker 0 was accepted")?;
+            match &single {
+                DistError::WindowOutsideDomain {
+                    index: 0,
+                    worker: 0,
+                    members,
+                    member: None,
+                } if members == &[1, 2] => {}
+                e => return Err(format!("single: {e:?}").into()),
+            }
+            let msg = single.to_string();
+            if !(msg.contains("worker 0") && msg.contains("[1, 2]")) {
+                return Err(format!("the message names neither: {msg}").into());
+            }
+            let group = o
+                .submit_next_level_group(
+                    k,
+                    &[TaskArgs::new().inout(&win), TaskArgs::new().inout(&win)],
+                    &[2, 0],
+                )
+                .err()
+                .ok_or("a group with worker 0 was accepted")?;
+            if !matches!(
+                group,
+                DistError::WindowOutsideDomain {
+                    worker: 0,
+                    member: Some(1),
+                    ..
+                }
+            ) {
+                return Err(format!("group: {group:?}").into());
+            }
+            // Domain rank 0's copy (worker 1) on worker 2 (domain rank 1).
+            let other = o
+                .submit_next_level(
+                    k,
+                    &TaskArgs::new().tensor(win.arg_rank(0, ArgTag::InOut)?, ArgTag::InOut),
+                    2,
+                )
+                .err()
+                .ok_or("another rank's copy was accepted")?;
+            if !other.to_string().contains("domain rank 0's copy") {
+                return Err(format!("other copy: {other}").into());
+            }
+            // The members themselves are fine.
+            o.submit_next_level_group(
+                k,
+                &[TaskArgs::new().inout(&win), TaskArgs::new().inout(&win)],
+                &[2, 1],
+            )?;
+            Ok(())
+        });
+        w.init().ctx("init")?;
+        w.run(&orch, &TaskArgs::new())
+            .map_err(|e| format!("{mode:?}: {e}"))?;
+        w.close().ctx("close")?;
+    }
+    Ok(())
+}
+
+/// `ctx.input` / `ctx.output` on a window argument fail the task with a message that says
+/// what to use instead. Both exec modes.
+fn ctx_input_on_a_window_is_refused_with_the_message() -> Outcome {
+    for mode in MODES {
+        let mut w = DistWorker::new(l3_in(mode, 1, 0)).ctx("new")?;
+        let k = register(&mut w, "slice_of_window", &[ArgTag::Input], |ctx| {
+            ctx.input::<f32>(0)?;
+            Ok(())
+        })?;
+        let orch = w.register_orchestration("refused", move |o, _| {
+            let buf = o.alloc_window_buffer(64)?;
+            let win = o.window(&buf, 0, &[4], DataType::F32)?;
+            o.submit_next_level(k, &TaskArgs::new().input(&win), 0)?;
+            Ok(())
+        });
+        w.init().ctx("init")?;
+        let e = w
+            .run(&orch, &TaskArgs::new())
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        check!(
+            e.contains("argument 0 is a window")
+                && e.contains("ctx.input(0) cannot lend it as a slice")
+                && e.contains("ctx.window(0)")
+                && e.contains("ctx.shared(0)"),
+            "{mode:?}: {e}"
+        );
+        check!(w.unusable_reason().is_none(), "the worker stays usable");
+        w.close().ctx("close")?;
+    }
+    Ok(())
+}
+
+/// Tasks of one rank that name windows of one buffer run one at a time in submit order,
+/// whatever their tags: 20 tasks tagged INPUT each read the window's cell and write it
+/// back plus one (through the window, as a kernel may) — exactly 20 at the end.
+fn tasks_of_one_rank_on_one_buffer_run_in_submit_order() -> Outcome {
     let mut w = DistWorker::new(l3(2)).ctx("new")?;
-    let k = register(&mut w, "handshake", |ctx| {
-        let sig = window_at(ctx, 0)?;
-        let comm = Comm::from_kernel(ctx)?;
-        let s = comm.window(&sig)?;
-        let r = s.rank();
-        s.notify((r + 1) % 2, &[0, 0], r as i32 + 1, NotifyOp::AtomicAdd)?;
-        let seen = s.wait(&[0, 0], 1, WaitCmp::Ge)?;
-        ctx.output::<i32>(1)?.fill(seen);
+    let k = register(&mut w, "bump", &[ArgTag::Input], |ctx| {
+        let c = ctx.window(0)?;
+        let mut v = [0i64];
+        c.read(c.rank(), 0, &mut v)?;
+        std::thread::yield_now();
+        c.write(c.rank(), 0, &[v[0] + 1])?;
         Ok(())
     })?;
-    let dummy = w.shared_tensor(&[2, 1], DataType::I32).ctx("x")?;
-    let y = w.shared_tensor(&[2, 1], DataType::I32).ctx("y")?;
-    let (da, ya) = (dummy.clone(), y.clone());
-    let orch = w.register_orchestration("handshake", move |o, _| {
+    let out = w.shared_tensor(&[2], DataType::I64).ctx("out")?;
+    let oa = out.clone();
+    let orch = w.register_orchestration("bump", move |o, _| {
         let buf = o.alloc_window_buffer(64)?;
-        let sig = o.window(&buf, 0, &[1, 1], DataType::I32)?;
-        let args = (0..2)
-            .map(|r| rank_args(r, Some(&da), Some(&ya), &[&sig], &[]))
-            .collect::<Result<Vec<_>, _>>()?;
-        o.submit_next_level_group(k, &args, &[0, 1])?;
+        let cell = o.window(&buf, 0, &[1], DataType::I64)?;
+        for _ in 0..20 {
+            o.submit_next_level(k, &TaskArgs::new().input(&cell), 1)?;
+        }
+        o.copy_from_window(
+            &cell,
+            1,
+            oa.arg_view(oa.view().slice(0, 1, 2)?, ArgTag::OutputExisting)?,
+        )?;
+        o.copy_from_window(
+            &cell,
+            0,
+            oa.arg_view(oa.view().slice(0, 0, 1)?, ArgTag::OutputExisting)?,
+        )?;
         Ok(())
     });
     w.init().ctx("init")?;
     w.run(&orch, &TaskArgs::new()).ctx("run")?;
     check!(
-        y.to_vec::<i32>().ctx("y")? == vec![2, 1],
+        out.to_vec::<i64>().ctx("out")? == vec![0, 20],
         "{:?}",
-        y.to_vec::<i32>()
+        out.to_vec::<i64>()
     );
     w.close().ctx("close")?;
     Ok(())
 }
 
-/// One group of `kernel` over chips `workers`, each rank given its row of `x` and `y`
-/// and the windows `make` allocates (as dependencies and scalars), plus `extra` scalars.
-type MakeWindows =
-    dyn Fn(&mut Orch<'_>) -> Result<Vec<WindowTensor>, DistError> + Send + Sync + 'static;
-
-fn group_orch(
-    w: &mut DistWorker,
-    name: &str,
-    kernel: OrchHandle,
-    workers: Vec<usize>,
-    (x, y): (&SharedTensor, &SharedTensor),
-    make: Box<MakeWindows>,
-    extra: Vec<u64>,
-) -> HostOrchHandle {
-    let (xa, ya) = (x.clone(), y.clone());
-    w.register_orchestration(name, move |o, _| {
-        let windows = make(o)?;
-        let refs: Vec<&WindowTensor> = windows.iter().collect();
-        let args = (0..workers.len() as u64)
-            .map(|r| rank_args(r, Some(&xa), Some(&ya), &refs, &extra))
-            .collect::<Result<Vec<_>, _>>()?;
-        o.submit_next_level_group(kernel, &args, &workers)?;
-        Ok(())
-    })
+/// S4: P = 2, one `[1, 1]` I32 window cell; rank r adds r+1 into peer (r+1) % 2's cell,
+/// waits for its own to reach 1, reads it: `[[[2]], [[1]]]`. Both exec modes.
+fn s4_notify_wait_handshake() -> Outcome {
+    for mode in MODES {
+        let mut w = DistWorker::new(l3_in(mode, 2, 0)).ctx("new")?;
+        let (_, y, orch) = handshake(&mut w, "s4")?;
+        w.init().ctx("init")?;
+        w.run(&orch, &TaskArgs::new())
+            .map_err(|e| format!("{mode:?}: {e}"))?;
+        check!(
+            y.to_vec::<i32>().ctx("y")? == vec![2, 1],
+            "{mode:?}: {:?} (shape [2, 1, 1])",
+            y.to_vec::<i32>()
+        );
+        w.close().ctx("close")?;
+    }
+    Ok(())
 }
 
-/// S6: a hand-rolled barrier's tally — rank r's own signal has 1 in every row but r.
+/// The S4 program: a kernel, the `[2, 1, 1]` output, and the orchestration (per-rank
+/// singles over a `[1, 1]` i32 window).
+fn handshake(
+    w: &mut DistWorker,
+    name: &str,
+) -> Result<(OrchHandle, SharedTensor, HostOrchHandle), String> {
+    let k = register(w, name, &[ArgTag::InOut, ArgTag::OutputExisting], |ctx| {
+        let s = ctx.window(0)?;
+        let r = s.rank();
+        s.notify((r + 1) % 2, &[0, 0], r as i32 + 1, NotifyOp::AtomicAdd)?;
+        s.wait(&[0, 0], 1, WaitCmp::Ge)?;
+        let mut cell = [0i32];
+        s.read(r, 0, &mut cell)?;
+        ctx.output::<i32>(1)?.fill(cell[0]);
+        Ok(())
+    })?;
+    let y = w.shared_tensor(&[2, 1, 1], DataType::I32).ctx("y")?;
+    let ya = y.clone();
+    let orch = w.register_orchestration(name, move |o, _| {
+        let buf = o.alloc_window_buffer(64)?;
+        let sig = o.window(&buf, 0, &[1, 1], DataType::I32)?;
+        for r in 0..2u64 {
+            let args = TaskArgs::new()
+                .inout(&sig)
+                .output_existing(ya.slice(0, r, r + 1));
+            o.submit_next_level(k, &args, r as usize)?;
+        }
+        Ok(())
+    });
+    Ok((k, y, orch))
+}
+
+/// S5: the S4 program with persistent windows (zeroed between dispatches), dispatched 3
+/// times: every dispatch gives `[[[2]], [[1]]]`, and the domain and its buffer are
+/// allocated once.
+fn s5_persistent_windows_are_allocated_once() -> Outcome {
+    let cfg = l3(2).with_windows(WindowLifetime::Persistent {
+        zero_between_runs: true,
+    });
+    let mut w = DistWorker::new(cfg).ctx("new")?;
+    let (_, y, orch) = handshake(&mut w, "s5")?;
+    w.init().ctx("init")?;
+    for run in 0..3 {
+        y.write(&[0i32, 0]).ctx("zero")?;
+        w.run(&orch, &TaskArgs::new()).ctx("run")?;
+        check!(
+            y.to_vec::<i32>().ctx("y")? == vec![2, 1],
+            "dispatch {run}: {:?}",
+            y.to_vec::<i32>()
+        );
+    }
+    let stats = w.comm_stats().ok_or("no comm stats")?;
+    check!(
+        (stats.domains_created, stats.buffers_allocated) == (1, 1),
+        "domains created {}, buffers allocated {}",
+        stats.domains_created,
+        stats.buffers_allocated
+    );
+    check!(
+        stats.persistent_zero_fills >= 2,
+        "zero-filled {} times",
+        stats.persistent_zero_fills
+    );
+    w.close().ctx("close")?;
+    Ok(())
+}
+
+/// S6: a hand-rolled barrier's tally on an `[NR, 1]` I32 window — rank r's own copy has 1
+/// in every row but r: `[[[0], [1]], [[1], [0]]]` at P = 2 (and the same rule at P = 4).
 /// S10: each rank adds 1 four times into its peer's cell, waits for 4, then subtracts 4
 /// from its own copy (a self-notify): 0 everywhere.
-fn barrier_tally_and_self_notify_reset() -> Outcome {
+fn s6_barrier_tally_and_s10_self_notify_reset() -> Outcome {
     for p in [2usize, 4] {
         let mut w = DistWorker::new(l3(p)).ctx("new")?;
-        let tally = register(&mut w, "tally", |ctx| {
-            let s_t = window_at(ctx, 0)?;
-            let comm = Comm::from_kernel(ctx)?;
-            let s = comm.window(&s_t)?;
-            let (r, n) = (s.rank(), s.nranks());
-            for peer in (0..n).filter(|&q| q != r) {
-                s.notify(peer, &[r as u64], 1, NotifyOp::AtomicAdd)?;
-            }
-            for peer in (0..n).filter(|&q| q != r) {
-                s.wait(&[peer as u64], 1, WaitCmp::Ge)?;
-            }
-            let own = (0..n as u64)
-                .map(|i| s.load_signal(&[i]))
-                .collect::<Result<Vec<i32>, _>>()?;
-            ctx.output::<i32>(1)?
-                .as_mut_slice()
-                .ok_or_else(|| KernelError::new("contiguous"))?
-                .copy_from_slice(&own);
-            Ok(())
-        })?;
-        let reset = register(&mut w, "reset", |ctx| {
-            let s_t = window_at(ctx, 0)?;
-            let comm = Comm::from_kernel(ctx)?;
-            let s = comm.window(&s_t)?;
-            let (r, n) = (s.rank(), s.nranks());
-            for _ in 0..4 {
-                s.notify((r + 1) % n, &[0], 1, NotifyOp::AtomicAdd)?;
-            }
-            s.wait(&[0], 4, WaitCmp::Ge)?;
-            s.notify(r, &[0], -4, NotifyOp::AtomicAdd)?;
-            let v = s.load_signal(&[0])?;
-            ctx.output::<i32>(1)?.fill(v);
-            Ok(())
-        })?;
-        let pn = p as u64;
-        let x = w.shared_tensor(&[pn, pn], DataType::I32).ctx("x")?;
-        let y = w.shared_tensor(&[pn, pn], DataType::I32).ctx("y")?;
-        let z = w.shared_tensor_from(&[pn, 1], &vec![7i32; p]).ctx("z")?;
-        let workers: Vec<usize> = (0..p).collect();
-        let t = group_orch(
+        let tally = register(
             &mut w,
             "tally",
-            tally,
-            workers.clone(),
-            (&x, &y),
-            Box::new(move |o| {
-                let buf = o.alloc_window_buffer(4 * pn)?;
-                Ok(vec![o.window(&buf, 0, &[pn], DataType::I32)?])
-            }),
-            vec![],
-        );
-        let zr = z.clone();
-        let r = group_orch(
+            &[ArgTag::InOut, ArgTag::OutputExisting],
+            |ctx| {
+                let s = ctx.window(0)?;
+                let (r, n) = (s.rank(), s.nranks());
+                for peer in (0..n).filter(|&q| q != r) {
+                    s.notify(peer, &[r as u64, 0], 1, NotifyOp::AtomicAdd)?;
+                }
+                for peer in (0..n).filter(|&q| q != r) {
+                    s.wait(&[peer as u64, 0], 1, WaitCmp::Ge)?;
+                }
+                let own = (0..n as u64)
+                    .map(|i| s.load_signal(&[i, 0]))
+                    .collect::<Result<Vec<i32>, _>>()?;
+                ctx.output::<i32>(1)?.copy_from_slice(&own)?;
+                Ok(())
+            },
+        )?;
+        let reset = register(
             &mut w,
             "reset",
-            reset,
-            workers,
-            (&zr, &z),
-            Box::new(|o| {
-                let buf = o.alloc_window_buffer(64)?;
-                Ok(vec![o.window(&buf, 0, &[1], DataType::I32)?])
-            }),
-            vec![],
-        );
+            &[ArgTag::InOut, ArgTag::OutputExisting],
+            |ctx| {
+                let s = ctx.window(0)?;
+                let (r, n) = (s.rank(), s.nranks());
+                for _ in 0..4 {
+                    s.notify((r + 1) % n, &[0], 1, NotifyOp::AtomicAdd)?;
+                }
+                s.wait(&[0], 4, WaitCmp::Ge)?;
+                s.notify(r, &[0], -4, NotifyOp::AtomicAdd)?;
+                let v = s.load_signal(&[0])?;
+                ctx.output::<i32>(1)?.fill(v);
+                Ok(())
+            },
+        )?;
+        let pn = p as u64;
+        let y = w.shared_tensor(&[pn, pn, 1], DataType::I32).ctx("y")?;
+        let z = w.shared_tensor_from(&[pn, 1], &vec![7i32; p]).ctx("z")?;
+        let (ya, za) = (y.clone(), z.clone());
+        let t = w.register_orchestration("tally", move |o, _| {
+            let buf = o.alloc_window_buffer(4 * pn)?;
+            let sig = o.window(&buf, 0, &[pn, 1], DataType::I32)?;
+            for r in 0..pn {
+                let a = TaskArgs::new()
+                    .inout(&sig)
+                    .output_existing(ya.slice(0, r, r + 1));
+                o.submit_next_level(tally, &a, r as usize)?;
+            }
+            Ok(())
+        });
+        let rs = w.register_orchestration("reset", move |o, _| {
+            let buf = o.alloc_window_buffer(64)?;
+            let cell = o.window(&buf, 0, &[1], DataType::I32)?;
+            for r in 0..pn {
+                let a = TaskArgs::new()
+                    .inout(&cell)
+                    .output_existing(za.slice(0, r, r + 1));
+                o.submit_next_level(reset, &a, r as usize)?;
+            }
+            Ok(())
+        });
         w.init().ctx("init")?;
         w.run(&t, &TaskArgs::new()).ctx("tally run")?;
-        for (r, got) in rows::<i32>(&y, p)?.iter().enumerate() {
-            let want: Vec<i32> = (0..p).map(|i| i32::from(i != r)).collect();
-            check!(got == &want, "P={p} tally rank {r}: {got:?}");
+        let got = y.to_vec::<i32>().ctx("y")?;
+        let want: Vec<i32> = (0..p)
+            .flat_map(|r| (0..p).map(move |i| i32::from(i != r)))
+            .collect();
+        check!(got == want, "P={p} tally {got:?} (shape [{p}, {p}, 1])");
+        if p == 2 {
+            check!(
+                got == vec![0, 1, 1, 0],
+                "S6: [[[0], [1]], [[1], [0]]], got {got:?}"
+            );
         }
-        w.run(&r, &TaskArgs::new()).ctx("reset run")?;
+        w.run(&rs, &TaskArgs::new()).ctx("reset run")?;
         check!(
             z.to_vec::<i32>().ctx("z")? == vec![0; p],
             "P={p} reset: {:?}",
@@ -295,15 +542,14 @@ fn barrier_tally_and_self_notify_reset() -> Outcome {
 
 /// S8: push (put, or remote store of a tile) gives y[r] = x[(r−1) mod P], pull (get, or
 /// remote load of a tile) y[r] = x[(r+1) mod P], at P = 2, 3, 4 — domains over the first
-/// P chips of one four-chip worker. The tile variants move a [2, N/2] tile.
-fn put_and_get_shift_data_around_the_ring() -> Outcome {
+/// P chips of one four-chip worker, per-rank singles. The tile variants move a [2, N/2]
+/// tile; the barrier is the window buffer's own.
+fn s8_put_and_get_shift_data_around_the_ring() -> Outcome {
     const N: u64 = 48;
     let mut w = DistWorker::new(l3(4)).ctx("new")?;
-    let k = register(&mut w, "shift", |ctx| {
-        let (d_t, s_t) = (window_at(ctx, 0)?, window_at(ctx, 1)?);
-        let mode = ctx.scalar::<u64>(8)?;
-        let comm = Comm::from_kernel(ctx)?;
-        let (d, s) = (comm.window(&d_t)?, comm.window(&s_t)?);
+    let k = register(&mut w, "shift", IN_WIN_OUT, |ctx| {
+        let d = ctx.window(1)?;
+        let mode = ctx.scalar::<u64>(0)?;
         let (r, n) = (d.rank(), d.nranks());
         let x = ctx.input::<f32>(0)?.to_vec();
         let mut y = vec![0f32; x.len()];
@@ -311,29 +557,26 @@ fn put_and_get_shift_data_around_the_ring() -> Outcome {
         match mode {
             0 => {
                 d.write((r + 1) % n, 0, &x)?;
-                s.barrier()?;
+                d.barrier()?;
                 d.read(r, 0, &mut y)?;
             }
             1 => {
                 d.write(r, 0, &x)?;
-                s.barrier()?;
+                d.barrier()?;
                 d.read((r + 1) % n, 0, &mut y)?;
             }
             2 => {
                 d.store_tile((r + 1) % n, &[0, 0], &tile, &x, StoreOp::Overwrite)?;
-                s.barrier()?;
+                d.barrier()?;
                 d.load_tile(r, &[0, 0], &tile, &mut y)?;
             }
             _ => {
                 d.store_tile(r, &[0, 0], &tile, &x, StoreOp::Overwrite)?;
-                s.barrier()?;
+                d.barrier()?;
                 d.load_tile((r + 1) % n, &[0, 0], &tile, &mut y)?;
             }
         }
-        ctx.output::<f32>(1)?
-            .as_mut_slice()
-            .ok_or_else(|| KernelError::new("contiguous"))?
-            .copy_from_slice(&y);
+        ctx.output::<f32>(2)?.copy_from_slice(&y)?;
         Ok(())
     })?;
     let mut cases = Vec::new();
@@ -342,24 +585,22 @@ fn put_and_get_shift_data_around_the_ring() -> Outcome {
         let x = w.shared_tensor_from(&[p, N], &xs).ctx("x")?;
         let y = w.shared_tensor(&[p, N], DataType::F32).ctx("y")?;
         for mode in 0..4u64 {
-            let o = group_orch(
-                &mut w,
-                &format!("shift{p}_{mode}"),
-                k,
-                (0..p as usize).collect(),
-                (&x, &y),
-                Box::new(move |o| {
-                    let members: Vec<usize> = (0..p as usize).collect();
-                    let d = o.comm_domain(&members)?;
-                    let cells = strata_comm::collective_signal_cells(p as u32);
-                    let buf = o.alloc_window_buffer_in(&d, 4 * N + 4 * cells)?;
-                    Ok(vec![
-                        o.window(&buf, 0, &[2, N / 2], DataType::F32)?,
-                        o.window(&buf, 4 * N, &[cells], DataType::I32)?,
-                    ])
-                }),
-                vec![mode],
-            );
+            let (xa, ya) = (x.clone(), y.clone());
+            let o = w.register_orchestration(&format!("shift{p}_{mode}"), move |o, _| {
+                let members: Vec<usize> = (0..p as usize).collect();
+                let d = o.comm_domain(&members)?;
+                let buf = o.alloc_window_buffer_in(&d, 4 * N)?;
+                let win = o.window(&buf, 0, &[2, N / 2], DataType::F32)?;
+                for r in 0..p {
+                    let a = TaskArgs::new()
+                        .input(xa.slice(0, r, r + 1))
+                        .inout(&win)
+                        .output_existing(ya.slice(0, r, r + 1))
+                        .scalar(mode);
+                    o.submit_next_level(k, &a, r as usize)?;
+                }
+                Ok(())
+            });
             cases.push((p, mode, o, x.clone(), y.clone()));
         }
     }
@@ -385,28 +626,88 @@ fn put_and_get_shift_data_around_the_ring() -> Outcome {
     Ok(())
 }
 
-/// S9: y[r] = x[r] + r through a window round trip, on a domain over world ranks {1, 2}
-/// of 4 (domain ranks 0 and 1) and on the whole world.
+/// S9 at P = 2 on 8 × 8: rank identity `y[r] = x[r] + r`, the programming model's
+/// `y[r] = x[r] · (r + 1)`, and a window round trip `y == x` — each kernel writes its row
+/// into its window copy and computes from what it reads back. Both exec modes.
+fn s9_rank_identity_scale_and_round_trip() -> Outcome {
+    for mode in MODES {
+        let mut w = DistWorker::new(l3_in(mode, 2, 0)).ctx("new")?;
+        let k = register(&mut w, "s9", IN_WIN_OUT, |ctx| {
+            let d = ctx.window(1)?;
+            let r = d.rank();
+            d.write(r, 0, &ctx.input::<f32>(0)?.to_vec())?;
+            let mut v = vec![0f32; 64];
+            d.read(r, 0, &mut v)?;
+            let f: fn(f32, u32) -> f32 = match ctx.scalar::<u64>(0)? {
+                0 => |v, r| v + r as f32,
+                1 => |v, r| v * (r + 1) as f32,
+                _ => |v, _| v,
+            };
+            let mut y = ctx.output::<f32>(2)?;
+            for (o, v) in y.as_mut_slice().ok_or("contiguous")?.iter_mut().zip(&v) {
+                *o = f(*v, r);
+            }
+            Ok(())
+        })?;
+        let xs: Vec<f32> = (0..128).map(|i| i as f32 * 0.25 - 3.0).collect();
+        let x = w.shared_tensor_from(&[2, 8, 8], &xs).ctx("x")?;
+        let y = w.shared_tensor(&[2, 8, 8], DataType::F32).ctx("y")?;
+        let (xa, ya) = (x.clone(), y.clone());
+        let orch = w.register_orchestration("s9", move |o, a| {
+            let which = a.scalar_at::<u64>(0).ok_or("which")?;
+            let buf = o.alloc_window_buffer(256)?;
+            let win = o.window(&buf, 0, &[8, 8], DataType::F32)?;
+            for r in 0..2u64 {
+                let args = TaskArgs::new()
+                    .input(xa.slice(0, r, r + 1))
+                    .inout(&win)
+                    .output_existing(ya.slice(0, r, r + 1))
+                    .scalar(which);
+                o.submit_next_level(k, &args, r as usize)?;
+            }
+            Ok(())
+        });
+        w.init().ctx("init")?;
+        for (which, name) in [(0u64, "x + r"), (1, "x * (r + 1)"), (2, "round trip")] {
+            w.run(&orch, &TaskArgs::new().scalar(which))
+                .map_err(|e| format!("{mode:?} {name}: {e}"))?;
+            let got = y.to_vec::<f32>().ctx("y")?;
+            let want: Vec<f32> = xs
+                .iter()
+                .enumerate()
+                .map(|(i, &v)| {
+                    let r = (i / 64) as f32;
+                    match which {
+                        0 => v + r,
+                        1 => v * (r + 1.0),
+                        _ => v,
+                    }
+                })
+                .collect();
+            check!(got == want, "{mode:?} {name}: {:?}", &got[60..68]);
+        }
+        w.close().ctx("close")?;
+    }
+    Ok(())
+}
+
+/// S9 on a domain over world ranks {1, 2} of 4 (domain ranks 0 and 1) and on the whole
+/// world: y[r] = x[r] + domain rank + 100 · world rank.
 fn rank_identity_on_the_world_and_on_a_sub_domain() -> Outcome {
     const N: u64 = 16;
     let mut w = DistWorker::new(l3(4)).ctx("new")?;
-    let k = register(&mut w, "identity", |ctx| {
-        let d_t = window_at(ctx, 0)?;
-        let comm = Comm::from_kernel(ctx)?;
-        let d = comm.window(&d_t)?;
+    let k = register(&mut w, "identity", IN_WIN_OUT, |ctx| {
+        let d = ctx.window(1)?;
         let x = ctx.input::<f32>(0)?.to_vec();
         d.write(d.rank(), 0, &x)?;
         let mut y = vec![0f32; x.len()];
         d.read(d.rank(), 0, &mut y)?;
-        let world = comm.world_rank();
+        let world = d.context().world_rank();
         if d.world_rank_of(d.rank())? != world {
             return Err("domain rank does not map to this chip".into());
         }
-        let out = ctx.output::<f32>(1)?;
-        let mut out = out;
-        let o = out
-            .as_mut_slice()
-            .ok_or_else(|| KernelError::new("contiguous"))?;
+        let mut out = ctx.output::<f32>(2)?;
+        let o = out.as_mut_slice().ok_or("contiguous")?;
         for (o, v) in o.iter_mut().zip(&y) {
             *o = v + d.rank() as f32 + 100.0 * world as f32;
         }
@@ -419,31 +720,35 @@ fn rank_identity_on_the_world_and_on_a_sub_domain() -> Outcome {
     let x_pair = w
         .shared_tensor_from(&[2, N], &xs[N as usize..3 * N as usize])
         .ctx("x2")?;
-    let world = group_orch(
-        &mut w,
-        "world",
-        k,
-        vec![0, 1, 2, 3],
-        (&x, &y_world),
-        Box::new(|o| {
-            let buf = o.alloc_window_buffer(4 * N)?;
-            Ok(vec![o.window(&buf, 0, &[N], DataType::F32)?])
-        }),
-        vec![],
-    );
-    let pair = group_orch(
-        &mut w,
-        "pair",
-        k,
-        vec![1, 2],
-        (&x_pair, &y_pair),
-        Box::new(|o| {
-            let d = o.comm_domain(&[1, 2])?;
-            let buf = o.alloc_window_buffer_in(&d, 4 * N)?;
-            Ok(vec![o.window(&buf, 0, &[N], DataType::F32)?])
-        }),
-        vec![],
-    );
+    let (xa, ya) = (x.clone(), y_world.clone());
+    let world = w.register_orchestration("world", move |o, _| {
+        let buf = o.alloc_window_buffer(4 * N)?;
+        let win = o.window(&buf, 0, &[N], DataType::F32)?;
+        for r in 0..4u64 {
+            let a = TaskArgs::new()
+                .input(xa.slice(0, r, r + 1))
+                .inout(&win)
+                .output_existing(ya.slice(0, r, r + 1));
+            o.submit_next_level(k, &a, r as usize)?;
+        }
+        Ok(())
+    });
+    let (xp, yp) = (x_pair.clone(), y_pair.clone());
+    let pair = w.register_orchestration("pair", move |o, _| {
+        let d = o.comm_domain(&[1, 2])?;
+        let buf = o.alloc_window_buffer_in(&d, 4 * N)?;
+        let win = o.window(&buf, 0, &[N], DataType::F32)?;
+        let args: Vec<TaskArgs> = (0..2u64)
+            .map(|r| {
+                TaskArgs::new()
+                    .input(xp.slice(0, r, r + 1))
+                    .inout(&win)
+                    .output_existing(yp.slice(0, r, r + 1))
+            })
+            .collect();
+        o.submit_next_level_group(k, &args, &[1, 2])?;
+        Ok(())
+    });
     w.init().ctx("init")?;
     w.run(&world, &TaskArgs::new()).ctx("world")?;
     w.run(&pair, &TaskArgs::new()).ctx("pair")?;
@@ -476,7 +781,7 @@ fn reduce(op: ReduceOp, vals: impl Iterator<Item = f32>) -> f32 {
 
 /// Every host-level collective at 2 and 4 ranks against host goldens: allreduce with every
 /// op and algorithm, broadcast, allgather, reduce-scatter, all-to-all, all staged in and
-/// out by builtin tasks; the builtin barrier's signal buffer reused by every call.
+/// out by builtin tasks; the builtin barrier twice at the end.
 fn host_level_collectives_match_host_goldens() -> Outcome {
     const M: u64 = 32; // elements per rank (divisible by every P)
     for p in [2u64, 4] {
@@ -498,13 +803,6 @@ fn host_level_collectives_match_host_goldens() -> Outcome {
         let orch = w.register_orchestration("collectives", move |o, a| {
             let algo = AllreduceAlgo::from_code(a.scalar_at::<u64>(0).ok_or("algo")?)
                 .ok_or("algo code")?;
-            let row = |t: &SharedTensor, r: u64| -> Result<TensorArg, DistError> {
-                Ok(t.arg_view(t.view().slice(0, r, r + 1)?, ArgTag::Input)?)
-            };
-            let cells = strata_comm::signal_cells(p as u32, AllreduceAlgo::Ring)
-                .max(strata_comm::collective_signal_cells(p as u32));
-            let sbuf = o.alloc_window_buffer(4 * cells)?;
-            let signal = o.window(&sbuf, 0, &[cells], DataType::I32)?;
             // Allreduce with each op (ys[0..4]).
             for (i, op) in ops.into_iter().enumerate() {
                 let buf = o.alloc_window_buffer(4 * M)?;
@@ -512,7 +810,7 @@ fn host_level_collectives_match_host_goldens() -> Outcome {
                 for r in 0..p {
                     o.copy_to_window(row(&xa, r)?, &d, r as u32)?;
                 }
-                o.allreduce(&d, &signal, op, algo)?;
+                o.allreduce(&d, op, algo)?;
                 for r in 0..p {
                     o.copy_from_window(&d, r as u32, row(&ya[i], r)?)?;
                 }
@@ -523,7 +821,7 @@ fn host_level_collectives_match_host_goldens() -> Outcome {
             for r in 0..p {
                 o.copy_to_window(row(&xa, r)?, &d, r as u32)?;
             }
-            o.broadcast(&d, &signal, (p - 1) as u32)?;
+            o.broadcast(&d, (p - 1) as u32)?;
             for r in 0..p {
                 o.copy_from_window(&d, r as u32, row(&ya[4], r)?)?;
             }
@@ -533,7 +831,7 @@ fn host_level_collectives_match_host_goldens() -> Outcome {
             for r in 0..p {
                 o.copy_to_window(row(&xa, r)?, &d, r as u32)?;
             }
-            o.reduce_scatter(&d, &signal, ReduceOp::Sum)?;
+            o.reduce_scatter(&d, ReduceOp::Sum)?;
             for r in 0..p {
                 o.copy_from_window(&d, r as u32, row(&ya[5], r)?)?;
             }
@@ -545,7 +843,7 @@ fn host_level_collectives_match_host_goldens() -> Outcome {
             for r in 0..p {
                 o.copy_to_window(row(&xa, r)?, &stage, r as u32)?;
             }
-            o.allgather(&stage, &target, &signal)?;
+            o.allgather(&stage, &target)?;
             for r in 0..p {
                 o.copy_from_window(&target, r as u32, row(&ga, r)?)?;
             }
@@ -556,26 +854,19 @@ fn host_level_collectives_match_host_goldens() -> Outcome {
             for r in 0..p {
                 o.copy_to_window(row(&xa, r)?, &stage2, r as u32)?;
             }
-            o.all_to_all(&stage2, &target2, &signal)?;
+            o.all_to_all(&stage2, &target2)?;
             for r in 0..p {
                 o.copy_from_window(&target2, r as u32, row(&ya[6], r)?)?;
             }
-            // The builtin barrier on the same signal buffer, twice.
-            o.barrier(&signal)?;
-            o.barrier(&signal)?;
+            // The builtin barrier on one buffer, twice.
+            o.barrier(&target2)?;
+            o.barrier(&target2)?;
             Ok(())
         });
         w.init().ctx("init")?;
         let xr = rows::<f32>(&x, pu)?;
-        for algo in [
-            AllreduceAlgo::Mesh,
-            AllreduceAlgo::TwoPhase,
-            AllreduceAlgo::Ring,
-            AllreduceAlgo::Auto,
-        ] {
-            let mut a = TaskArgs::new();
-            a.push_scalar_bits(algo.code()).ctx("scalar")?;
-            w.run(&orch, &a)
+        for algo in AllreduceAlgo::ALL {
+            w.run(&orch, &TaskArgs::new().scalar(algo.code()))
                 .map_err(|e| format!("P={p} {algo:?}: {e}"))?;
             for (i, op) in ops.into_iter().enumerate() {
                 let want: Vec<f32> = (0..M as usize)
@@ -628,28 +919,22 @@ fn a_wait_nobody_satisfies_ends_at_the_deadline() -> Outcome {
     let mut cfg = l3(2);
     cfg.comm_wait_timeout = Duration::from_millis(300);
     let mut w = DistWorker::new(cfg).ctx("new")?;
-    let k = register(&mut w, "lonely", |ctx| {
-        let s_t = window_at(ctx, 0)?;
-        let s = Comm::from_kernel(ctx)?.window(&s_t)?;
+    let k = register(&mut w, "lonely", &[ArgTag::InOut], |ctx| {
+        let s = ctx.window(0)?;
         // Only rank 0 waits (rank 1 never notifies): the error is rank 0's.
         if s.rank() == 0 {
             s.wait(&[3], 1, WaitCmp::Eq)?;
         }
         Ok(())
     })?;
-    let x = w.shared_tensor(&[2, 1], DataType::I32).ctx("x")?;
-    let o = group_orch(
-        &mut w,
-        "lonely",
-        k,
-        vec![0, 1],
-        (&x, &x.clone()),
-        Box::new(|o| {
-            let buf = o.alloc_window_buffer(64)?;
-            Ok(vec![o.window(&buf, 0, &[8], DataType::I32)?])
-        }),
-        vec![],
-    );
+    let o = w.register_orchestration("lonely", move |o, _| {
+        let buf = o.alloc_window_buffer(64)?;
+        let sig = o.window(&buf, 0, &[8], DataType::I32)?;
+        for r in 0..2 {
+            o.submit_next_level(k, &TaskArgs::new().inout(&sig), r)?;
+        }
+        Ok(())
+    });
     w.init().ctx("init")?;
     let t0 = Instant::now();
     let e = w
@@ -678,35 +963,22 @@ fn a_rank_killed_mid_collective_fails_the_run() -> Outcome {
     let mut w = DistWorker::new(cfg).ctx("new")?;
     let flag = w.shared_tensor(&[1], DataType::U64).ctx("flag")?;
     let fl = flag.clone();
-    let k = register(&mut w, "victim", move |ctx| {
-        let (d_t, s_t) = (window_at(ctx, 0)?, window_at(ctx, 1)?);
-        let comm = Comm::from_kernel(ctx)?;
-        let (d, s) = (comm.window(&d_t)?, comm.window(&s_t)?);
+    let k = register(&mut w, "victim", &[ArgTag::InOut], move |ctx| {
+        let d = ctx.window(0)?;
         if d.rank() == 1 {
-            fl.write(&[1u64])
-                .map_err(|e| KernelError::new(e.to_string()))?;
+            fl.write(&[1u64]).map_err(|e| e.to_string())?;
             std::thread::sleep(Duration::from_secs(60));
         }
-        d.allreduce(&s, ReduceOp::Sum, AllreduceAlgo::Mesh)?;
+        d.allreduce(ReduceOp::Sum, AllreduceAlgo::Mesh)?;
         Ok(())
     })?;
-    let x = w.shared_tensor(&[2, 4], DataType::F32).ctx("x")?;
-    let o = group_orch(
-        &mut w,
-        "victim",
-        k,
-        vec![0, 1],
-        (&x, &x.clone()),
-        Box::new(|o| {
-            let cells = strata_comm::signal_cells(2, AllreduceAlgo::Mesh);
-            let buf = o.alloc_window_buffer(64 + 4 * cells)?;
-            Ok(vec![
-                o.window(&buf, 0, &[4], DataType::F32)?,
-                o.window(&buf, 64, &[cells], DataType::I32)?,
-            ])
-        }),
-        vec![],
-    );
+    let o = w.register_orchestration("victim", move |o, _| {
+        let buf = o.alloc_window_buffer(64)?;
+        let d = o.window(&buf, 0, &[4], DataType::F32)?;
+        let args = vec![TaskArgs::new().inout(&d); 2];
+        o.submit_next_level_group(k, &args, &[0, 1])?;
+        Ok(())
+    });
     w.init().ctx("init")?;
     let victim = w.child_pids()[1];
     let h = w.submit(&o, &TaskArgs::new()).ctx("submit")?;
@@ -726,76 +998,45 @@ fn a_rank_killed_mid_collective_fails_the_run() -> Outcome {
     Ok(())
 }
 
-/// S5: with persistent windows the handshake's buffer is allocated once over three runs,
-/// zero-filled between them.
-fn persistent_windows_are_allocated_once() -> Outcome {
-    let cfg = l3(2).with_windows(WindowLifetime::Persistent {
-        zero_between_runs: true,
-    });
-    let mut w = DistWorker::new(cfg).ctx("new")?;
-    let k = register(&mut w, "handshake", |ctx| {
-        let sig = window_at(ctx, 0)?;
-        let s = Comm::from_kernel(ctx)?.window(&sig)?;
-        let r = s.rank();
-        s.notify((r + 1) % 2, &[0], r as i32 + 1, NotifyOp::AtomicAdd)?;
-        let seen = s.wait(&[0], 1, WaitCmp::Ge)?;
-        ctx.output::<i32>(1)?.fill(seen);
-        Ok(())
-    })?;
-    let x = w.shared_tensor(&[2, 1], DataType::I32).ctx("x")?;
-    let y = w.shared_tensor(&[2, 1], DataType::I32).ctx("y")?;
-    let o = group_orch(
-        &mut w,
-        "persistent",
-        k,
-        vec![0, 1],
-        (&x, &y),
-        Box::new(|o| {
-            let buf = o.alloc_window_buffer(64)?;
-            Ok(vec![o.window(&buf, 0, &[1], DataType::I32)?])
-        }),
-        vec![],
-    );
-    w.init().ctx("init")?;
-    for run in 0..3 {
-        y.write(&[0i32, 0]).ctx("zero")?;
-        w.run(&o, &TaskArgs::new()).ctx("run")?;
-        check!(
-            y.to_vec::<i32>().ctx("y")? == vec![2, 1],
-            "run {run}: {:?}",
-            y.to_vec::<i32>()
-        );
-    }
-    let stats = w.comm_stats().ok_or("no comm stats")?;
-    check!(
-        stats.buffers_allocated == 1,
-        "allocated {} times",
-        stats.buffers_allocated
-    );
-    check!(
-        stats.persistent_zero_fills >= 2,
-        "zero-filled {} times",
-        stats.persistent_zero_fills
-    );
-    w.close().ctx("close")?;
-    Ok(())
-}
-
 fn main() {
     become_subreaper();
     run(&[
         (
-            "quickstart_allreduce_of_two_ranks",
-            quickstart_allreduce_of_two_ranks,
-        ),
-        ("notify_wait_handshake", notify_wait_handshake),
-        (
-            "barrier_tally_and_self_notify_reset",
-            barrier_tally_and_self_notify_reset,
+            "s1_quickstart_per_rank_singles_allreduce",
+            s1_quickstart_per_rank_singles_allreduce,
         ),
         (
-            "put_and_get_shift_data_around_the_ring",
-            put_and_get_shift_data_around_the_ring,
+            "window_arguments_keep_the_hosts_indices",
+            window_arguments_keep_the_hosts_indices,
+        ),
+        (
+            "a_window_to_a_worker_outside_its_domain_is_refused",
+            a_window_to_a_worker_outside_its_domain_is_refused,
+        ),
+        (
+            "ctx_input_on_a_window_is_refused_with_the_message",
+            ctx_input_on_a_window_is_refused_with_the_message,
+        ),
+        (
+            "tasks_of_one_rank_on_one_buffer_run_in_submit_order",
+            tasks_of_one_rank_on_one_buffer_run_in_submit_order,
+        ),
+        ("s4_notify_wait_handshake", s4_notify_wait_handshake),
+        (
+            "s5_persistent_windows_are_allocated_once",
+            s5_persistent_windows_are_allocated_once,
+        ),
+        (
+            "s6_barrier_tally_and_s10_self_notify_reset",
+            s6_barrier_tally_and_s10_self_notify_reset,
+        ),
+        (
+            "s8_put_and_get_shift_data_around_the_ring",
+            s8_put_and_get_shift_data_around_the_ring,
+        ),
+        (
+            "s9_rank_identity_scale_and_round_trip",
+            s9_rank_identity_scale_and_round_trip,
         ),
         (
             "rank_identity_on_the_world_and_on_a_sub_domain",
@@ -812,10 +1053,6 @@ fn main() {
         (
             "a_rank_killed_mid_collective_fails_the_run",
             a_rank_killed_mid_collective_fails_the_run,
-        ),
-        (
-            "persistent_windows_are_allocated_once",
-            persistent_windows_are_allocated_once,
         ),
     ]);
 }

@@ -433,7 +433,7 @@ fn exercise(rig: &mut Rig, kind: Kind, fault: Fault) -> Result<Measured, String>
     let to_error = Duration::from_nanos(mono_ns().saturating_sub(fault_ns));
     let (variant, error) = match outcome {
         Ok(()) => return Err("the run succeeded although its child faulted".into()),
-        Err(DistError::WaitTimeout(_)) => {
+        Err(DistError::WaitTimeout { .. }) => {
             return Err(format!("no error within {ERROR_BOUND:?} of the fault"))
         }
         Err(DistError::TaskFailed(f)) => (

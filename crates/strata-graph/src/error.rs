@@ -3,6 +3,7 @@
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
+use strata_types::WaitFor;
 use thiserror::Error;
 
 /// What kind of thing went wrong with a task.
@@ -40,6 +41,8 @@ struct FailureInner {
     code: i32,
     message: String,
     origin: Option<Origin>,
+    /// What the stalled run was waiting for, when the failure ended a stall.
+    wait_for: Option<Arc<WaitFor>>,
 }
 
 /// What kind of worker a task ran on, as the engine that dispatched it knows it.
@@ -78,6 +81,7 @@ impl Failure {
             code,
             message: message.into(),
             origin: None,
+            wait_for: None,
         }))
     }
 
@@ -88,11 +92,37 @@ impl Failure {
             code: shared.code,
             message: shared.message.clone(),
             origin: shared.origin,
+            wait_for: shared.wait_for.clone(),
         });
         Failure(Arc::new(FailureInner {
             origin: Some(origin),
             ..inner
         }))
+    }
+
+    /// The same failure, carrying the wait-for state of the stall it ended (`None` keeps
+    /// what it carries).
+    pub fn with_wait_for(self, wait_for: Option<Arc<WaitFor>>) -> Self {
+        let Some(wait_for) = wait_for else {
+            return self;
+        };
+        let inner = Arc::try_unwrap(self.0).unwrap_or_else(|shared| FailureInner {
+            kind: shared.kind,
+            code: shared.code,
+            message: shared.message.clone(),
+            origin: shared.origin,
+            wait_for: None,
+        });
+        Failure(Arc::new(FailureInner {
+            wait_for: Some(wait_for),
+            ..inner
+        }))
+    }
+
+    /// What the run was waiting for when this failure ended a stall (a kernel or task
+    /// past its deadline, a heap ring that could not make room), if it did.
+    pub fn wait_for(&self) -> Option<&Arc<WaitFor>> {
+        self.0.wait_for.as_ref()
     }
 
     /// Where it happened, if the engine that reported it knows.

@@ -62,6 +62,7 @@ mod scheduler;
 mod scope;
 mod slot;
 mod tensormap;
+mod waitfor;
 
 #[cfg(test)]
 mod tests;
@@ -79,3 +80,4 @@ pub use run::{RunId, RunPhase, MAX_PIPELINE_DEPTH};
 pub use scheduler::{Claimed, Scheduler};
 pub use scope::MAX_SCOPE_DEPTH;
 pub use slot::{MemberState, TaskId, TaskRef, TaskState};
+pub use waitfor::Unfinished;

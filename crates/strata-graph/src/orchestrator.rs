@@ -12,6 +12,7 @@ use crate::scheduler::Scheduler;
 use crate::scope::ScopeStack;
 use crate::slot::{TaskRef, TaskState};
 use crate::tensormap::{JournalEntry, TensorMap};
+use crate::waitfor::Unfinished;
 use std::time::{Duration, Instant};
 use strata_sync::sync::{Arc, Ordering};
 
@@ -751,6 +752,24 @@ impl<P: Send + 'static> Orchestrator<P> {
         };
         let core = &self.core;
         self.map.writers(run.0, key, &|t: &TaskRef| core.is_live(t))
+    }
+
+    /// As [`Scheduler::unfinished`](crate::Scheduler::unfinished), from the orchestrator's
+    /// side.
+    pub fn unfinished(&self, max: usize) -> (Vec<Unfinished>, usize) {
+        self.core.unfinished(max)
+    }
+
+    /// The live tasks whose allocations hold heap ring `ring`'s bytes, oldest first (the
+    /// ring reclaims in that order, so the first is what an allocation that does not fit
+    /// waits for), at most `max`; empty for a ring index out of range.
+    pub fn ring_holders(&mut self, ring: usize, max: usize) -> Vec<TaskRef> {
+        let core = &self.core;
+        let Some(r) = self.rings.get_mut(ring) else {
+            return Vec::new();
+        };
+        r.advance(|t| !core.is_live(t));
+        r.holders(max)
     }
 
     /// Live slots in each ring (oldest unreclaimed to newest).

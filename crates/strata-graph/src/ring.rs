@@ -140,6 +140,11 @@ impl Ring {
         self.fifo.len()
     }
 
+    /// Up to `max` tasks of the FIFO, oldest first (for stall snapshots).
+    pub(crate) fn holders(&self, max: usize) -> Vec<TaskRef> {
+        self.fifo.iter().take(max).map(|e| e.task).collect()
+    }
+
     /// Largest contiguous free run (for messages).
     fn free_bytes(&self) -> u64 {
         let size = self.cfg.heap_bytes;

@@ -5,6 +5,7 @@ use crate::core::{Core, ReadyTask, Scratch};
 use crate::error::{Failure, FailureKind, GraphError};
 use crate::run::RunId;
 use crate::slot::{MemberState, TaskRef, TaskState};
+use crate::waitfor::Unfinished;
 use std::time::{Duration, Instant};
 use strata_sync::sync::{Arc, Ordering};
 
@@ -258,5 +259,12 @@ impl<P: Send> Scheduler<P> {
     /// Whether the orchestrator has shut the graph down (or was dropped).
     pub fn is_shut_down(&self) -> bool {
         self.core.shutdown.load(Ordering::Acquire)
+    }
+
+    /// Up to `max` unfinished tasks (pending, ready or running), oldest first, with the
+    /// producers each still waits for, and how many there are in all: what a stall
+    /// snapshot shows. Takes each task's slot lock in turn (not for a hot path).
+    pub fn unfinished(&self, max: usize) -> (Vec<Unfinished>, usize) {
+        self.core.unfinished(max)
     }
 }

@@ -1495,3 +1495,48 @@ fn peek_reads_a_ready_payload_without_claiming_it() {
         "a running task is not READY"
     );
 }
+
+// ---------------------------------------------------------------- stall snapshots
+
+#[test]
+fn unfinished_lists_each_task_with_the_producers_it_still_waits_for() {
+    let mut h = h();
+    h.orch.begin_run().unwrap();
+    let (a, b) = (h.key(), h.key());
+    let p1 = h.submit(1, &[whole(a, ArgTag::Output)]).task;
+    let p2 = h.submit(2, &[whole(b, ArgTag::Output)]).task;
+    let c = h
+        .submit(3, &[whole(a, ArgTag::Input), whole(b, ArgTag::Input)])
+        .task;
+    h.sched.claim(p1).unwrap();
+    h.run_one(p2);
+    let (all, total) = h.sched.unfinished(16);
+    assert_eq!(total, 2);
+    let got: Vec<_> = all
+        .iter()
+        .map(|u| (u.task, u.state, u.waits_on.clone()))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            (p1, TaskState::Running, vec![]),
+            (c, TaskState::Pending, vec![p1]),
+        ]
+    );
+    let (first, total) = h.orch.unfinished(1);
+    assert_eq!((first.len(), first[0].task, total), (1, p1, 2));
+}
+
+#[test]
+fn ring_holders_are_the_live_allocations_oldest_first() {
+    let mut h = h_with(small_rings(4, None, None));
+    h.orch.begin_run().unwrap();
+    let k = h.key();
+    let s1 = h.submit_heap(1, &[whole(k, ArgTag::Output)]);
+    let t1 = s1.task;
+    let t2 = h.submit_heap(2, &[whole(k, ArgTag::InOut)]).task;
+    let ring = s1.heap.unwrap().ring;
+    assert_eq!(h.orch.ring_holders(ring, 8), vec![t1, t2]);
+    assert_eq!(h.orch.ring_holders(ring, 1), vec![t1]);
+    assert!(h.orch.ring_holders(RING_COUNT, 8).is_empty());
+}

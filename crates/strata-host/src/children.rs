@@ -776,7 +776,9 @@ impl Children {
         // Whether this process is single-threaded at the fork (then the child may flush
         // stdio without risking a lock another thread held).
         let mut single_threaded = false;
-        if opts.mode == ExecMode::Process {
+        // Nothing to fork (e.g. a level-4 worker whose children are all remote): other
+        // threads are no danger then.
+        if opts.mode == ExecMode::Process && !programs.is_empty() {
             let others = other_threads()?;
             if others > 0 && !opts.allow_fork_with_threads {
                 return Err(HostError::ThreadsRunning { count: others });

@@ -1,7 +1,9 @@
 //! The child side of the protocol: a serve loop driven by a [`Handler`].
 
 use crate::error::MailboxError;
-use crate::layout::{Frame, ARGS_CAPACITY, CONTROL_PAYLOAD_CAPACITY, PROTOCOL_VERSION};
+use crate::layout::{
+    Frame, ARGS_CAPACITY, CONTROL_PAYLOAD_CAPACITY, PROTOCOL_VERSION, WAIT_FOR_OFFSET,
+};
 use crate::liveness::ParentWatch;
 use crate::mailbox::{Mailbox, Snapshot};
 use crate::outcome::{codes, panic_message, FailureReport};
@@ -13,6 +15,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 use strata_types::wire::{decode_args, decode_config};
+use strata_types::WAIT_FOR_MAX_BYTES;
 use strata_types::{ArgLimits, CallConfig, CallableId, TaskArgs};
 
 /// Why a task handler is being called.
@@ -240,6 +243,18 @@ fn complete(f: &Frame, outcome: Result<(), FailureReport>, ok: MailboxState, fai
         }
         Err(fail) => {
             f.write_message(&fail.message);
+            // Only where the blob does not reach (a blob the child caches stays intact).
+            let args_len = f.args_len.load(Ordering::Relaxed) as usize;
+            let wait_for = fail
+                .wait_for
+                .as_ref()
+                .map(|w| w.encode())
+                .filter(|b| args_len <= WAIT_FOR_OFFSET && b.len() <= WAIT_FOR_MAX_BYTES);
+            let len = wait_for.as_ref().map_or(0, |b| {
+                f.write_wait_for(b);
+                b.len()
+            });
+            f.wait_for_len.store(len as u32, Ordering::Relaxed);
             f.error_code
                 .store(FailureReport::new(fail.code, "").code, Ordering::Relaxed);
             f.word().publish(failed.as_raw());

@@ -24,6 +24,7 @@ use std::cell::UnsafeCell;
 use std::mem::{align_of, offset_of, size_of};
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
 use strata_types::wire::{CALL_CONFIG_WIRE_BYTES, MAX_ARGS_BLOB_BYTES};
+use strata_types::WAIT_FOR_MAX_BYTES;
 
 /// Bytes of one frame: 64 KiB.
 pub const FRAME_BYTES: usize = 65_536;
@@ -41,6 +42,11 @@ pub const ARGS_OFFSET: usize = 104;
 pub const CONTROL_FIELDS_OFFSET: usize = 64_000;
 /// Capacity of the argument blob (and of the control payload area): 63 896 bytes.
 pub const ARGS_CAPACITY: usize = CONTROL_FIELDS_OFFSET - ARGS_OFFSET;
+/// Where a failed task's wait-for state goes in the argument area: its last
+/// [`WAIT_FOR_MAX_BYTES`] bytes, past the longest blob the wire encodes (37 896 bytes), so
+/// the blob is never touched (a child that finds a longer one sends no state).
+pub const WAIT_FOR_OFFSET: usize = ARGS_CAPACITY - WAIT_FOR_MAX_BYTES;
+
 /// Capacity of the control frame's payload area (request and reply).
 pub const CONTROL_PAYLOAD_CAPACITY: usize = ARGS_CAPACITY;
 /// Offset of the frame descriptor (magic, ABI version, index, creator pid).
@@ -93,8 +99,10 @@ pub struct Frame {
     pub dispatch_id: AtomicU64,
     /// `@64` Length of the argument blob (control frame: of the request payload).
     pub args_len: AtomicU32,
-    /// `@68` Reserved, 0.
-    pub reserved1: AtomicU32,
+    /// `@68` Task frame: bytes of a failed completion's wait-for state (0 = none), at
+    /// [`WAIT_FOR_OFFSET`] of the argument area, written by the child with the failure;
+    /// control frame: 0.
+    pub wait_for_len: AtomicU32,
     /// `@72` Callable digest (SHA-256 of the callable descriptor).
     pub digest: UnsafeCell<[u8; DIGEST_BYTES]>,
     /// `@104` Argument blob (`strata_types::wire` encoding); control frame: payload area.
@@ -147,7 +155,7 @@ const _: () = assert!(offset_of!(Frame, run_id) == 40);
 const _: () = assert!(offset_of!(Frame, lease_generation) == 48);
 const _: () = assert!(offset_of!(Frame, dispatch_id) == 56);
 const _: () = assert!(offset_of!(Frame, args_len) == 64);
-const _: () = assert!(offset_of!(Frame, reserved1) == 68);
+const _: () = assert!(offset_of!(Frame, wait_for_len) == 68);
 const _: () = assert!(offset_of!(Frame, digest) == DIGEST_OFFSET && DIGEST_OFFSET == 72);
 const _: () = assert!(offset_of!(Frame, args) == ARGS_OFFSET && ARGS_OFFSET == 104);
 const _: () = assert!(offset_of!(Frame, command) == CONTROL_FIELDS_OFFSET);
@@ -164,6 +172,7 @@ const _: () = assert!(offset_of!(Frame, reserved3) == 64_052);
 const _: () = assert!(offset_of!(Frame, config) == CONFIG_OFFSET && CONFIG_OFFSET == 64_128);
 const _: () = assert!(offset_of!(Frame, message) == MESSAGE_OFFSET && MESSAGE_OFFSET == 65_280);
 const _: () = assert!(MESSAGE_OFFSET + MESSAGE_BYTES == FRAME_BYTES);
+const _: () = assert!(MAX_ARGS_BLOB_BYTES <= WAIT_FOR_OFFSET);
 const _: () = assert!(CONFIG_OFFSET + CONFIG_BYTES == MESSAGE_OFFSET);
 const _: () = assert!(size_of::<Frame>() == FRAME_BYTES);
 const _: () = assert!(align_of::<Frame>() == 8);
@@ -297,6 +306,20 @@ impl Frame {
         copy_in(&self.message, t.len(), &[0]);
     }
 
+    /// Writes a failure's encoded wait-for state at [`WAIT_FOR_OFFSET`] of the argument
+    /// area (the caller checked that the blob ends before it and the bytes fit).
+    pub(crate) fn write_wait_for(&self, bytes: &[u8]) {
+        copy_in(&self.args, WAIT_FOR_OFFSET, bytes);
+    }
+
+    /// Reads `len` (≤ [`WAIT_FOR_MAX_BYTES`], checked by the caller) bytes of a failure's
+    /// wait-for state.
+    pub(crate) fn read_wait_for(&self, len: usize) -> Vec<u8> {
+        let mut b = vec![0u8; len.min(WAIT_FOR_MAX_BYTES)];
+        copy_out(&self.args, WAIT_FOR_OFFSET, &mut b);
+        b
+    }
+
     /// Reads the message up to its first NUL (or all 256 bytes if the peer wrote none);
     /// invalid UTF-8 is replaced, never trusted.
     pub(crate) fn read_message(&self) -> String {
@@ -339,6 +362,7 @@ mod tests {
             ("lease_generation", offset_of!(Frame, lease_generation)),
             ("dispatch_id", offset_of!(Frame, dispatch_id)),
             ("args_len", offset_of!(Frame, args_len)),
+            ("wait_for_len", offset_of!(Frame, wait_for_len)),
             ("digest", offset_of!(Frame, digest)),
             ("args", offset_of!(Frame, args)),
             ("command", offset_of!(Frame, command)),

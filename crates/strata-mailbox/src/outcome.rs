@@ -1,6 +1,7 @@
 //! Task and control outcomes: failures with a code and a message.
 
 use std::fmt;
+use strata_types::WaitFor;
 
 /// Error codes the mailbox itself reports. Handlers should use positive codes; the
 /// negative range `-1..=-99` is reserved for these.
@@ -39,6 +40,10 @@ pub struct FailureReport {
     pub code: i32,
     /// What went wrong.
     pub message: String,
+    /// What the task was waiting for when it gave up, if the failure ended a stall (a
+    /// chip's kernel past its timeout, a heap ring that could not make room): travels
+    /// beside the message, bounded ([`strata_types::WAIT_FOR_MAX_BYTES`] encoded).
+    pub wait_for: Option<Box<WaitFor>>,
 }
 
 impl FailureReport {
@@ -51,7 +56,14 @@ impl FailureReport {
                 code
             },
             message: message.into(),
+            wait_for: None,
         }
+    }
+
+    /// The same failure, carrying the wait-for state of the stall it ended (`None`: none).
+    pub fn with_wait_for(mut self, wait_for: Option<WaitFor>) -> FailureReport {
+        self.wait_for = wait_for.map(Box::new);
+        self
     }
 }
 

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use strata_types::wire::{args_wire_len, encode_args};
 use strata_types::wire::{decode_config, encode_config};
-use strata_types::{CallConfig, CallableId, TaskArgs, TypesError};
+use strata_types::{CallConfig, CallableId, TaskArgs, TypesError, WaitFor, WAIT_FOR_MAX_BYTES};
 
 static CONFIG_IDS: AtomicU64 = AtomicU64::new(1);
 
@@ -446,21 +446,36 @@ impl Parent {
             value: raw.into(),
             limit: PrepareDisposition::NativePrepared.as_raw().into(),
         })?;
-        let completion = state.is_task_terminal().then(|| {
+        let completion = if state.is_task_terminal() {
             let code = f.error_code.load(Ordering::Relaxed);
             let outcome = if code == codes::OK && state == MailboxState::TaskDone {
                 Ok(())
             } else {
-                Err(FailureReport::new(code, f.read_message()))
+                let len = f.wait_for_len.load(Ordering::Relaxed) as usize;
+                if len > WAIT_FOR_MAX_BYTES {
+                    return Err(MailboxError::CorruptField {
+                        frame,
+                        field: "wait_for_len",
+                        value: len as u64,
+                        limit: WAIT_FOR_MAX_BYTES as u64,
+                    });
+                }
+                // A state that does not decode is dropped: the failure itself still counts.
+                let wait_for = (len != 0)
+                    .then(|| WaitFor::decode(&f.read_wait_for(len)).ok())
+                    .flatten();
+                Err(FailureReport::new(code, f.read_message()).with_wait_for(wait_for))
             };
-            TaskCompletion {
+            Some(TaskCompletion {
                 slot,
                 state,
                 identity: expected,
                 accepted,
                 outcome,
-            }
-        });
+            })
+        } else {
+            None
+        };
         Ok(TaskPoll {
             state,
             accepted,

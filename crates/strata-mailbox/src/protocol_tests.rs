@@ -12,6 +12,22 @@ use strata_types::{CallConfig, CallableId, TaskArgs};
 const OK: CallableId = CallableId([1; 32]);
 const FAIL: CallableId = CallableId([2; 32]);
 const PANIC: CallableId = CallableId([3; 32]);
+const STALL: CallableId = CallableId([4; 32]);
+
+/// The wait-for state the STALL callable fails with.
+fn stall_state() -> strata_types::WaitFor {
+    strata_types::WaitFor {
+        place: "chip".into(),
+        stalled: "kernel \"k\" made no progress".into(),
+        running: vec![strata_types::RunningTask {
+            task: 3,
+            name: "k".into(),
+            on: strata_types::Executor::Core(1),
+            for_ms: Some(5),
+        }],
+        ..Default::default()
+    }
+}
 
 #[derive(Default)]
 struct Seen {
@@ -43,6 +59,7 @@ impl Handler for TestHandler {
                 format!("failed with {} scalars", req.args.scalars().len()),
             )),
             PANIC => panic!("deliberate test panic"),
+            STALL => Err(FailureReport::new(6, "stalled").with_wait_for(Some(stall_state()))),
             other => Err(FailureReport::new(9, format!("unknown callable {other}"))),
         }
     }
@@ -181,6 +198,28 @@ fn tasks_succeed_fail_and_panic_with_exact_outcomes() {
         assert_eq!(rig.parent.poll(slot).unwrap().state, MailboxState::Idle);
     }
     assert_eq!(rig.seen.lock().unwrap().identities, vec![ident(7); 4]);
+    assert_eq!(rig.finish().unwrap(), ServeExit::Shutdown);
+}
+
+#[test]
+fn a_failure_carries_its_wait_for_state_and_only_that_failure_does() {
+    let mut rig = Rig::new();
+    let cfg = EncodedConfig::default();
+    let blob = scalars(&[1]);
+    for (callable, expect) in [
+        (
+            STALL,
+            FailureReport::new(6, "stalled").with_wait_for(Some(stall_state())),
+        ),
+        (FAIL, FailureReport::new(5, "failed with 1 scalars")),
+    ] {
+        let t = TaskPublication::run(callable, ident(3), &cfg, &blob);
+        let done = rig
+            .parent
+            .run_task(TaskSlot::Slot0, &t, &opts(), &mut AssumeAlive)
+            .unwrap();
+        assert_eq!(done.outcome, Err(expect));
+    }
     assert_eq!(rig.finish().unwrap(), ServeExit::Shutdown);
 }
 

@@ -149,6 +149,23 @@ impl TensorArg {
         Ok(TensorArg { buffer, view, tag })
     }
 
+    /// Elements `start..end` of axis `axis` of this argument's view, same buffer and tag.
+    ///
+    /// # Errors
+    /// As [`TensorView::slice`].
+    pub fn slice(&self, axis: usize, start: u64, end: u64) -> Result<Self, TypesError> {
+        TensorArg::new(self.buffer, self.view.slice(axis, start, end)?, self.tag)
+    }
+
+    /// Row `r` (index `r` of axis 0, kept as an axis of length 1): rank `r`'s part of a
+    /// tensor whose dimension 0 is the world.
+    ///
+    /// # Errors
+    /// A row past the end, or a view without axes.
+    pub fn row(&self, r: usize) -> Result<Self, TypesError> {
+        self.slice(0, r as u64, r as u64 + 1)
+    }
+
     /// The same tensor with another tag (e.g. an orchestration forwarding its input to a
     /// task that reads it).
     ///

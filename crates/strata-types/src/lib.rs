@@ -35,6 +35,7 @@ mod config;
 mod dtype;
 mod error;
 mod identity;
+mod stall;
 mod tag;
 mod view;
 pub mod wire;
@@ -52,6 +53,10 @@ pub use half::{bf16, f16};
 pub use identity::{
     BufferIdentity, CallableDescriptor, CallableId, CallableKind, IdentityMinter, OwnerNonce,
     ParamDirection, CALLABLE_DESCRIPTOR_SCHEMA,
+};
+pub use stall::{
+    Executor, PendingTask, RingWait, RunningTask, SignalWait, WaitFor, WAIT_FOR_MAX_BYTES,
+    WAIT_FOR_MAX_ENTRIES, WAIT_FOR_MAX_HEADING, WAIT_FOR_MAX_IDS, WAIT_FOR_MAX_TEXT,
 };
 pub use tag::ArgTag;
 pub use view::{ContiguousRuns, ElementOffsets, TensorView, MAX_DIMS};

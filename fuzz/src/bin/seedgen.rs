@@ -480,9 +480,201 @@ fn main() {
         seeds.put("control_request", &format!("{i}-{name}"), &bytes);
     }
     mailbox_seeds(&seeds, &blobs);
+    net_seeds(&seeds, &blobs);
     println!(
         "seedgen: wrote {} seeds under {}",
         seeds.written.load(Ordering::Relaxed),
         seeds.root.display()
+    );
+}
+
+/// Network frames from strata-net's real encoder: every frame type, a TASK carrying each
+/// argument blob, DATA chunks.
+fn net_seeds(seeds: &Seeds, blobs: &[(&'static str, Vec<u8>)]) {
+    use strata_net::wire::*;
+    let put = |name: &str, f: Vec<u8>| seeds.put("net_frame", name, &f);
+    put(
+        "hello",
+        encode(FrameType::Hello, 9, 1, &Hello { nonce: [1; 32] }).unwrap(),
+    );
+    put(
+        "challenge",
+        encode(
+            FrameType::Challenge,
+            9,
+            1,
+            &Challenge {
+                nonce: [2; 32],
+                proof: [3; 32],
+            },
+        )
+        .unwrap(),
+    );
+    put(
+        "auth-open",
+        encode(
+            FrameType::Auth,
+            9,
+            2,
+            &Auth {
+                proof: [4; 32],
+                intro: Intro::Open {
+                    worker_id: 1,
+                    build_id: vec![5; 20],
+                    args: vec!["--case".into(), "x".into()],
+                },
+            },
+        )
+        .unwrap(),
+    );
+    put(
+        "auth-join",
+        encode(
+            FrameType::Auth,
+            9,
+            2,
+            &Auth {
+                proof: [4; 32],
+                intro: Intro::Join { worker_id: 2 },
+            },
+        )
+        .unwrap(),
+    );
+    put(
+        "error",
+        encode(
+            FrameType::Error,
+            9,
+            3,
+            &ErrorBody {
+                code: ErrorCode::Program,
+                message: "no program with build-id".into(),
+            },
+        )
+        .unwrap(),
+    );
+    put(
+        "node-hello",
+        encode(
+            FrameType::NodeHello,
+            9,
+            3,
+            &NodeHello {
+                worker_id: 0,
+                build_id: vec![6; 20],
+                registry_digest: [7; 32],
+                chips: 2,
+                sub_workers: 1,
+                pid: 42,
+                host: "vm".into(),
+            },
+        )
+        .unwrap(),
+    );
+    put(
+        "ready",
+        encode(
+            FrameType::Ready,
+            9,
+            4,
+            &Ready {
+                staging_bytes: 64 << 20,
+            },
+        )
+        .unwrap(),
+    );
+    for (name, blob) in blobs {
+        let t = Task {
+            callable: [8; 32],
+            config: vec![1, 0, 0, 7],
+            args: blob.clone(),
+            segments: vec![Segment {
+                region: 3,
+                start: 0,
+                len: 4096,
+                send: true,
+                recv: true,
+            }],
+        };
+        put(
+            &format!("task-{name}"),
+            encode(FrameType::Task, 9, 5, &t).unwrap(),
+        );
+    }
+    let mut data = Vec::new();
+    encode_data(
+        &mut data,
+        9,
+        5,
+        DataHead {
+            owner: 5,
+            segment: 0,
+            offset: 4096,
+        },
+        300,
+        |d| d.fill(0x5a),
+    );
+    put("data", data);
+    put(
+        "done-ok",
+        encode(FrameType::Done, 9, 5, &Done { failure: None }).unwrap(),
+    );
+    put(
+        "done-failed",
+        encode(
+            FrameType::Done,
+            9,
+            5,
+            &Done {
+                failure: Some((-1, "orchestration failed".into())),
+            },
+        )
+        .unwrap(),
+    );
+    put(
+        "control",
+        encode(
+            FrameType::Control,
+            9,
+            6,
+            &Control::CopyTo {
+                id: 1,
+                offset: 0,
+                len: 4096,
+            },
+        )
+        .unwrap(),
+    );
+    put(
+        "control-reply",
+        encode(
+            FrameType::ControlReply,
+            9,
+            6,
+            &ControlReply { result: Ok(7) },
+        )
+        .unwrap(),
+    );
+    put(
+        "heartbeat",
+        encode(FrameType::Heartbeat, 9, 0, &()).unwrap(),
+    );
+    put(
+        "cancel",
+        encode(FrameType::Cancel, 9, 7, &Cancel { task: 5 }).unwrap(),
+    );
+    put("shutdown", encode(FrameType::Shutdown, 9, 8, &()).unwrap());
+    put(
+        "shutdown-ack",
+        encode(
+            FrameType::ShutdownAck,
+            9,
+            0,
+            &ShutdownAck {
+                reaped: true,
+                report: String::new(),
+            },
+        )
+        .unwrap(),
     );
 }

@@ -35,6 +35,7 @@ fn run_one(env: &CoreEnv, run: &RunEnv, d: Dispatch) -> Completion {
                 core_id: env.id,
                 core_type: env.ty,
                 cancel: &env.link.cancel,
+                signal: &env.link.signal,
                 seq: d.seq,
                 task_id: d.task_id,
                 kernel_name: &k.name,

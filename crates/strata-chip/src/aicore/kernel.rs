@@ -4,8 +4,11 @@
 //! context's accessors and a convenient one for kernels' own messages, lives with the
 //! crate's other errors.
 
+use crate::aicore::signal::{SignalNote, SignalSlot};
 use crate::config::CoreType;
-use crate::device::arena::{buffer_base, Arena, AtomicView, ClaimError, Claims};
+use crate::device::arena::{
+    buffer_base, is_external, Arena, AtomicView, ClaimError, Claims, EXTERNAL_BASE,
+};
 use crate::error::KernelError;
 use crate::task::{KTensor, TaskDesc};
 use std::any::Any;
@@ -30,6 +33,11 @@ pub type KernelFn = Arc<dyn Fn(&mut KernelCtx<'_>) -> CallbackResult + Send + Sy
 ///   or subtasks that write disjoint parts of one tensor concurrently;
 /// - [`KernelCtx::untracked`] (`unsafe`): slices of a `NO_DEP`/manual-dep argument, whose
 ///   ordering the orchestration guarantees.
+///
+/// An argument in the chip's external memory (a window of distributed memory,
+/// [`crate::ExternalMemory`]) may be written by peers while the kernel runs: `input` and
+/// `output` refuse it; reach it through [`KernelCtx::shared`] or, with strata-comm, as a
+/// window (`ctx.window(i)`, built on [`KernelCtx::external_arg`]).
 pub struct KernelCtx<'a> {
     pub(crate) desc: &'a TaskDesc,
     pub(crate) arena: &'a Arena,
@@ -39,6 +47,8 @@ pub struct KernelCtx<'a> {
     pub(crate) core_id: u32,
     pub(crate) core_type: CoreType,
     pub(crate) cancel: &'a AtomicU64,
+    /// The core's signal-wait slot.
+    pub(crate) signal: &'a SignalSlot,
     pub(crate) seq: u64,
     pub(crate) task_id: u64,
     /// The registered name of the kernel (for its messages).
@@ -149,6 +159,12 @@ impl<'a> KernelCtx<'a> {
         self.cancel.load(Ordering::Relaxed) == self.seq
     }
 
+    /// Where a signal wait of this kernel says what it waits on (so a stalled run's error
+    /// shows the cell and its value); strata-comm's waits use it.
+    pub fn signal_note(&self) -> SignalNote<'a> {
+        SignalNote::new(self.signal, self.seq)
+    }
+
     /// The communication context the chip was given for distributed kernels
     /// ([`crate::ChipWorker::set_comm_context`]), if it has type `C`.
     pub fn comm<C: Any>(&self) -> Option<&'a C> {
@@ -164,6 +180,40 @@ impl<'a> KernelCtx<'a> {
                 desc.tensors.len()
             ))
         })
+    }
+
+    /// Where tensor argument `i` lies in the chip's external memory ([`ExternalArg`]), for
+    /// layers that address external memory themselves (strata-comm's windows).
+    ///
+    /// # Errors
+    /// If there is no argument `i`, or it is not in external memory.
+    pub fn external_arg(&self, i: usize) -> Result<ExternalArg, KernelError> {
+        let a = self.arg(i)?;
+        let addr = self.desc.addr_of(a);
+        if !is_external(addr) {
+            return Err(KernelError(format!(
+                "kernel {:?}: argument {i} is in device memory, not a window (external memory); pass the window itself as the task's argument",
+                self.kernel_name()
+            )));
+        }
+        Ok(ExternalArg {
+            offset: addr - EXTERNAL_BASE,
+            size: a.size,
+            view: a.view,
+            tag: a.tag,
+        })
+    }
+
+    /// The error of `input` / `output` on an argument in external memory.
+    fn refuse_external(&self, i: usize, a: &KTensor, what: &str) -> Result<(), KernelError> {
+        if is_external(self.desc.addr_of(a)) {
+            // (Short: the failure of the task names the kernel, and a child's message
+            // crosses the mailbox in 255 bytes.)
+            return Err(KernelError(format!(
+                "argument {i} is a window (peers may write it while the kernel runs): ctx.{what}({i}) cannot lend it as a slice; use ctx.window({i}) (strata_comm::KernelWindows) or ctx.shared({i})"
+            )));
+        }
+        Ok(())
     }
 
     fn typed<T: Element>(&self, i: usize) -> Result<&'a KTensor, KernelError> {
@@ -212,9 +262,11 @@ impl<'a> KernelCtx<'a> {
     ///
     /// # Errors
     /// If the argument does not exist, has another type, is written by the task (use
-    /// [`KernelCtx::output`]) or is untracked (use the `unsafe` [`KernelCtx::untracked`]).
+    /// [`KernelCtx::output`]), is untracked (use the `unsafe` [`KernelCtx::untracked`]),
+    /// or is a window (use `ctx.window(i)` or [`KernelCtx::shared`]).
     pub fn input<T: Element>(&self, i: usize) -> Result<TensorRef<'a, T>, KernelError> {
         let a = self.typed::<T>(i)?;
+        self.refuse_external(i, a, "input")?;
         if !a.tracked {
             return Err(KernelError(format!(
                 "kernel {:?}: argument {i} is untracked (NO_DEP or manual_dep): only the unsafe ctx.untracked({i}) reaches it",
@@ -244,10 +296,11 @@ impl<'a> KernelCtx<'a> {
     /// gets an error (use [`KernelCtx::shared`] for tensors written by several blocks).
     ///
     /// # Errors
-    /// If the argument does not exist, has another type, is read-only, untracked, or held
-    /// by another block/subtask.
+    /// If the argument does not exist, has another type, is read-only, untracked, a window
+    /// (use `ctx.window(i)` or [`KernelCtx::shared`]), or held by another block/subtask.
     pub fn output<T: Element>(&self, i: usize) -> Result<TensorMut<'a, T>, KernelError> {
         let a = self.typed::<T>(i)?;
+        self.refuse_external(i, a, "output")?;
         if !a.tracked {
             return Err(KernelError(format!(
                 "kernel {:?}: argument {i} is untracked (NO_DEP or manual_dep): only the unsafe ctx.untracked({i}) reaches it",
@@ -307,7 +360,8 @@ impl<'a> KernelCtx<'a> {
     /// The graph does not order other tasks against this argument. The caller must
     /// guarantee (through explicit dependencies) that no other task, block or subtask
     /// accesses these elements while the returned view lives, except reads when this
-    /// kernel only reads.
+    /// kernel only reads. For a window (external memory) that includes every peer's
+    /// kernel: order them with signals first.
     ///
     /// # Errors
     /// If the argument does not exist, has another type, or is tracked (use the safe
@@ -326,4 +380,18 @@ impl<'a> KernelCtx<'a> {
         // argument is this function's caller's obligation.
         Ok(unsafe { TensorMut::new(base, a.view, None) })
     }
+}
+
+/// Where a kernel's tensor argument lies in the chip's external memory
+/// ([`KernelCtx::external_arg`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExternalArg {
+    /// Byte offset of the argument's buffer in the external memory.
+    pub offset: u64,
+    /// Bytes of the buffer.
+    pub size: u64,
+    /// The argument's view of its buffer.
+    pub view: TensorView,
+    /// The argument's tag.
+    pub tag: ArgTag,
 }

@@ -12,6 +12,7 @@
 //! spin-then-park policies and their loom models) are strata-sync's.
 
 use crate::aicore::kernels::RunEnv;
+use crate::aicore::signal::SignalSlot;
 use crate::task::TaskDesc;
 use std::sync::{Arc, Mutex};
 use strata_sync::sync::{AtomicBool, AtomicU64};
@@ -73,6 +74,8 @@ pub(crate) struct CoreLink {
     /// The current run's environment (the core re-reads it when a dispatch carries a new
     /// epoch).
     pub(crate) env: Mutex<Arc<RunEnv>>,
+    /// What the core's kernel waits on, if it is blocked in a signal wait.
+    pub(crate) signal: SignalSlot,
 }
 
 impl CoreLink {
@@ -86,6 +89,7 @@ impl CoreLink {
             cancel: AtomicU64::new(0),
             exited: AtomicBool::new(false),
             env: Mutex::new(env),
+            signal: SignalSlot::default(),
         }
     }
 }

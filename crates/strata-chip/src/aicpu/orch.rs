@@ -7,7 +7,7 @@ use crate::aicpu::tensor::{
     ArgTensor, ChipTensor, CoreArgs, MixedKernels, TaskOutputs, TensorCreateInfo,
 };
 use crate::config::RingSizing;
-use crate::device::arena::Arena;
+use crate::device::arena::{external_order_identity, is_external, Arena};
 use crate::error::{codes, ChipError};
 use crate::task::{KTensor, Meta, Shape, TaskDesc};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -318,22 +318,71 @@ impl ChipOrch {
                 code: f.code(),
                 message: f.message().to_owned(),
             },
-            GraphError::Timeout { what, after } => self.latch(
-                codes::TENSOR_WAIT_TIMEOUT,
-                format!(
-                    "waited {} ms for {what}; raise ChipConfig::tensor_wait_timeout if the producer is just slow",
-                    after.as_millis()
-                ),
-            ),
+            GraphError::Timeout { what, after } => {
+                let stalled = format!("waited {} ms for {what}", after.as_millis());
+                let wait_for = self.sched.wait_for(stalled).map(Box::new);
+                self.latch_typed(ChipError::Fatal {
+                    code: codes::TENSOR_WAIT_TIMEOUT,
+                    message: format!(
+                        "waited {} ms for {what}; raise ChipConfig::tensor_wait_timeout if the producer is just slow",
+                        after.as_millis()
+                    ),
+                    wait_for,
+                })
+            }
+            GraphError::HeapDeadlock {
+                ring,
+                ring_bytes,
+                request,
+                free,
+                cause,
+            } if self.fatal.is_none() => {
+                let message = format!("{e}{}", knob(ring, "heap_bytes", &self.rings));
+                let stalled = format!(
+                    "heap ring {ring} ({ring_bytes} bytes) cannot make room for {request} bytes: {cause}"
+                );
+                let held_by = self
+                    .graph
+                    .ring_holders(ring, strata_types::WAIT_FOR_MAX_IDS)
+                    .iter()
+                    .map(|t| t.id().0)
+                    .collect();
+                let mut wait_for =
+                    self.sched
+                        .wait_for(stalled.clone())
+                        .unwrap_or_else(|| strata_types::WaitFor {
+                            place: "chip".into(),
+                            stalled,
+                            ..Default::default()
+                        });
+                wait_for.rings.push(strata_types::RingWait {
+                    ring: ring as u32,
+                    heap_bytes: ring_bytes,
+                    requested: request,
+                    free,
+                    held_by,
+                });
+                self.latch_typed(ChipError::Fatal {
+                    code: codes::HEAP_RING_DEADLOCK,
+                    message,
+                    wait_for: Some(Box::new(wait_for)),
+                })
+            }
             e => match e.fatal_code() {
                 Some(code) => {
                     let hint = match &e {
                         GraphError::ScopeDeadlock { ring, .. }
-                        | GraphError::FlowControlDeadlock { ring, .. } => knob(*ring, "task_window", &self.rings),
+                        | GraphError::FlowControlDeadlock { ring, .. } => {
+                            knob(*ring, "task_window", &self.rings)
+                        }
                         GraphError::HeapDeadlock { ring, .. }
                         | GraphError::HeapRequestTooLarge { ring, .. }
-                        | GraphError::HeapDisabled { ring, .. } => knob(*ring, "heap_bytes", &self.rings),
-                        GraphError::DepPoolOverflow { ring, .. } => knob(*ring, "dep_pool", &self.rings),
+                        | GraphError::HeapDisabled { ring, .. } => {
+                            knob(*ring, "heap_bytes", &self.rings)
+                        }
+                        GraphError::DepPoolOverflow { ring, .. } => {
+                            knob(*ring, "dep_pool", &self.rings)
+                        }
                         _ => String::new(),
                     };
                     self.latch(code, format!("{e}{hint}"))
@@ -662,14 +711,13 @@ impl ChipOrch {
                         ));
                     }
                     let tracked = !t.manual_dep && *tag != ArgTag::NoDep;
-                    let fp = Footprint::of_view(&t.view);
                     // A zero-size tensor has no byte to order (the reference skips it).
                     let dep_tag = if tracked && !t.view.is_empty() {
                         *tag
                     } else {
                         ArgTag::NoDep
                     };
-                    accesses.push(Access::new(t.key, fp, dep_tag));
+                    accesses.push(Access::new(t.key, Footprint::of_view(&t.view), dep_tag));
                     kt.push(KTensor {
                         addr: t.addr,
                         created: false,
@@ -713,6 +761,28 @@ impl ChipOrch {
                     heap += bytes;
                 }
             }
+        }
+        // External memory (windows): a kernel holding any view of a buffer may write it
+        // and signal through it, so the task also writes the buffer's ordering key, once
+        // per buffer: tasks that name the buffer run one at a time, in submit order.
+        for (i, t) in kt.iter().enumerate() {
+            if t.created || !t.tracked || !is_external(t.addr) {
+                continue;
+            }
+            if kt[..i]
+                .iter()
+                .any(|u| !u.created && u.tracked && u.addr == t.addr)
+            {
+                continue;
+            }
+            let whole = Footprint::bytes(0, t.size.max(1)).map_err(|e| {
+                self.latch(codes::INVALID_ARGS, format!("tensor argument {i}: {e}"))
+            })?;
+            let key = BufferKey::new(
+                external_order_identity(t.addr),
+                KeySpace::Device(self.chip_id),
+            );
+            accesses.push(Access::new(key, whole, ArgTag::InOut));
         }
         if let Some((i, j)) = aliasing_pair(kt) {
             return Err(self.latch(
@@ -884,9 +954,22 @@ impl ChipOrch {
         if t.key.space != KeySpace::Device(self.chip_id) {
             return Err(self.latch(codes::INVALID_ARGS, "tensor of another chip"));
         }
+        self.check_not_external(t)?;
         let off = t.view.element_byte_offset(index)?;
         let fp = Footprint::bytes(off, off + dtype.size_bytes() as u64)?;
         Ok((t.addr + off, Access::new(t.key, fp, tag)))
+    }
+
+    /// Orchestration data access does not reach external memory (a window peers may
+    /// write at any time; the orchestration cannot wait for them).
+    fn check_not_external(&mut self, t: &ChipTensor) -> Result<(), ChipError> {
+        if is_external(t.addr) {
+            return Err(self.latch(
+                codes::INVALID_ARGS,
+                "the tensor is in external memory (a window of distributed memory that peers may write at any time): an orchestration cannot read or write it; do that in a kernel, through the window (ctx.window(i)) or ctx.shared(i)",
+            ));
+        }
+        Ok(())
     }
 
     fn wait_access(&mut self, access: &Access) -> Result<(), ChipError> {
@@ -938,6 +1021,7 @@ impl ChipOrch {
     pub fn read_tensor<T: Element>(&mut self, t: &ChipTensor) -> Result<Vec<T>, ChipError> {
         self.enter()?;
         self.check_handle(t)?;
+        self.check_not_external(t)?;
         if t.view.dtype() != T::DTYPE {
             return Err(ChipError::DtypeMismatch {
                 have: t.view.dtype(),
@@ -967,6 +1051,7 @@ impl ChipOrch {
     ) -> Result<(), ChipError> {
         self.enter()?;
         self.check_handle(t)?;
+        self.check_not_external(t)?;
         if t.view.dtype() != T::DTYPE {
             return Err(ChipError::DtypeMismatch {
                 have: t.view.dtype(),

@@ -24,6 +24,15 @@
 //! through element-wise relaxed atomics. Read-only arguments are never written while the
 //! task runs, so `&[T]` over them is sound for every block.
 //!
+//! **External memory** (windows of distributed memory, `docs/chip.md`): an attached
+//! [`ExternalMemory`] appears at device addresses from [`EXTERNAL_BASE`] and is resolved
+//! by the same bounds check as the arena. Peers (other chips, other processes) may write
+//! it while a kernel runs, which no dependency edge of this chip can prevent: kernels never
+//! get `&[T]` / `&mut [T]` of it (`KernelCtx::input` / `output` refuse such arguments);
+//! they reach it through element-wise atomics ([`AtomicView`]) or through raw copies
+//! (strata-comm's windows), and the orchestration's data access and the host's staging
+//! copies do not reach it at all.
+//!
 //! What the graph cannot see is untracked access (`NO_DEP` arguments, `manual_dep` views):
 //! kernels reach those only through atomics (always sound) or an `unsafe` accessor whose
 //! contract puts the ordering on the caller. A kernel that ignored cancellation after a
@@ -32,15 +41,136 @@
 //! the chip reports when it takes the core out of service.
 
 use crate::error::ChipError;
+use std::any::Any;
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, AtomicU8, Ordering};
-use strata_types::{Element, TensorView, ViewLender};
+use std::sync::Arc;
+use strata_types::{BufferIdentity, Element, OwnerNonce, TensorView, ViewLender};
 
-/// Device memory: one anonymous mapping, addressed by byte offsets ("device addresses").
+/// The device address at which a chip's [`ExternalMemory`] begins: byte `o` of the
+/// external memory is device address `EXTERNAL_BASE + o`. It lies far above any device
+/// arena (at most [`crate::MAX_DEVICE_MEMORY_BYTES`] = 2^46 bytes), so the two ranges
+/// never meet.
+pub const EXTERNAL_BASE: u64 = 1 << 48;
+
+/// Memory outside a chip's device arena that its kernels address in place: the memory of
+/// distributed windows (strata-comm's arena), shared with other chips — other processes —
+/// that may write it while a kernel of this chip runs. Attached with
+/// [`crate::ChipWorker::attach_external_memory`] before `init`; byte `o` of it is device
+/// address [`EXTERNAL_BASE`]` + o`.
+///
+/// Tensors in the shared-memory region it stands for are passed to runs in place (never
+/// staged: peers write them), as [`crate::RunArgs::external`] arguments. A kernel reaches
+/// such an argument through element-wise atomics ([`crate::KernelCtx::shared`]) or, with
+/// strata-comm, as a window (`ctx.window(i)`); `ctx.input` / `ctx.output` refuse it, since
+/// a slice over memory a peer may write at any time would be a data race.
+#[derive(Clone)]
+pub struct ExternalMemory {
+    region: u64,
+    base: *mut u8,
+    len: u64,
+    _owner: Arc<dyn Any + Send + Sync>,
+}
+
+// SAFETY: a description of shared memory: the pointer is only dereferenced through the
+// arena's bounds-checked resolution, by atomics and raw copies (module docs); the owner
+// keeps the mapping alive and is Send + Sync itself.
+unsafe impl Send for ExternalMemory {}
+// SAFETY: as above.
+unsafe impl Sync for ExternalMemory {}
+
+impl std::fmt::Debug for ExternalMemory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExternalMemory")
+            .field("region", &self.region)
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+impl ExternalMemory {
+    /// External memory of `len` bytes at `base` in this process, standing for shared-memory
+    /// region `region` (a tensor argument located at `HostShared { region, offset }` is
+    /// passed in place at device address `EXTERNAL_BASE + offset`). `owner` is kept alive
+    /// as long as the chip can reach the memory (hold the mapping in it, or anything whose
+    /// life spans the mapping's).
+    ///
+    /// # Safety
+    /// `base..base + len` must be mapped readable and writable, 64-byte aligned, for as
+    /// long as `owner` lives, and must not overlap the chip's device arena. Other threads
+    /// and processes may access it only through atomics and raw copies (never through Rust
+    /// references), as the kernels of this chip do.
+    ///
+    /// # Errors
+    /// [`ChipError::InvalidConfig`] for a null or misaligned base, or a length of 0 or one
+    /// that does not fit the device address space above [`EXTERNAL_BASE`].
+    pub unsafe fn new(
+        region: u64,
+        base: *mut u8,
+        len: u64,
+        owner: Arc<dyn Any + Send + Sync>,
+    ) -> Result<ExternalMemory, ChipError> {
+        if base.is_null() || base as usize % 64 != 0 {
+            return Err(ChipError::InvalidConfig(format!(
+                "external memory at {base:p}: the base must be non-null and 64-byte aligned"
+            )));
+        }
+        if len == 0 || len > u64::MAX - EXTERNAL_BASE || usize::try_from(len).is_err() {
+            return Err(ChipError::InvalidConfig(format!(
+                "external memory of {len} bytes: the length must be at least 1 and fit the device address space above {EXTERNAL_BASE:#x}"
+            )));
+        }
+        Ok(ExternalMemory {
+            region,
+            base,
+            len,
+            _owner: owner,
+        })
+    }
+
+    /// The shared-memory region it stands for.
+    pub fn region(&self) -> u64 {
+        self.region
+    }
+
+    /// Its length in bytes.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Never true: external memory has at least one byte.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+}
+
+/// Whether a device address is in the external memory's range.
+pub(crate) fn is_external(addr: u64) -> bool {
+    addr >= EXTERNAL_BASE
+}
+
+/// The dependency identity of an external buffer: its place in the external memory (one
+/// buffer per offset while it is live; the graph keys are per chip and per run).
+pub(crate) fn external_identity(offset: u64) -> BufferIdentity {
+    const EXTERNAL_OWNER: OwnerNonce = OwnerNonce(u64::from_le_bytes(*b"EXTERNAL"));
+    BufferIdentity::new(EXTERNAL_OWNER, offset, 1).expect("generation 1 is not zero")
+}
+
+/// The identity of an external buffer's ordering key (at device address `addr`): every
+/// task that names the buffer writes it, so tasks on one window buffer run one at a time.
+pub(crate) fn external_order_identity(addr: u64) -> BufferIdentity {
+    const ORDER_OWNER: OwnerNonce = OwnerNonce(u64::from_le_bytes(*b"EXTORDER"));
+    BufferIdentity::new(ORDER_OWNER, addr, 1).expect("generation 1 is not zero")
+}
+
+/// Device memory: one anonymous mapping, addressed by byte offsets ("device addresses"),
+/// and the external memory attached to the chip, if any (device addresses from
+/// [`EXTERNAL_BASE`]).
 pub(crate) struct Arena {
     base: *mut u8,
     len: u64,
     _map: memmap2::MmapMut,
+    external: Option<ExternalMemory>,
 }
 
 // SAFETY: the arena is a plain byte region; the raw pointer is only dereferenced through
@@ -59,7 +189,7 @@ impl std::fmt::Debug for Arena {
 impl Arena {
     /// Maps `len` bytes of virtual memory (no swap reservation; pages are committed when
     /// first touched).
-    pub(crate) fn new(len: u64) -> Result<Arena, ChipError> {
+    pub(crate) fn new(len: u64, external: Option<ExternalMemory>) -> Result<Arena, ChipError> {
         let n = usize::try_from(len)
             .map_err(|_| ChipError::InvalidConfig(format!("device arena of {len} bytes")))?;
         let mut map = memmap2::MmapOptions::new()
@@ -76,12 +206,42 @@ impl Arena {
             base,
             len,
             _map: map,
+            external,
         })
     }
 
     /// Size in bytes.
     pub(crate) fn len(&self) -> u64 {
         self.len
+    }
+
+    /// The attached external memory, if any.
+    pub(crate) fn external(&self) -> Option<&ExternalMemory> {
+        self.external.as_ref()
+    }
+
+    /// The address of device range `[addr, addr + len)`, in the arena or in the external
+    /// memory, checked to lie inside it (what kernels' views and atomics are built on).
+    pub(crate) fn resolve(&self, addr: u64, len: u64) -> Result<*mut u8, ChipError> {
+        if !is_external(addr) {
+            self.check(addr, len)?;
+            return Ok(self.ptr(addr));
+        }
+        let off = addr - EXTERNAL_BASE;
+        let ext = self.external.as_ref().ok_or_else(|| {
+            ChipError::Internal(format!(
+                "device address {addr:#x} is in the external range, but the chip has no external memory"
+            ))
+        })?;
+        match off.checked_add(len) {
+            // SAFETY: `off + len <= ext.len`, so the offset stays inside the external
+            // mapping (its constructor's contract).
+            Some(end) if end <= ext.len => Ok(unsafe { ext.base.add(off as usize) }),
+            _ => Err(ChipError::Internal(format!(
+                "external range [{off:#x}, +{len}) outside the {}-byte external memory",
+                ext.len
+            ))),
+        }
     }
 
     fn check(&self, addr: u64, len: u64) -> Result<(), ChipError> {
@@ -380,8 +540,7 @@ pub(crate) fn buffer_base(
     view: &TensorView,
 ) -> Result<*mut u8, ChipError> {
     view.check_fits(buffer_len)?;
-    arena.check(buffer_addr, buffer_len)?;
-    Ok(arena.ptr(buffer_addr))
+    arena.resolve(buffer_addr, buffer_len)
 }
 
 /// Where a view's elements are: the address of element `[0, ..., 0]`.
@@ -392,8 +551,9 @@ fn elem0<T>(
     view: &TensorView,
 ) -> Result<*mut T, ChipError> {
     view.check_fits(buffer_len)?;
-    arena.check(buffer_addr, buffer_len)?;
-    Ok(arena.ptr(buffer_addr + view.byte_offset()) as *mut T)
+    let base = arena.resolve(buffer_addr, buffer_len)?;
+    // SAFETY: the view fits the buffer (checked), so its first element is inside it.
+    Ok(unsafe { base.add(view.byte_offset() as usize) } as *mut T)
 }
 
 /// A view of a tensor argument that several blocks or subtasks of one task may use at

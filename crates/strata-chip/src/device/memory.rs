@@ -438,8 +438,12 @@ pub(crate) struct DeviceMemory {
 }
 
 impl DeviceMemory {
-    pub(crate) fn new(bytes: u64, chip: u64) -> Result<Self, ChipError> {
-        let arena = Arc::new(Arena::new(bytes)?);
+    pub(crate) fn new(
+        bytes: u64,
+        chip: u64,
+        external: Option<crate::device::arena::ExternalMemory>,
+    ) -> Result<Self, ChipError> {
+        let arena = Arc::new(Arena::new(bytes, external)?);
         Ok(DeviceMemory {
             alloc: Mutex::new(Allocator::new(arena.len())),
             arena,

@@ -56,11 +56,18 @@ pub(super) enum RunArg<'a> {
         view: TensorView,
         tag: ArgTag,
     },
+    /// A buffer of the chip's external memory, passed in place.
+    External {
+        offset: u64,
+        size: u64,
+        view: TensorView,
+        tag: ArgTag,
+    },
 }
 
 /// The arguments of one run: host tensors (staged into device memory: `IN`/`INOUT` copied
 /// in before the run, `OUT`/`INOUT` copied back only if the run succeeded), device
-/// tensors (passed in place), then scalars.
+/// tensors and buffers of the chip's external memory (passed in place), then scalars.
 ///
 /// ```
 /// use strata_chip::RunArgs;
@@ -190,6 +197,35 @@ impl<'a> RunArgs<'a> {
     pub unsafe fn host_raw(&mut self, base: *mut u8, view: TensorView, tag: ArgTag) -> &mut Self {
         if self.check_order() {
             self.tensors.push(RunArg::HostRaw { base, view, tag });
+        }
+        self
+    }
+
+    /// A buffer of the chip's external memory ([`crate::ExternalMemory`], e.g. a window
+    /// buffer of distributed memory): `nbytes` bytes at byte `offset` of it, seen through
+    /// `view` (relative to the buffer), passed in place — never staged or copied, since
+    /// peers may write it while the run goes on. Its device address is
+    /// [`crate::EXTERNAL_BASE`]` + offset`; the run checks that the chip has external memory
+    /// and that the buffer lies in it.
+    ///
+    /// A kernel reaches it through `ctx.shared(i)` (element-wise atomics) or strata-comm's
+    /// `ctx.window(i)`, never as a slice (`ctx.input` / `ctx.output` refuse it). Tasks of
+    /// the run that name the same external buffer run one at a time, in submit order
+    /// (each counts as writing all of it: a kernel may signal through any part of it).
+    pub fn external(
+        &mut self,
+        offset: u64,
+        nbytes: u64,
+        view: TensorView,
+        tag: ArgTag,
+    ) -> &mut Self {
+        if self.check_order() {
+            self.tensors.push(RunArg::External {
+                offset,
+                size: nbytes,
+                view,
+                tag,
+            });
         }
         self
     }

@@ -12,6 +12,7 @@ use crate::aicpu::registry::OrchHandle;
 use crate::aicpu::sched::{RunCtl, SchedReport};
 use crate::aicpu::tensor::ChipTensor;
 use crate::config::RingSizing;
+use crate::device::arena::{external_identity, EXTERNAL_BASE};
 use crate::error::{codes, ChipError};
 use crate::trace::strace::{strace_text, RunTiming, Span};
 use crate::trace::swimlane::Swimlane;
@@ -78,7 +79,11 @@ impl ChipWorker {
                 Some(RunArg::HostIn { .. }) => ParamDirection::In,
                 Some(RunArg::HostOut { inout: false, .. }) => ParamDirection::Out,
                 Some(RunArg::HostOut { inout: true, .. }) => ParamDirection::InOut,
-                Some(RunArg::Device { tag, .. } | RunArg::HostRaw { tag, .. }) => match tag {
+                Some(
+                    RunArg::Device { tag, .. }
+                    | RunArg::HostRaw { tag, .. }
+                    | RunArg::External { tag, .. },
+                ) => match tag {
                     ArgTag::Input | ArgTag::NoDep => ParamDirection::In,
                     ArgTag::Output | ArgTag::OutputExisting => ParamDirection::Out,
                     ArgTag::InOut => ParamDirection::InOut,
@@ -142,7 +147,7 @@ impl ChipWorker {
                     .nbytes()
                     .checked_next_multiple_of(1024)
                     .and_then(|b| sum.checked_add(b)),
-                RunArg::Device { .. } => Some(sum),
+                RunArg::Device { .. } | RunArg::External { .. } => Some(sum),
             })
             .ok_or_else(|| {
                 ChipError::InvalidRunArgs(format!(
@@ -164,7 +169,7 @@ impl ChipWorker {
                 RunArg::HostIn { view, .. }
                 | RunArg::HostOut { view, .. }
                 | RunArg::HostRaw { view, .. } => Some(view),
-                RunArg::Device { .. } => None,
+                RunArg::Device { .. } | RunArg::External { .. } => None,
             };
             if let Some(view) = view.filter(|v| v.is_empty()) {
                 // A zero-size host tensor: address 0 (as in the reference), no staging,
@@ -223,6 +228,30 @@ impl ChipWorker {
                         addr,
                         size,
                         view: dense,
+                        manual_dep: false,
+                        chip: nonce,
+                        run,
+                    });
+                }
+                RunArg::External {
+                    offset, size, view, ..
+                } => {
+                    let len = live.mem.arena.external().map(|e| e.len()).ok_or_else(|| {
+                        ChipError::InvalidRunArgs(
+                            "an external-memory argument, but this chip has no external memory (ChipWorker::attach_external_memory)".into(),
+                        )
+                    })?;
+                    if offset.checked_add(*size).is_none_or(|end| end > len) || *size == 0 {
+                        return Err(ChipError::InvalidRunArgs(format!(
+                            "external buffer of {size} bytes at offset {offset} does not lie in the chip's {len}-byte external memory"
+                        )));
+                    }
+                    view.check_fits(*size)?;
+                    out.tensors.push(ChipTensor {
+                        key: BufferKey::new(external_identity(*offset), KeySpace::Device(chip_id)),
+                        addr: EXTERNAL_BASE + offset,
+                        size: *size,
+                        view: *view,
                         manual_dep: false,
                         chip: nonce,
                         run,
@@ -595,7 +624,7 @@ impl ChipWorker {
                     }
                     off += view.nbytes().div_ceil(1024) * 1024;
                 }
-                RunArg::Device { .. } => {}
+                RunArg::Device { .. } | RunArg::External { .. } => {}
             }
         }
         Ok(())

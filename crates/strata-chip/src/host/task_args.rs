@@ -51,9 +51,13 @@ pub enum TaskArgsError {
 impl RunArgs<'static> {
     /// The run arguments for `args` on `chip`: shared-memory tensors are passed by the
     /// address `map_shared(region, offset, len)` returns for their bytes (gathered into
-    /// device memory before the run, scattered back after it as their tags say), device
-    /// tensors in place (checked against `chip`'s live allocations; with `worker =
-    /// Some(id)` a tensor naming another worker's memory is refused), then the scalars.
+    /// device memory before the run, scattered back after it as their tags say) — except
+    /// those in the region of the chip's external memory
+    /// ([`ChipWorker::external_region`]), which are passed in place
+    /// ([`RunArgs::external`]: distributed windows); device tensors in place (checked
+    /// against `chip`'s live allocations; with `worker = Some(id)` a tensor naming another
+    /// worker's memory is refused), then the scalars. Tensor `i` of `args` is tensor `i`
+    /// of the run.
     ///
     /// # Safety
     /// Every pointer `map_shared` returns must be valid for reads and writes of `len`
@@ -73,6 +77,12 @@ impl RunArgs<'static> {
         let mut run = RunArgs::new();
         for (index, t) in args.tensors().iter().enumerate() {
             match t.buffer.location() {
+                BufferLocation::HostShared { region, offset }
+                    if chip.external_region().is_some_and(|(r, _)| r == region) =>
+                {
+                    // The chip's external memory (distributed windows): in place.
+                    run.external(offset, t.buffer.nbytes(), t.view, t.tag);
+                }
                 BufferLocation::HostShared { region, offset } => {
                     let base = map_shared(region, offset, t.view.byte_span().1)
                         .map_err(|message| TaskArgsError::Shared { index, message })?;

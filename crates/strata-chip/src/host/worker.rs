@@ -11,6 +11,7 @@ use crate::aicpu::registry::{OrchHandle, Registry};
 use crate::aicpu::sched::{Sched, SchedCell, SchedMsg, SchedShared, Topology};
 use crate::aicpu::stall::Watchdog;
 use crate::config::{ChipConfig, CoreType, OrchestratorPlacement, RingSizing};
+use crate::device::arena::ExternalMemory;
 use crate::device::memory::{DeviceMemory, DevicePtr};
 use crate::error::ChipError;
 use std::any::Any;
@@ -101,6 +102,10 @@ pub struct ChipWorker {
     pub(super) closed: bool,
     pub(super) unusable: Option<String>,
     pub(super) comm: Option<Arc<dyn Any + Send + Sync>>,
+    /// External memory attached before `init` (the device arena holds it from there on).
+    pub(super) external: Option<ExternalMemory>,
+    /// The shared-memory region and length of the attached external memory.
+    pub(super) external_region: Option<(u64, u64)>,
     /// The run environment's epoch (bumped when the registry or comm context changes).
     pub(super) epoch: u64,
     /// Runs started (tags the scheduler's report of a run).
@@ -141,6 +146,8 @@ impl ChipWorker {
             closed: false,
             unusable: None,
             comm: None,
+            external: None,
+            external_region: None,
             epoch: 0,
             runs: 0,
         })
@@ -252,6 +259,34 @@ impl ChipWorker {
         self.comm = ctx;
     }
 
+    /// Attaches external memory (distributed windows, `docs/chip.md`): from `init` on,
+    /// its bytes are device addresses [`EXTERNAL_BASE`](crate::EXTERNAL_BASE)`..`, and a
+    /// run argument in the shared-memory region it stands for
+    /// ([`ExternalMemory::region`]) is passed in place ([`RunArgs::external`](crate::RunArgs::external)).
+    ///
+    /// # Errors
+    /// [`ChipError::AlreadyInitialized`] after `init` (attach before it),
+    /// [`ChipError::InvalidConfig`] if external memory is attached already.
+    pub fn attach_external_memory(&mut self, memory: ExternalMemory) -> Result<(), ChipError> {
+        if self.live.is_some() || self.closed {
+            return Err(ChipError::AlreadyInitialized);
+        }
+        if self.external_region.is_some() {
+            return Err(ChipError::InvalidConfig(
+                "this chip has external memory attached already (one region per chip)".into(),
+            ));
+        }
+        self.external_region = Some((memory.region(), memory.len()));
+        self.external = Some(memory);
+        Ok(())
+    }
+
+    /// The shared-memory region whose tensors the chip passes in place (its attached
+    /// [`ExternalMemory`]), and its length.
+    pub fn external_region(&self) -> Option<(u64, u64)> {
+        self.external_region
+    }
+
     /// Whether `init` has run (and `close` has not).
     pub fn is_initialized(&self) -> bool {
         self.live.is_some()
@@ -271,7 +306,11 @@ impl ChipWorker {
             return Err(ChipError::AlreadyInitialized);
         }
         let cfg = &self.config;
-        let mem = Arc::new(DeviceMemory::new(cfg.device_memory_bytes, self.nonce)?);
+        let mem = Arc::new(DeviceMemory::new(
+            cfg.device_memory_bytes,
+            self.nonce,
+            self.external.clone(),
+        )?);
         let rings: [RingConfig; RING_COUNT] = std::array::from_fn(|i| cfg.rings[i].graph());
         let (g_orch, g_sched) = graph(GraphConfig {
             rings,

@@ -219,11 +219,11 @@ pub fn r64(b: u64) -> u64 {
     b.div_ceil(64) * 64
 }
 
-/// Every barrier row of every rank's copy of `sig` is zero (the collectives left no tally).
-pub fn rows_clear(alloc: &CommAllocator, sig: &DistributedTensor, p: u32) -> bool {
+/// Every barrier row of every rank's copy of `buf`'s signal area is zero (the collectives
+/// left no tally).
+pub fn rows_clear(alloc: &CommAllocator, buf: &WindowBuffer, p: u32) -> bool {
     (0..p).all(|r| {
-        let mut v = vec![0i32; p as usize];
-        alloc.host_read(sig, r, 0, &mut v).unwrap();
-        v.iter().all(|&x| x == 0)
+        let v = alloc.signal_area(buf, r).unwrap();
+        v[..p as usize].iter().all(|&x| x == 0)
     })
 }

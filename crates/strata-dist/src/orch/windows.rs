@@ -32,13 +32,10 @@ impl<'w> Orch<'w> {
         Ok(comm.claim(self.run))
     }
 
-    /// Number of chips (world ranks 0..n: world rank = next-level worker id).
+    /// The world: the next-level workers, ranks `0..n` (world rank = next-level worker
+    /// id) — the chips of a level-3 worker, the level-3 children of a level-4 one.
     pub fn world_size(&self) -> usize {
-        if self.ctx.comm.is_some() {
-            self.ctx.next.len()
-        } else {
-            0
-        }
+        self.ctx.next.len()
     }
 
     /// A comm domain over chips `workers` (their order is the domain's rank numbering).
@@ -105,7 +102,9 @@ impl<'w> Orch<'w> {
         self.windows()?.write(w, rank, data)
     }
 
-    /// Submits a builtin collective as a group over the window's domain.
+    /// Submits a builtin collective as a group over the windows' domain: every member
+    /// gets the same arguments (the windows whole, then `extra` scalars), narrowed to its
+    /// own rank's copies.
     fn collective(
         &mut self,
         which: fn(&Builtins) -> OrchHandle,
@@ -124,9 +123,6 @@ impl<'w> Orch<'w> {
             }
             args.push_tensor(w.arg(*tag))?;
         }
-        for (w, _) in windows {
-            w.push_to(&mut args)?;
-        }
         for &s in extra {
             args.push_scalar_bits(s)?;
         }
@@ -134,61 +130,51 @@ impl<'w> Orch<'w> {
         self.submit_next_level_group(which(&builtins), &per_rank, &members)
     }
 
-    /// Allreduce of `data` in place on every rank of its domain, synchronised through
-    /// `signal` (I32, at least `strata_comm::signal_cells(nranks, algo)` cells; reusable
-    /// run after run): a group task of the builtin collective kernel, ordered after
-    /// earlier tasks that touch either window.
+    /// Allreduce of `data` in place on every rank of its domain (synchronised through its
+    /// buffer's signal area; reusable run after run): a group task of the builtin
+    /// collective kernel over the domain, ordered after earlier tasks of each rank on the
+    /// buffer. The host-level twin of `strata_comm::Window::allreduce`.
     ///
     /// # Errors
-    /// No comm arena; windows of different domains; the group's submit errors.
+    /// No comm arena; the group's submit errors.
     pub fn allreduce(
         &mut self,
         data: &WindowTensor,
-        signal: &WindowTensor,
         op: ReduceOp,
         algo: AllreduceAlgo,
     ) -> Result<(), DistError> {
         self.collective(
             |b| b.allreduce,
-            &[(data, ArgTag::InOut), (signal, ArgTag::InOut)],
+            &[(data, ArgTag::InOut)],
             &[op.code(), algo.code()],
         )
     }
 
-    /// Broadcast of `root`'s copy of `data` to every rank of its domain.
+    /// Broadcast of domain rank `root`'s copy of `data` to every rank of its domain.
     ///
     /// # Errors
     /// As [`Orch::allreduce`].
-    pub fn broadcast(
-        &mut self,
-        data: &WindowTensor,
-        signal: &WindowTensor,
-        root: u32,
-    ) -> Result<(), DistError> {
+    pub fn broadcast(&mut self, data: &WindowTensor, root: u32) -> Result<(), DistError> {
         self.collective(
             |b| b.broadcast,
-            &[(data, ArgTag::InOut), (signal, ArgTag::InOut)],
+            &[(data, ArgTag::InOut)],
             &[u64::from(root)],
         )
     }
 
-    /// Allgather: `target[src, :]` = `stage` of rank `src`, on every rank.
+    /// Allgather: `target[src, :]` = `stage` of rank `src`, on every rank (`stage` and
+    /// `target` of one domain).
     ///
     /// # Errors
-    /// As [`Orch::allreduce`].
+    /// As [`Orch::allreduce`]; windows of different domains.
     pub fn allgather(
         &mut self,
         stage: &WindowTensor,
         target: &WindowTensor,
-        signal: &WindowTensor,
     ) -> Result<(), DistError> {
         self.collective(
             |b| b.allgather,
-            &[
-                (stage, ArgTag::Input),
-                (target, ArgTag::InOut),
-                (signal, ArgTag::InOut),
-            ],
+            &[(stage, ArgTag::Input), (target, ArgTag::InOut)],
             &[],
         )
     }
@@ -197,46 +183,34 @@ impl<'w> Orch<'w> {
     ///
     /// # Errors
     /// As [`Orch::allreduce`].
-    pub fn reduce_scatter(
-        &mut self,
-        data: &WindowTensor,
-        signal: &WindowTensor,
-        op: ReduceOp,
-    ) -> Result<(), DistError> {
-        self.collective(
-            |b| b.reduce_scatter,
-            &[(data, ArgTag::InOut), (signal, ArgTag::InOut)],
-            &[op.code()],
-        )
+    pub fn reduce_scatter(&mut self, data: &WindowTensor, op: ReduceOp) -> Result<(), DistError> {
+        self.collective(|b| b.reduce_scatter, &[(data, ArgTag::InOut)], &[op.code()])
     }
 
-    /// All-to-all: `target[src, :]` = the chunk rank `src` prepared for this rank.
+    /// All-to-all: `target[src, :]` = the chunk rank `src` prepared for this rank in its
+    /// `stage`.
     ///
     /// # Errors
-    /// As [`Orch::allreduce`].
+    /// As [`Orch::allgather`].
     pub fn all_to_all(
         &mut self,
         stage: &WindowTensor,
         target: &WindowTensor,
-        signal: &WindowTensor,
     ) -> Result<(), DistError> {
         self.collective(
             |b| b.all_to_all,
-            &[
-                (stage, ArgTag::Input),
-                (target, ArgTag::InOut),
-                (signal, ArgTag::InOut),
-            ],
+            &[(stage, ArgTag::Input), (target, ArgTag::InOut)],
             &[],
         )
     }
 
-    /// A barrier of every rank of `signal`'s domain (self-clearing; reusable).
+    /// A barrier of every rank of `window`'s domain, through its buffer's signal area
+    /// (self-clearing; reusable).
     ///
     /// # Errors
     /// As [`Orch::allreduce`].
-    pub fn barrier(&mut self, signal: &WindowTensor) -> Result<(), DistError> {
-        self.collective(|b| b.barrier, &[(signal, ArgTag::InOut)], &[])
+    pub fn barrier(&mut self, window: &WindowTensor) -> Result<(), DistError> {
+        self.collective(|b| b.barrier, &[(window, ArgTag::InOut)], &[])
     }
 
     /// A task on chip `rank`'s worker that copies `src` (a shared tensor with as many
@@ -306,8 +280,7 @@ impl<'w> Orch<'w> {
         })?;
         let mut args = TaskArgs::new();
         args.push_tensor(host)?;
-        args.push_tensor(w.arg_rank(rank, window_tag)?)?;
-        w.push_to(&mut args)?;
+        args.push_tensor(w.arg(window_tag))?;
         let which = if into_window {
             builtins.stage_in
         } else {

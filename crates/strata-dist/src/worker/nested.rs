@@ -59,7 +59,19 @@ impl Handler for NestedHandler {
                     }
                     _ => codes::FAILED,
                 };
-                FailureReport::new(code, e.to_string())
+                // A stall below (a chip's, or this worker's own) travels up as data.
+                let wait_for = match &e {
+                    DistError::TaskFailed(f) => f.wait_for().map(|w| (**w).clone()),
+                    DistError::WaitTimeout { wait_for, .. } => {
+                        wait_for.as_ref().map(|w| (**w).clone())
+                    }
+                    _ => None,
+                };
+                let message = match &e {
+                    DistError::TaskFailed(f) => f.message().to_owned(),
+                    e => e.to_string(),
+                };
+                FailureReport::new(code, message).with_wait_for(wait_for)
             })
     }
 

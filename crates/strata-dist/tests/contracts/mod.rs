@@ -626,7 +626,7 @@ pub fn submit_returns_before_completion_and_a_wait_timeout_is_retryable<M: Mode>
     assert!(!h.is_done());
     assert!(matches!(
         h.wait(Some(Duration::from_millis(10))),
-        Err(DistError::WaitTimeout(_))
+        Err(DistError::WaitTimeout { .. })
     ));
     h.wait(None).unwrap();
     assert!(h.is_done());

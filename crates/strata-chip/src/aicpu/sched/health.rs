@@ -101,12 +101,19 @@ impl Sched {
             task.id().0,
             after.as_millis()
         ));
+        let stalled = format!(
+            "kernel {kernel:?} (task {}) made no progress on core {c} for {} ms",
+            task.id().0,
+            after.as_millis()
+        );
+        let wait_for = Some(Box::new(self.wait_for(stalled, None)));
         let err = ChipError::KernelTimeout {
             kernel,
             task: task.id().0,
             block,
             core: c as u32,
             after,
+            wait_for,
         };
         let f = self.record_error(codes::SCHEDULER_TIMEOUT, err);
         self.subtask_done(task, total, Some(f), 1);

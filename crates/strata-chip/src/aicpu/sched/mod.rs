@@ -18,6 +18,7 @@ use strata_sync::{Broken, Driven, DriverSeat, Idle, Queue, Spin, ThreadBell, Tur
 
 mod health;
 mod placement;
+mod snapshot;
 
 pub(crate) use placement::Topology;
 
@@ -247,6 +248,12 @@ impl SchedCell {
             Ok(Some(r)) => r,
             Ok(None) | Err(_) => SchedReport::default(),
         }
+    }
+
+    /// The scheduler's wait-for snapshot now (running kernels, their signal waits, tasks
+    /// not started), headed by `stalled`; `None` if the loop is broken or gone.
+    pub(crate) fn wait_for(&self, stalled: String) -> Option<strata_types::WaitFor> {
+        self.seat.with(|s| s.wait_for(stalled, None)).ok().flatten()
     }
 
     /// Why the loop is broken (a pass panicked), if it is.
@@ -654,12 +661,34 @@ impl Sched {
                 let failure = match comp.failure {
                     None => None,
                     Some(msg) => {
+                        let kernel = self.ctl.env.func_name(func).to_owned();
+                        // A kernel that gave up a signal wait stalled the run: say what
+                        // everything was waiting for.
+                        let wait_for = self.links[c].signal.read(out.seq).filter(|n| n.gave_up).map(|n| {
+                            let stalled = format!(
+                                "kernel {kernel:?} (task {}) on core {c} gave up waiting for signal cell {}",
+                                out.task.id().0,
+                                n.cell
+                            );
+                            let gave_up = strata_types::SignalWait {
+                                task: out.task.id().0,
+                                core: c as u32,
+                                rank: n.rank,
+                                cell: n.cell,
+                                cmp: n.cmp.to_owned(),
+                                expected: n.expected,
+                                value: n.value,
+                                gave_up: true,
+                            };
+                            Box::new(self.wait_for(stalled, Some(gave_up)))
+                        });
                         let err = ChipError::KernelFailed {
-                            kernel: self.ctl.env.func_name(func).to_owned(),
+                            kernel,
                             task: out.task.id().0,
                             block: out.block,
                             core: c as u32,
                             message: msg.into(),
+                            wait_for,
                         };
                         Some(self.record_error(codes::KERNEL_FAILED, err))
                     }

@@ -1,0 +1,1431 @@
+//! The root's side of a session: [`RemoteEndpoint`], the [`Endpoint`] through which the
+//! level-4 scheduler reaches a remote level-3 worker.
+//!
+//! The scheduler's calls never block on the network: `publish` queues the TASK frame and
+//! its bulk inputs for the session's writer task, `poll` looks at a flag the reader task
+//! sets, `check_alive` compares the time of the last frame with the heartbeat timeout.
+//! The reader writes a task's outputs into the root's shared memory as their chunks
+//! arrive (they precede DONE on the stream), then rings the doorbell.
+
+use crate::error::NetError;
+use crate::io::{read_frame, runtime};
+use crate::wire::{
+    self, encode_data, Cancel, ControlReply, Data, Done, ErrorBody, FrameType, Segment,
+    ShutdownAck, Task, CHUNK_BYTES,
+};
+use std::collections::HashMap;
+use std::net::TcpStream;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+use strata_dist::{ChildKind, ControlCommand, Endpoint, EndpointError, TaskOutcome};
+use strata_host::{Doorbell, SharedMemory};
+use strata_mailbox::{codes, FailureReport, TaskPublication, TaskSlot};
+use strata_types::wire::decode_args;
+use strata_types::{ArgLimits, ArgTag, BufferLocation};
+use tokio::io::AsyncWriteExt;
+use tokio::sync::mpsc;
+
+/// How often each side sends a heartbeat.
+pub const HEARTBEAT_INTERVAL: Duration = Duration::from_millis(200);
+
+/// Frames for the session's writer.
+pub(crate) enum Out {
+    /// A whole frame.
+    Frame(Vec<u8>),
+    /// Bulk data to stream in chunks, read from shared memory as the socket takes it.
+    Bulk {
+        owner: u64,
+        /// (segment index, region, first byte, bytes)
+        parts: Vec<(u32, u64, u64, u64)>,
+    },
+    /// Runs once everything queued before it on its lane was written (e.g. frees the
+    /// staging bytes a bulk transfer read).
+    Then(Box<dyn FnOnce() + Send>),
+}
+
+/// Which of the writer's lanes an item goes on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Lane {
+    /// Heartbeats and ERROR: between any two items of the ordered lane.
+    Prio,
+    /// Tasks, their bulk data, completions, device-memory requests, in order.
+    Main,
+}
+
+/// The sending side of a session: every frame goes through it, whatever the transport.
+pub(crate) enum Tx {
+    /// A TCP socket and the session's writer task ([`TcpTx`]).
+    Tcp(TcpTx),
+    /// The MPI progress thread's queues for one peer rank.
+    #[cfg(feature = "mpi")]
+    Mpi(Arc<crate::mpi_link::Peer>),
+}
+
+/// How a session ends its link from this side: over TCP the socket is shut down (the
+/// peer reads EOF); over MPI the progress thread sends the peer a close message and
+/// drops whatever else was queued.
+pub(crate) enum Cut {
+    /// A clone of the session's socket.
+    Tcp(TcpStream),
+    /// The peer rank.
+    #[cfg(feature = "mpi")]
+    Mpi(Arc<crate::mpi_link::Peer>),
+}
+
+impl Cut {
+    /// Ends the link (idempotent).
+    pub(crate) fn cut(&self) {
+        match self {
+            Cut::Tcp(s) => {
+                let _ = s.shutdown(std::net::Shutdown::Both);
+            }
+            #[cfg(feature = "mpi")]
+            Cut::Mpi(p) => p.cut(),
+        }
+    }
+}
+
+/// An established link a session starts on: the socket of a handshaken TCP connection,
+/// or a handshaken MPI peer.
+pub(crate) enum Link {
+    /// The connection's socket.
+    Tcp(TcpStream),
+    /// The peer rank.
+    #[cfg(feature = "mpi")]
+    Mpi(Arc<crate::mpi_link::Peer>),
+}
+
+/// A handshaken start-up connection that becomes a session's [`Link`].
+pub(crate) trait IntoLink: crate::io::FrameConn {
+    /// The link the session runs on.
+    fn into_link(self) -> Link;
+}
+
+impl IntoLink for crate::io::SyncConn {
+    fn into_link(self) -> Link {
+        Link::Tcp(self.stream)
+    }
+}
+
+#[cfg(feature = "mpi")]
+impl IntoLink for crate::mpi_link::MpiConn {
+    fn into_link(self) -> Link {
+        Link::Mpi(self.peer)
+    }
+}
+
+impl Tx {
+    /// A sender over a TCP writer's lanes and a clone of the session's socket.
+    pub(crate) fn new(
+        prio: mpsc::UnboundedSender<Out>,
+        main: mpsc::UnboundedSender<Out>,
+        sock: TcpStream,
+    ) -> Tx {
+        Tx::Tcp(TcpTx {
+            prio,
+            main,
+            sock,
+            pending: Arc::default(),
+        })
+    }
+
+    /// The count a TCP writer decrements ([`pump`]).
+    pub(crate) fn backlog(&self) -> Arc<Backlog> {
+        match self {
+            Tx::Tcp(t) => t.pending.clone(),
+            #[cfg(feature = "mpi")]
+            Tx::Mpi(_) => Arc::default(),
+        }
+    }
+
+    /// Sends `out` on `lane`; `Err` once the writer is gone (the session was cut).
+    pub(crate) fn send(&self, lane: Lane, out: Out) -> Result<(), ()> {
+        match self {
+            Tx::Tcp(t) => t.send(lane, out),
+            #[cfg(feature = "mpi")]
+            Tx::Mpi(p) => p.send(lane, out),
+        }
+    }
+}
+
+/// The sending side of a session's writer: every frame goes through it.
+///
+/// A frame sent while the writer has nothing to do (no item queued or being written) is
+/// written by the sending thread itself, without waiting: the hand-off to the runtime's
+/// thread would cost a wake-up of that thread (tens of µs on a loaded 2-CPU machine,
+/// measured: the largest share of a remote task's round trip). The socket is
+/// non-blocking, so this never blocks the sender (the scheduler, the node's main thread);
+/// whatever the socket does not take at once goes to the writer at the head of the
+/// priority lane, so it is written before anything else, and frames never interleave.
+pub(crate) struct TcpTx {
+    prio: mpsc::UnboundedSender<Out>,
+    main: mpsc::UnboundedSender<Out>,
+    /// A handle on the session's (non-blocking) socket for the direct writes.
+    sock: TcpStream,
+    /// Items handed to the writer and not finished; a direct write needs 0. Channel
+    /// sends happen under its lock, so the channels' order is the lock's order.
+    pending: Arc<Backlog>,
+}
+
+/// How many items the writer holds (queued or being written); shared by the [`Tx`] and
+/// the writer (which must not hold the senders: it ends when they are gone).
+#[derive(Default)]
+pub(crate) struct Backlog(Mutex<u64>);
+
+impl Backlog {
+    /// The writer finished an item.
+    fn done(&self) {
+        let mut n = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        *n = n.saturating_sub(1);
+    }
+}
+
+impl TcpTx {
+    /// Sends `out` on `lane` (see [`TcpTx`]); `Err` once the writer is gone.
+    pub(crate) fn send(&self, lane: Lane, out: Out) -> Result<(), ()> {
+        use std::io::Write;
+        let mut pending = self.pending.0.lock().unwrap_or_else(|e| e.into_inner());
+        if *pending == 0 {
+            match out {
+                Out::Frame(f) => {
+                    match (&self.sock).write(&f) {
+                        Ok(n) if n == f.len() => return Ok(()),
+                        Ok(n) => {
+                            // The rest first, before anything queued after this.
+                            *pending += 1;
+                            return self.prio.send(Out::Frame(f[n..].to_vec())).map_err(drop);
+                        }
+                        // Nothing was written: the writer writes it (and meets the
+                        // error, if the socket has one).
+                        Err(_) => {
+                            *pending += 1;
+                            return self.lane(lane).send(Out::Frame(f)).map_err(drop);
+                        }
+                    }
+                }
+                // Everything before it is written: run it now.
+                Out::Then(f) => {
+                    drop(pending);
+                    f();
+                    return Ok(());
+                }
+                bulk => {
+                    *pending += 1;
+                    return self.lane(lane).send(bulk).map_err(drop);
+                }
+            }
+        }
+        *pending += 1;
+        self.lane(lane).send(out).map_err(drop)
+    }
+
+    fn lane(&self, lane: Lane) -> &mpsc::UnboundedSender<Out> {
+        match lane {
+            Lane::Prio => &self.prio,
+            Lane::Main => &self.main,
+        }
+    }
+}
+
+/// One task in flight on the session.
+struct InFlight {
+    seq: u64,
+    segments: Vec<Segment>,
+    /// For each segment the task writes: the byte runs (absolute region offsets, sorted)
+    /// its write-tagged views touch — only those are written back.
+    runs: Vec<Vec<(u64, u64)>>,
+    outcome: Option<TaskOutcome>,
+}
+
+/// A device-memory request waiting for its reply (`memory.rs`).
+struct ControlWait {
+    reply: Option<Result<u64, String>>,
+    /// Where a copy-from's bytes go (they precede the reply on the stream).
+    sink: Option<Sink>,
+    /// Bytes that arrived so far.
+    have: u64,
+}
+
+/// A piece of the caller's buffer that the reader fills with a copy-from's bytes, in
+/// place (no staging copy on the root). Written only under the session's state lock
+/// while its request is registered; the request's [`Pending`] borrows the buffer and
+/// unregisters it before the borrow ends, whatever happens (drop), so the reader never
+/// writes into a buffer its owner got back.
+struct Sink {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the pointer is used only under the state lock, while the `Pending` that holds
+// the exclusive borrow of the buffer is alive (see `Sink`).
+unsafe impl Send for Sink {}
+
+/// Bytes of DATA frames a device-memory copy may have queued for the writer and not yet
+/// written: the copying thread encodes frames straight from the caller's buffer and waits
+/// above this, so a large copy costs a bounded amount of memory.
+const COPY_WINDOW: u64 = 4 << 20;
+
+#[derive(Default)]
+struct State {
+    slots: [Option<InFlight>; 2],
+    dead: Option<String>,
+    controls: HashMap<u64, ControlWait>,
+    ack: Option<ShutdownAck>,
+}
+
+/// What the endpoint, the reader, the writer and the heartbeat share.
+pub(crate) struct Session {
+    pub(crate) label: String,
+    pub(crate) session: u64,
+    doorbell: Doorbell,
+    shared: Arc<SharedMemory>,
+    state: Mutex<State>,
+    changed: Condvar,
+    /// Bit `slot` set: that slot's outcome is waiting (a lock-free look for `poll`).
+    done_mask: AtomicU32,
+    dead_flag: AtomicBool,
+    last_rx: AtomicU64,
+    seq: AtomicU64,
+    epoch: Instant,
+    heartbeat_timeout: Duration,
+    /// The node's staging area (from READY): device-memory copies go in pieces that fit it.
+    pub(crate) staging_bytes: u64,
+    /// DATA bytes queued by a device-memory copy and not yet written (see [`COPY_WINDOW`]).
+    out_pending: AtomicU64,
+    /// The writer's lanes (and direct writes).
+    tx: Tx,
+    /// Cuts the link from any thread.
+    sock: Cut,
+}
+
+impl Session {
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn next_seq(&self) -> u64 {
+        self.seq.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    /// The session ends with `why` (first reason kept); the socket is cut so both tasks
+    /// and the node see it.
+    pub(crate) fn die(&self, why: String) {
+        {
+            let mut st = self.lock();
+            if st.dead.is_none() {
+                st.dead = Some(why);
+            }
+        }
+        self.dead_flag.store(true, Ordering::Release);
+        self.sock.cut();
+        self.changed.notify_all();
+        self.doorbell.ring();
+    }
+
+    fn send_prio(&self, frame: Vec<u8>) {
+        let _ = self.tx.send(Lane::Prio, Out::Frame(frame));
+    }
+
+    /// Why the session ended, if it did.
+    pub(crate) fn dead_reason(&self) -> Option<String> {
+        if !self.dead_flag.load(Ordering::Acquire) {
+            return None;
+        }
+        Some(self.lock().dead.clone().unwrap_or_default())
+    }
+
+    /// Sends device-memory request `control` on the ordered lane (after every task
+    /// already published, so the node serves it after them), followed by `payload` as
+    /// DATA frames owned by it; the bytes a reply brings back land in `dst` (at most its
+    /// length). Returns the request, to [`Pending::wait`] for.
+    ///
+    /// # Errors
+    /// The session ended (its reason), or the frame could not be encoded.
+    pub(crate) fn post_control<'a>(
+        self: &'a Arc<Self>,
+        control: &wire::Control,
+        payload: &[u8],
+        dst: Option<&'a mut [u8]>,
+    ) -> Result<Pending<'a>, String> {
+        if let Some(why) = self.dead_reason() {
+            return Err(why);
+        }
+        let seq = self.next_seq();
+        let frame = wire::encode(FrameType::Control, self.session, seq, control)
+            .map_err(|e| e.to_string())?;
+        self.lock().controls.insert(
+            seq,
+            ControlWait {
+                reply: None,
+                sink: dst.map(|d| Sink {
+                    ptr: d.as_mut_ptr(),
+                    len: d.len(),
+                }),
+                have: 0,
+            },
+        );
+        // From here on the guard unregisters the request on every path.
+        let pending = Pending {
+            s: self,
+            seq,
+            _dst: std::marker::PhantomData,
+        };
+        let gone = || "the session's writer is gone".to_owned();
+        self.tx
+            .send(Lane::Main, Out::Frame(frame))
+            .map_err(|_| gone())?;
+        for (k, chunk) in payload.chunks(CHUNK_BYTES).enumerate() {
+            self.wait_window()?;
+            let mut f = Vec::with_capacity(chunk.len() + 64);
+            let head = wire::DataHead {
+                owner: seq,
+                segment: 0,
+                offset: (k * CHUNK_BYTES) as u64,
+            };
+            encode_data(&mut f, self.session, seq, head, chunk.len(), |d| {
+                d.copy_from_slice(chunk)
+            });
+            let n = chunk.len() as u64;
+            self.out_pending.fetch_add(n, Ordering::AcqRel);
+            self.tx
+                .send(Lane::Main, Out::Frame(f))
+                .map_err(|_| gone())?;
+            let s = self.clone();
+            self.tx
+                .send(
+                    Lane::Main,
+                    Out::Then(Box::new(move || {
+                        s.out_pending.fetch_sub(n, Ordering::AcqRel);
+                        s.changed.notify_all();
+                    })),
+                )
+                .map_err(|_| gone())?;
+        }
+        Ok(pending)
+    }
+
+    /// Waits until the writer has fewer than [`COPY_WINDOW`] queued copy bytes (or the
+    /// session ended, or went silent past the heartbeat timeout).
+    fn wait_window(&self) -> Result<(), String> {
+        let mut st = self.lock();
+        while self.out_pending.load(Ordering::Acquire) >= COPY_WINDOW {
+            if let Some(d) = &st.dead {
+                return Err(d.clone());
+            }
+            drop(st);
+            self.check_silence();
+            st = self.lock();
+            st = self
+                .changed
+                .wait_timeout(st, Duration::from_millis(50))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        Ok(())
+    }
+
+    /// Ends the session if the node has been silent past the heartbeat timeout (what
+    /// `check_alive` does for the scheduler; a device-memory wait runs while the scheduler
+    /// may be parked).
+    fn check_silence(&self) {
+        let last = self.last_rx.load(Ordering::Acquire);
+        let silent = Duration::from_millis(self.now_ms().saturating_sub(last));
+        if silent > self.heartbeat_timeout && !self.dead_flag.load(Ordering::Acquire) {
+            self.die(format!(
+                "{}: no frame from the node for {silent:?} (heartbeat timeout {:?}): the link is partitioned, or the node is stopped or overloaded; the session was cut",
+                self.label, self.heartbeat_timeout
+            ));
+        }
+    }
+
+    /// Waits for the reply to request `seq` until `deadline`: its result word and how
+    /// many bytes it brought back.
+    fn wait_control(&self, seq: u64, deadline: Instant) -> Result<(u64, u64), ControlWaitError> {
+        let mut st = self.lock();
+        loop {
+            if let Some(c) = st.controls.remove(&seq) {
+                match c.reply {
+                    Some(Ok(v)) => return Ok((v, c.have)),
+                    Some(Err(why)) => return Err(ControlWaitError::Refused(why)),
+                    None => {
+                        st.controls.insert(seq, c);
+                    }
+                }
+            }
+            if let Some(d) = &st.dead {
+                let why = d.clone();
+                st.controls.remove(&seq);
+                return Err(ControlWaitError::Lost(why));
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                st.controls.remove(&seq);
+                drop(st);
+                // The node may still be working on it: a later reply would find no
+                // request, and the chip's memory is in an unknown state. End the session,
+                // as the engine stops a child that missed a control deadline.
+                self.die(format!(
+                    "{}: no answer to a device-memory request in time; the session was cut",
+                    self.label
+                ));
+                return Err(ControlWaitError::Timeout);
+            }
+            drop(st);
+            self.check_silence();
+            st = self.lock();
+            st = self
+                .changed
+                .wait_timeout(st, left.min(Duration::from_millis(50)))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+}
+
+/// A device-memory request on its way ([`Session::post_control`]); dropping it
+/// unregisters the request (its buffer is then never written).
+pub(crate) struct Pending<'a> {
+    s: &'a Session,
+    seq: u64,
+    /// The buffer the reply's bytes land in stays borrowed while the request may write it.
+    _dst: std::marker::PhantomData<&'a mut [u8]>,
+}
+
+impl Pending<'_> {
+    /// Waits for the reply until `deadline`: the result word and how many bytes it
+    /// brought back.
+    ///
+    /// # Errors
+    /// [`ControlWaitError`]: the node's refusal, the session's end, or the deadline.
+    pub(crate) fn wait(self, deadline: Instant) -> Result<(u64, u64), ControlWaitError> {
+        self.s.wait_control(self.seq, deadline)
+    }
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        self.s.lock().controls.remove(&self.seq);
+    }
+}
+
+/// Why a device-memory request got no result.
+#[derive(Debug)]
+pub(crate) enum ControlWaitError {
+    /// The node answered with this refusal.
+    Refused(String),
+    /// The session ended (the reason).
+    Lost(String),
+    /// No answer by the deadline.
+    Timeout,
+}
+
+/// The endpoint of one remote level-3 worker (see the module docs).
+pub struct RemoteEndpoint {
+    pub(crate) s: Arc<Session>,
+}
+
+impl std::fmt::Debug for RemoteEndpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RemoteEndpoint")
+            .field("label", &self.s.label)
+            .finish()
+    }
+}
+
+impl RemoteEndpoint {
+    /// Starts the session over an authenticated, ready link: over TCP its reader, writer
+    /// and heartbeat on this crate's runtime; over MPI its heartbeat there, its frames
+    /// through the MPI progress thread.
+    ///
+    /// # Errors
+    /// The socket cannot be handed to the runtime.
+    pub(crate) fn start(
+        link: Link,
+        session: u64,
+        label: String,
+        doorbell: Doorbell,
+        shared: Arc<SharedMemory>,
+        heartbeat_timeout: Duration,
+        staging_bytes: u64,
+    ) -> Result<RemoteEndpoint, NetError> {
+        let new = |tx: Tx, sock: Cut| {
+            Arc::new(Session {
+                label,
+                session,
+                doorbell,
+                shared,
+                state: Mutex::new(State::default()),
+                changed: Condvar::new(),
+                done_mask: AtomicU32::new(0),
+                dead_flag: AtomicBool::new(false),
+                last_rx: AtomicU64::new(0),
+                seq: AtomicU64::new(1 << 32),
+                epoch: Instant::now(),
+                heartbeat_timeout,
+                staging_bytes,
+                out_pending: AtomicU64::new(0),
+                tx,
+                sock,
+            })
+        };
+        // (One arm without the `mpi` feature.)
+        #[allow(clippy::infallible_destructuring_match)]
+        let stream = match link {
+            Link::Tcp(stream) => stream,
+            #[cfg(feature = "mpi")]
+            Link::Mpi(peer) => {
+                let s = new(Tx::Mpi(peer.clone()), Cut::Mpi(peer.clone()));
+                peer.attach(mpi_receiver(&s), s.shared.clone(), session);
+                runtime().spawn(heartbeat(s.clone()));
+                return Ok(RemoteEndpoint { s });
+            }
+        };
+        let sock = stream
+            .try_clone()
+            .map_err(|e| NetError::io("cloning the session socket", e))?;
+        stream
+            .set_nonblocking(true)
+            .map_err(|e| NetError::io("making the session socket non-blocking", e))?;
+        let (prio_tx, prio_rx) = mpsc::unbounded_channel();
+        let (main_tx, main_rx) = mpsc::unbounded_channel();
+        let direct = stream
+            .try_clone()
+            .map_err(|e| NetError::io("cloning the session socket", e))?;
+        let tx = Tx::new(prio_tx, main_tx, direct);
+        let backlog = tx.backlog();
+        let s = new(tx, Cut::Tcp(sock));
+        let rt = runtime();
+        let _guard = rt.enter();
+        let stream = tokio::net::TcpStream::from_std(stream)
+            .map_err(|e| NetError::io("handing the session socket to the runtime", e))?;
+        let (rd, wr) = stream.into_split();
+        rt.spawn(reader(s.clone(), rd));
+        rt.spawn(writer(
+            Arc::downgrade(&s),
+            s.shared.clone(),
+            session,
+            backlog,
+            wr,
+            prio_rx,
+            main_rx,
+        ));
+        rt.spawn(heartbeat(s.clone()));
+        Ok(RemoteEndpoint { s })
+    }
+
+    /// The message a failed publish gives.
+    fn publish_error(&self, what: String) -> EndpointError {
+        EndpointError::Remote(format!("{}: {what}", self.s.label))
+    }
+}
+
+/// The segments a task's tensors name, and the write-back runs of each.
+type Plan = (Vec<Segment>, Vec<Vec<(u64, u64)>>);
+
+/// Plans the bulk data of a task: one segment per buffer its tensors name (the union of
+/// their byte spans), shipped before the task if any view reads it (or does not cover
+/// it), written back after it where write-tagged views touch it.
+fn plan(blob: &[u8]) -> Result<Plan, String> {
+    let args = decode_args(blob, ArgLimits::HOST)
+        .map_err(|e| format!("cannot decode the task's arguments: {e}"))?;
+    // identity → (segment index)
+    let mut by_buffer: HashMap<strata_types::BufferIdentity, usize> = HashMap::new();
+    let mut segs: Vec<Segment> = Vec::new();
+    let mut whole_output: Vec<bool> = Vec::new();
+    let mut runs: Vec<Vec<(u64, u64)>> = Vec::new();
+    for (i, t) in args.tensors().iter().enumerate() {
+        let (region, base) = match t.buffer.location() {
+            BufferLocation::HostShared { region, offset } => (region, offset),
+            // Device memory of this remote worker's chips (a `RemoteTensor`; the engine
+            // admitted it for this worker only): nothing to ship, the node maps the handle.
+            BufferLocation::Device { .. } => continue,
+            BufferLocation::HostLocal { .. } => {
+                return Err(format!(
+                    "tensor argument {i} is in private host memory; use a SharedTensor"
+                ))
+            }
+        };
+        let (lo, hi) = t.view.byte_span();
+        let (lo, hi) = (base + lo, base + hi);
+        let writes = matches!(
+            t.tag,
+            ArgTag::Output | ArgTag::OutputExisting | ArgTag::InOut | ArgTag::NoDep
+        );
+        let only_writes = matches!(t.tag, ArgTag::Output | ArgTag::OutputExisting);
+        let k = *by_buffer.entry(t.buffer.identity()).or_insert_with(|| {
+            segs.push(Segment {
+                region,
+                start: lo,
+                len: 0,
+                send: false,
+                recv: false,
+            });
+            whole_output.push(true);
+            runs.push(Vec::new());
+            segs.len() - 1
+        });
+        let s = &mut segs[k];
+        let (old_lo, old_hi) = (s.start, s.start + s.len);
+        let (new_lo, new_hi) = if s.len == 0 {
+            (lo, hi)
+        } else {
+            (old_lo.min(lo), old_hi.max(hi))
+        };
+        s.start = new_lo;
+        s.len = new_hi - new_lo;
+        s.recv |= writes;
+        // A view that only writes, densely, spares sending the segment only if it covers
+        // all of it (checked once the segment is final, below).
+        if !(only_writes && t.view.is_contiguous()) {
+            whole_output[k] = false;
+        }
+        if writes {
+            runs[k].extend(t.view.contiguous_runs().map(|(o, n)| (base + o, n)));
+        }
+    }
+    for (k, s) in segs.iter_mut().enumerate() {
+        let covered = whole_output[k] && runs[k].iter().any(|&(o, n)| o == s.start && n == s.len);
+        s.send = !covered;
+        let r = &mut runs[k];
+        r.sort_unstable();
+        // Merge touching runs so a dense view is one copy.
+        let mut merged: Vec<(u64, u64)> = Vec::with_capacity(r.len());
+        for &(o, n) in r.iter() {
+            match merged.last_mut() {
+                Some((mo, mn)) if *mo + *mn >= o => *mn = (*mn).max(o + n - *mo),
+                _ => merged.push((o, n)),
+            }
+        }
+        *r = merged;
+    }
+    Ok((segs, runs))
+}
+
+impl Endpoint for RemoteEndpoint {
+    fn label(&self) -> &str {
+        &self.s.label
+    }
+
+    fn kind(&self) -> ChildKind {
+        ChildKind::Worker
+    }
+
+    fn publish(&mut self, slot: TaskSlot, task: &TaskPublication<'_>) -> Result<(), EndpointError> {
+        if self.s.dead_flag.load(Ordering::Acquire) {
+            let why = self.s.lock().dead.clone().unwrap_or_default();
+            return Err(EndpointError::Gone { message: why });
+        }
+        let (segments, runs) = plan(task.args).map_err(|e| self.publish_error(e))?;
+        let config = task.config.as_bytes();
+        let used = config.iter().rposition(|&b| b != 0).map_or(0, |p| p + 1);
+        let seq = self.s.next_seq();
+        let body = Task {
+            callable: task.callable.0,
+            config: config[..used].to_vec(),
+            args: task.args.to_vec(),
+            segments: segments.clone(),
+        };
+        let frame = wire::encode(FrameType::Task, self.s.session, seq, &body)
+            .map_err(|e| self.publish_error(e.to_string()))?;
+        let parts: Vec<(u32, u64, u64, u64)> = segments
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.send && s.len > 0)
+            .map(|(i, s)| (i as u32, s.region, s.start, s.len))
+            .collect();
+        self.s.lock().slots[slot.index()] = Some(InFlight {
+            seq,
+            segments,
+            runs,
+            outcome: None,
+        });
+        // TASK first, then its inputs, on the ordered lane (never overtaken by a later
+        // task's frames).
+        let sent = self.s.tx.send(Lane::Main, Out::Frame(frame)).is_ok()
+            && (parts.is_empty()
+                || self
+                    .s
+                    .tx
+                    .send(Lane::Main, Out::Bulk { owner: seq, parts })
+                    .is_ok());
+        if !sent {
+            self.s.lock().slots[slot.index()] = None;
+            return Err(self.publish_error("the session's writer is gone".into()));
+        }
+        Ok(())
+    }
+
+    #[inline]
+    fn poll(&mut self, slot: TaskSlot) -> Result<Option<TaskOutcome>, EndpointError> {
+        let bit = 1u32 << slot.index();
+        if self.s.done_mask.load(Ordering::Acquire) & bit == 0 {
+            return Ok(None);
+        }
+        let mut st = self.s.lock();
+        self.s.done_mask.fetch_and(!bit, Ordering::AcqRel);
+        Ok(st.slots[slot.index()].take().and_then(|f| f.outcome))
+    }
+
+    fn control(
+        &mut self,
+        request: &ControlCommand,
+        _deadline: Option<Instant>,
+    ) -> Result<u64, EndpointError> {
+        Err(EndpointError::Remote(format!(
+            "{}: a remote level-3 worker does not take control command `{}` through the scheduler; use strata_net::RemoteWorker for its chips' memory",
+            self.s.label,
+            request.name()
+        )))
+    }
+
+    fn check_alive(&mut self) -> Result<(), EndpointError> {
+        if !self.s.dead_flag.load(Ordering::Acquire) {
+            let last = self.s.last_rx.load(Ordering::Acquire);
+            let silent = Duration::from_millis(self.s.now_ms().saturating_sub(last));
+            if silent <= self.s.heartbeat_timeout {
+                return Ok(());
+            }
+            self.s.die(format!(
+                "{}: no frame from the node for {silent:?} (heartbeat timeout {:?}): the link is partitioned, or the node is stopped or overloaded; the session was cut",
+                self.s.label, self.s.heartbeat_timeout
+            ));
+        }
+        let message = self.s.lock().dead.clone().unwrap_or_default();
+        Err(EndpointError::Gone { message })
+    }
+
+    fn kill(&mut self) -> bool {
+        self.s.die(format!(
+            "{}: the session was cut (the node stops its level-3 tree when it sees the connection close)",
+            self.s.label
+        ));
+        true
+    }
+
+    fn answers_soon(&self) -> bool {
+        // An answer needs a network round trip: the scheduler parks instead of spinning.
+        false
+    }
+
+    fn state_note(&self) -> Option<String> {
+        let last = self.s.last_rx.load(Ordering::Acquire);
+        Some(format!(
+            "last frame from the node {:?} ago",
+            Duration::from_millis(self.s.now_ms().saturating_sub(last))
+        ))
+    }
+
+    fn abandon(endpoints: Vec<Self>) {
+        for mut e in endpoints {
+            e.kill();
+        }
+    }
+
+    fn begin_shutdown(&mut self) {
+        if self.s.dead_flag.load(Ordering::Acquire) {
+            return;
+        }
+        // Tasks still queued at the node are dropped; the one it runs finishes first.
+        let in_flight: Vec<u64> = self
+            .s
+            .lock()
+            .slots
+            .iter()
+            .flatten()
+            .map(|f| f.seq)
+            .collect();
+        for task in in_flight {
+            if let Ok(f) = wire::encode(
+                FrameType::Cancel,
+                self.s.session,
+                self.s.next_seq(),
+                &Cancel { task },
+            ) {
+                let _ = self.s.tx.send(Lane::Main, Out::Frame(f));
+            }
+        }
+        if let Ok(f) = wire::encode(FrameType::Shutdown, self.s.session, self.s.next_seq(), &()) {
+            let _ = self.s.tx.send(Lane::Main, Out::Frame(f));
+        }
+    }
+
+    fn finish_shutdown(&mut self, deadline: Instant) -> Result<(), String> {
+        let mut st = self.s.lock();
+        loop {
+            if let Some(ack) = st.ack.take() {
+                drop(st);
+                self.s.sock.cut();
+                return if ack.reaped && ack.report.is_empty() {
+                    Ok(())
+                } else if ack.reaped {
+                    Err(format!("{}: {}", self.s.label, ack.report))
+                } else {
+                    Err(format!(
+                        "{}: the node could not reap its whole subtree: {}",
+                        self.s.label, ack.report
+                    ))
+                };
+            }
+            if let Some(d) = &st.dead {
+                return Err(format!("{d} (before it confirmed its shutdown)"));
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                drop(st);
+                self.s.die(format!(
+                    "{}: no shutdown confirmation in time",
+                    self.s.label
+                ));
+                return Err(format!(
+                    "{}: the node did not confirm its shutdown in time; the session was cut (the node stops its tree when it sees the connection close)",
+                    self.s.label
+                ));
+            }
+            st = self
+                .s
+                .changed
+                .wait_timeout(st, left.min(Duration::from_millis(50)))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+}
+
+impl Drop for RemoteEndpoint {
+    fn drop(&mut self) {
+        // Whatever happened, the session ends with the endpoint.
+        self.s.sock.cut();
+    }
+}
+
+/// Copies the part of chunk `bytes` (at absolute region offset `at`) that lies in the
+/// write-back runs into the root's shared memory.
+fn write_back(
+    shared: &SharedMemory,
+    region: u64,
+    at: u64,
+    bytes: &[u8],
+    runs: &[(u64, u64)],
+) -> Result<(), String> {
+    let end = at + bytes.len() as u64;
+    let first = runs.partition_point(|&(o, n)| o + n <= at);
+    for &(o, n) in &runs[first..] {
+        if o >= end {
+            break;
+        }
+        let lo = o.max(at);
+        let hi = (o + n).min(end);
+        let dst = shared
+            .ptr(region, lo, hi - lo)
+            .map_err(|e| format!("writing a task's output back: {e}"))?;
+        let src = &bytes[(lo - at) as usize..(hi - at) as usize];
+        // SAFETY: `ptr` checked `[lo, hi)` lies in the region; the task that writes these
+        // bytes holds the region in use (the engine's in-use marks) and no other task may
+        // touch them while it runs (dependency tracking); `src` is a private buffer.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len()) };
+    }
+    Ok(())
+}
+
+/// Handles one frame from the node; `Err` ends the session with that reason.
+fn on_frame(s: &Session, h: &wire::Header, body: &[u8]) -> Result<(), String> {
+    if h.session != s.session {
+        return Err(format!(
+            "the node sent a frame of session {:#x} on session {:#x}",
+            h.session, s.session
+        ));
+    }
+    match h.kind {
+        FrameType::Heartbeat => Ok(()),
+        FrameType::Data => {
+            let d: Data<'_> = wire::decode_body(h.kind, body).map_err(|e| e.to_string())?;
+            let mut st = s.lock();
+            if let Some(c) = st.controls.get_mut(&d.owner) {
+                let n = d.bytes.len();
+                let fits = c.sink.as_ref().is_some_and(|k| {
+                    d.segment == 0 && d.offset == c.have && c.have as usize + n <= k.len
+                });
+                let Some(sink) = c.sink.as_ref().filter(|_| fits) else {
+                    return Err(format!(
+                        "the node sent data for control request {} outside what it asked for (offset {}, {n} bytes)",
+                        d.owner, d.offset
+                    ));
+                };
+                // SAFETY: the sink is a live exclusive borrow of the caller's buffer while
+                // its request is registered (`Pending` unregisters it before the borrow
+                // ends, under this same lock, which is held here), and
+                // `have + n <= len` was checked above.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        d.bytes.as_ptr(),
+                        sink.ptr.add(c.have as usize),
+                        n,
+                    )
+                };
+                c.have += n as u64;
+                return Ok(());
+            }
+            let f = st
+                .slots
+                .iter()
+                .flatten()
+                .find(|f| f.seq == d.owner)
+                .ok_or_else(|| {
+                    format!(
+                        "the node sent data for task {} which is not in flight",
+                        d.owner
+                    )
+                })?;
+            let seg = f
+                .segments
+                .get(d.segment as usize)
+                .filter(|g| {
+                    g.recv
+                        && d.offset
+                            .checked_add(d.bytes.len() as u64)
+                            .is_some_and(|e| e <= g.len)
+                })
+                .ok_or_else(|| {
+                    format!(
+                        "the node sent data outside the outputs of task {} (segment {}, offset {})",
+                        d.owner, d.segment, d.offset
+                    )
+                })?;
+            write_back(
+                &s.shared,
+                seg.region,
+                seg.start + d.offset,
+                d.bytes,
+                &f.runs[d.segment as usize],
+            )
+        }
+        FrameType::Done => {
+            let d: Done = wire::decode_body(h.kind, body).map_err(|e| e.to_string())?;
+            let mut st = s.lock();
+            let slot = st
+                .slots
+                .iter()
+                .position(|f| {
+                    f.as_ref()
+                        .is_some_and(|f| f.seq == h.sequence && f.outcome.is_none())
+                })
+                .ok_or_else(|| {
+                    format!(
+                        "the node completed task {} which is not in flight",
+                        h.sequence
+                    )
+                })?;
+            let outcome = match d.failure {
+                None => Ok(()),
+                Some((code, message)) => Err(FailureReport::new(code, message)),
+            };
+            if let Some(f) = st.slots[slot].as_mut() {
+                f.outcome = Some(outcome);
+            }
+            s.done_mask.fetch_or(1 << slot, Ordering::AcqRel);
+            drop(st);
+            s.doorbell.ring();
+            Ok(())
+        }
+        FrameType::ControlReply => {
+            let r: ControlReply = wire::decode_body(h.kind, body).map_err(|e| e.to_string())?;
+            let mut st = s.lock();
+            let c = st.controls.get_mut(&h.sequence).ok_or_else(|| {
+                format!(
+                    "the node answered control request {} which was not sent",
+                    h.sequence
+                )
+            })?;
+            c.reply = Some(r.result);
+            drop(st);
+            s.changed.notify_all();
+            Ok(())
+        }
+        FrameType::ShutdownAck => {
+            let a: ShutdownAck = wire::decode_body(h.kind, body).map_err(|e| e.to_string())?;
+            s.lock().ack = Some(a);
+            s.changed.notify_all();
+            Ok(())
+        }
+        FrameType::Error => {
+            let e: ErrorBody = wire::decode_body(h.kind, body).map_err(|e| e.to_string())?;
+            Err(format!("the node ended the session: {}", e.message))
+        }
+        other => Err(format!("the node sent an unexpected {other:?} frame")),
+    }
+}
+
+/// The session's receiver over MPI, run by the progress thread: what [`reader`] does
+/// for a socket. It holds the session weakly (the session holds the peer, which holds
+/// this receiver).
+#[cfg(feature = "mpi")]
+fn mpi_receiver(s: &Arc<Session>) -> crate::mpi_link::Handler {
+    use crate::mpi_link::{decode_message, Incoming};
+    let weak = Arc::downgrade(s);
+    Box::new(move |inc| {
+        let Some(s) = weak.upgrade() else {
+            return;
+        };
+        let acked = || s.lock().ack.is_some();
+        match inc {
+            Incoming::Frame(buf, tag) => match decode_message(buf, tag) {
+                Ok((h, body)) => {
+                    s.last_rx.store(s.now_ms(), Ordering::Release);
+                    if let Err(why) = on_frame(&s, &h, body) {
+                        s.die(format!("{}: {why}", s.label));
+                    }
+                }
+                Err(e) => s.die(format!(
+                    "{}: the node sent a bad frame ({e}); the session was cut",
+                    s.label
+                )),
+            },
+            Incoming::Closed if !acked() => s.die(format!(
+                "{}: the node ended the session before it confirmed a shutdown (its process ended?)",
+                s.label
+            )),
+            Incoming::Broken(why) if !acked() => s.die(format!(
+                "{}: MPI failed on the link to the node ({why}): the node died, or the fabric failed",
+                s.label
+            )),
+            Incoming::Closed | Incoming::Broken(_) => {}
+        }
+    })
+}
+
+async fn reader(s: Arc<Session>, mut rd: tokio::net::tcp::OwnedReadHalf) {
+    let mut body = Vec::new();
+    loop {
+        let h = match read_frame(&mut rd, &mut body).await {
+            Ok(h) => h,
+            Err(e) => {
+                let acked = s.lock().ack.is_some();
+                if !acked {
+                    let why = match &e {
+                        NetError::Wire(w) => format!("{}: the node sent a bad frame ({w}); the session was cut", s.label),
+                        _ => format!("{}: the connection to the node broke ({e}): the node died, or the link failed", s.label),
+                    };
+                    s.die(why);
+                }
+                return;
+            }
+        };
+        s.last_rx.store(s.now_ms(), Ordering::Release);
+        if let Err(why) = on_frame(&s, &h, &body) {
+            s.die(format!("{}: {why}", s.label));
+            return;
+        }
+    }
+}
+
+/// The session's writer task. It holds the session weakly: the session owns the lanes'
+/// senders, and the writer ends when they are gone — a strong reference here would keep
+/// them, the session and its socket alive for good once the session ended.
+async fn writer(
+    s: std::sync::Weak<Session>,
+    shared: Arc<SharedMemory>,
+    session: u64,
+    backlog: Arc<Backlog>,
+    wr: tokio::net::tcp::OwnedWriteHalf,
+    prio: mpsc::UnboundedReceiver<Out>,
+    main: mpsc::UnboundedReceiver<Out>,
+) {
+    if let Err(e) = pump(&shared, session, &backlog, wr, prio, main).await {
+        if let Some(s) = s.upgrade() {
+            if !s.dead_flag.load(Ordering::Acquire) {
+                s.die(format!("{}: sending to the node failed ({e})", s.label));
+            }
+        }
+    }
+}
+
+/// A session's writer: frames of the priority lane (heartbeats, controls) first, then
+/// the ordered lane (tasks, their bulk data, completions). Ends when both senders are
+/// gone.
+///
+/// # Errors
+/// The socket failed.
+pub(crate) async fn pump(
+    shared: &SharedMemory,
+    session: u64,
+    backlog: &Backlog,
+    mut wr: tokio::net::tcp::OwnedWriteHalf,
+    mut prio: mpsc::UnboundedReceiver<Out>,
+    mut main: mpsc::UnboundedReceiver<Out>,
+) -> std::io::Result<()> {
+    let mut buf = Vec::with_capacity(CHUNK_BYTES + 64);
+    let (mut prio_open, mut main_open) = (true, true);
+    loop {
+        // A lane that closed is drained no more, but the other is drained to its end: the
+        // last frames of a session (DONE, SHUTDOWN_ACK) are often queued just before both
+        // senders go.
+        let out = tokio::select! {
+            biased;
+            o = prio.recv(), if prio_open => match o {
+                Some(o) => o,
+                None => {
+                    prio_open = false;
+                    continue;
+                }
+            },
+            o = main.recv(), if main_open => match o {
+                Some(o) => o,
+                None => {
+                    main_open = false;
+                    continue;
+                }
+            },
+            else => {
+                let _ = wr.shutdown().await;
+                return Ok(());
+            }
+        };
+        match out {
+            Out::Frame(f) => wr.write_all(&f).await?,
+            Out::Bulk { owner, parts } => {
+                stream_bulk(
+                    shared, session, backlog, &mut wr, &mut prio, &mut buf, owner, &parts,
+                )
+                .await?
+            }
+            Out::Then(f) => f(),
+        }
+        backlog.done();
+    }
+}
+
+/// Streams shared-memory ranges as DATA chunks; between chunks, frames of the priority
+/// lane (heartbeats, controls) go first, so a large copy never holds them back by more
+/// than one chunk. The socket's own back-pressure paces the reads.
+#[allow(clippy::too_many_arguments)]
+async fn stream_bulk(
+    shared: &SharedMemory,
+    session: u64,
+    backlog: &Backlog,
+    wr: &mut tokio::net::tcp::OwnedWriteHalf,
+    prio: &mut mpsc::UnboundedReceiver<Out>,
+    buf: &mut Vec<u8>,
+    owner: u64,
+    parts: &[(u32, u64, u64, u64)],
+) -> std::io::Result<()> {
+    for &(segment, region, start, len) in parts {
+        let mut off = 0u64;
+        while off < len {
+            // (The priority lane carries frames only.)
+            while let Ok(Out::Frame(f)) = prio.try_recv() {
+                wr.write_all(&f).await?;
+                backlog.done();
+            }
+            let n = (len - off).min(CHUNK_BYTES as u64) as usize;
+            {
+                let src = shared
+                    .ptr(region, start + off, n as u64)
+                    .map_err(|e| std::io::Error::other(e.to_string()))?;
+                let head = wire::DataHead {
+                    owner,
+                    segment,
+                    offset: off,
+                };
+                encode_data(buf, session, owner, head, n, |dst| {
+                    // SAFETY: `ptr` checked the range lies in the region; the task holds
+                    // the region in use, and no task writes these bytes while it may read
+                    // them.
+                    unsafe { std::ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), n) }
+                });
+            }
+            wr.write_all(buf).await?;
+            off += n as u64;
+        }
+    }
+    Ok(())
+}
+
+async fn heartbeat(s: Arc<Session>) {
+    let mut tick = tokio::time::interval(HEARTBEAT_INTERVAL);
+    loop {
+        tick.tick().await;
+        if s.dead_flag.load(Ordering::Acquire) {
+            return;
+        }
+        if let Ok(f) = wire::encode(FrameType::Heartbeat, s.session, 0, &()) {
+            s.send_prio(f);
+        }
+        // Wake the scheduler now and then so its liveness check runs even when idle.
+        let last = s.last_rx.load(Ordering::Acquire);
+        if Duration::from_millis(s.now_ms().saturating_sub(last)) > s.heartbeat_timeout {
+            s.doorbell.ring();
+        }
+    }
+}
+
+/// The code a task dropped by a CANCEL fails with.
+pub const CANCELLED: i32 = codes::SHUT_DOWN;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use strata_types::{DataType, IdentityMinter, TaskArgs, TensorView};
+
+    /// Frames sent through a [`Tx`] — written directly by the sender when the writer is
+    /// idle, cut short by a small send buffer, queued behind each other on two lanes —
+    /// arrive whole (checksums hold), each lane in its order.
+    #[test]
+    fn direct_and_queued_frames_arrive_whole_and_in_lane_order() {
+        use std::io::Read;
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (mut b, _) = l.accept().unwrap();
+        let small: libc::c_int = 4096;
+        // SAFETY: setsockopt on a socket this test owns, with a valid int option value.
+        let r = unsafe {
+            libc::setsockopt(
+                std::os::fd::AsRawFd::as_raw_fd(&a),
+                libc::SOL_SOCKET,
+                libc::SO_SNDBUF,
+                (&small as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        assert_eq!(r, 0);
+        a.set_nonblocking(true).unwrap();
+        let (ptx, prx) = mpsc::unbounded_channel();
+        let (mtx, mrx) = mpsc::unbounded_channel();
+        let tx = Tx::new(ptx, mtx, a.try_clone().unwrap());
+        let backlog = tx.backlog();
+        let rt = runtime();
+        let writer = {
+            let _g = rt.enter();
+            let (rd, wr) = tokio::net::TcpStream::from_std(a).unwrap().into_split();
+            let shared = SharedMemory::process().clone();
+            rt.spawn(async move {
+                let _keep = rd;
+                pump(&shared, 9, &backlog, wr, prx, mrx).await
+            })
+        };
+        const FRAMES: u64 = 600;
+        let reader = std::thread::spawn(move || {
+            let (mut main, mut prio) = (Vec::new(), Vec::new());
+            // Read nothing at first: the socket's buffers fill, so direct writes are cut
+            // short or refused and the writer takes over.
+            std::thread::sleep(Duration::from_millis(100));
+            let mut h = [0u8; wire::HEADER_BYTES];
+            while b.read_exact(&mut h).is_ok() {
+                let head = wire::decode_header(&h).unwrap();
+                let mut body = vec![0u8; head.length as usize];
+                b.read_exact(&mut body).unwrap();
+                wire::check_body(&h, &head, &body).unwrap();
+                match head.kind {
+                    FrameType::Data => main.push(head.sequence),
+                    FrameType::Heartbeat => prio.push(head.sequence),
+                    other => panic!("unexpected {other:?}"),
+                }
+            }
+            (main, prio)
+        });
+        for i in 1..=FRAMES {
+            // Sizes from a few bytes to 4× the send buffer, so many writes are cut short.
+            let n = ((i * 7919) % (16 << 10)) as usize;
+            let mut f = Vec::new();
+            let head = wire::DataHead {
+                owner: i,
+                segment: 0,
+                offset: 0,
+            };
+            encode_data(&mut f, 9, i, head, n, |d| d.fill(i as u8));
+            tx.send(Lane::Main, Out::Frame(f)).unwrap();
+            if i % 3 == 0 {
+                let hb = wire::encode(FrameType::Heartbeat, 9, i, &()).unwrap();
+                tx.send(Lane::Prio, Out::Frame(hb)).unwrap();
+            }
+        }
+        drop(tx);
+        rt.block_on(writer).unwrap().unwrap();
+        let (main, prio) = reader.join().unwrap();
+        assert_eq!(main, (1..=FRAMES).collect::<Vec<_>>());
+        assert_eq!(
+            prio,
+            (1..=FRAMES).filter(|i| i % 3 == 0).collect::<Vec<_>>()
+        );
+    }
+
+    fn desc(region: u64, offset: u64, n: u64, m: &IdentityMinter) -> strata_types::BufferDesc {
+        // SAFETY: a test descriptor that is only planned, never given to a task.
+        unsafe {
+            strata_types::BufferDesc::from_parts(
+                m.mint(),
+                n,
+                BufferLocation::HostShared { region, offset },
+            )
+        }
+    }
+
+    #[test]
+    fn plans_one_segment_per_buffer_and_ships_what_is_read() {
+        let m = IdentityMinter::new();
+        let a = desc(1, 0, 64, &m);
+        let out = desc(2, 128, 64, &m);
+        let mut args = TaskArgs::new();
+        let v = TensorView::contiguous(DataType::F32, &[16]).unwrap();
+        args.push_tensor(strata_types::TensorArg {
+            buffer: a,
+            view: v,
+            tag: ArgTag::Input,
+        })
+        .unwrap();
+        let half = v.slice(0, 8, 16).unwrap();
+        args.push_tensor(strata_types::TensorArg {
+            buffer: out,
+            view: half,
+            tag: ArgTag::OutputExisting,
+        })
+        .unwrap();
+        let blob = strata_mailbox::encode_args_blob(&args);
+        let (segs, runs) = plan(&blob.unwrap()).unwrap();
+        assert_eq!(segs.len(), 2);
+        assert_eq!(
+            segs[0],
+            Segment {
+                region: 1,
+                start: 0,
+                len: 64,
+                send: true,
+                recv: false
+            }
+        );
+        // The output slice: bytes 32..64 of a buffer at offset 128, never sent.
+        assert_eq!(
+            segs[1],
+            Segment {
+                region: 2,
+                start: 160,
+                len: 32,
+                send: false,
+                recv: true
+            }
+        );
+        assert_eq!(runs[1], vec![(160, 32)]);
+    }
+
+    #[test]
+    fn a_strided_output_is_sent_so_the_gaps_survive_and_only_its_elements_come_back() {
+        let m = IdentityMinter::new();
+        let b = desc(3, 0, 4 * 4 * 4, &m);
+        let mut args = TaskArgs::new();
+        let grid = TensorView::contiguous(DataType::F32, &[4, 4]).unwrap();
+        let col = grid.window(&[0, 1], &[4, 1]).unwrap();
+        args.push_tensor(strata_types::TensorArg {
+            buffer: b,
+            view: col,
+            tag: ArgTag::OutputExisting,
+        })
+        .unwrap();
+        let (segs, runs) = plan(&strata_mailbox::encode_args_blob(&args).unwrap()).unwrap();
+        assert!(segs[0].send && segs[0].recv);
+        assert_eq!(runs[0], vec![(4, 4), (20, 4), (36, 4), (52, 4)]);
+    }
+}
