@@ -8,7 +8,11 @@
 //! - `cargo xtask bench <name>` runs one side-by-side benchmark; each prints a human table
 //!   and, as its last line, one JSON object with its figures. Each alternates its
 //!   variants with its peer or floor in rounds and prints the machine (CPU model, load
-//!   average). `cargo xtask bench list` names them.
+//!   average). `cargo xtask bench list` names them. The peers install themselves on first
+//!   use (Debian packages by `apt-get`, the iceoryx2 peer by `cargo build`, Ray by `pip`
+//!   into a venv under `target/peers/`); one that cannot be had is skipped with its
+//!   reason, and its JSON figures are `null`. The criterion benches of the public API's
+//!   hot paths are a plain `cargo bench` (`benches/hot_paths.rs`).
 //! - `cargo xtask bench-compare <rev> <bench> [--rounds N]` builds `<rev>` in a git
 //!   worktree under `target/bench-compare/` and runs its bench and this tree's
 //!   alternately, printing per figure both medians, the median of the per-round ratios
@@ -50,19 +54,19 @@ const BENCHES: &[Bench] = &[
         name: "mailbox",
         package: "strata-mailbox",
         target: "mailbox_rtt",
-        what: "no-op task round trip through a mailbox between two processes vs a raw cache-line ping-pong",
+        what: "no-op task round trip through a mailbox between two processes vs a raw cache-line ping-pong and iceoryx2 (built from benches/peers/iceoryx2 on first use)",
     },
     Bench {
         name: "graph",
         package: "strata-graph",
         target: "graph_dags",
-        what: "µs per task through strata-graph for chain / fan-out-fan-in / wavefront DAGs vs GCC OpenMP task depend",
+        what: "µs per task through strata-graph for chain / fan-out-fan-in / wavefront DAGs vs GCC OpenMP task depend, oneTBB flow::graph and StarPU (apt-get installs libtbb-dev / libstarpu-dev if missing)",
     },
     Bench {
         name: "chip",
         package: "strata-chip",
         target: "chip_throughput",
-        what: "empty-kernel tasks through one emulated chip (chain / fan / independent), 1 MiB vector-add bandwidth vs single-core memcpy, and the cost of a run of one kernel",
+        what: "empty-kernel tasks through one emulated chip (chain / fan / independent) vs the graph core alone, 1 MiB vector-add bandwidth vs single-core memcpy, and the cost of a run of one kernel",
     },
     Bench {
         name: "comm",
@@ -74,7 +78,13 @@ const BENCHES: &[Bench] = &[
         name: "dispatch",
         package: "strata-dist",
         target: "dispatch",
-        what: "L3 engine: one-task run round trip to a forked child vs a raw cache-line ping-pong; µs per task for chain / fan / wavefront sub-task DAGs (Process and Threads); init + close",
+        what: "L3 engine: one-task run round trip to a forked child vs a raw cache-line ping-pong, strata's mailbox, Python multiprocessing and Ray (venv under target/peers); µs per task for chain / fan / wavefront sub-task DAGs (Process and Threads) vs the graph core; init + close vs six forks",
+    },
+    Bench {
+        name: "scale",
+        package: "strata-dist",
+        target: "scale",
+        what: "parallel efficiency of 1..N chips / sub-workers running 1 ms tasks, and the task length at which efficiency reaches 0.9 (METG) for the graph core, a chip and the L3 engine, each next to N bare spinning threads",
     },
     Bench {
         name: "program",

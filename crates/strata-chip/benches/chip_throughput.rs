@@ -6,6 +6,11 @@
 //! empty kernel, back to back, with the orchestration on the chip's orchestrator thread
 //! and on the caller's thread (`OrchestratorPlacement`).
 //!
+//! Next to each DAG, in the same rounds, strata-graph alone runs the same DAG of empty
+//! tasks on one thread (submit the whole run, then claim and complete every task): the
+//! graph core's per-task cost, which a chip task is compared with (goal, issue 15: an
+//! empty chip task ≤ 2× the graph core's per-task cost; vector add ≥ 0.8× memcpy).
+//!
 //! Side by side figures alternate in rounds (A B, B A, …; one warm-up round first): the
 //! vector add with the memcpy floor, the two placements of the one-kernel run with each
 //! other, and the three task DAGs with each other. Each is the median over the rounds; a
@@ -13,6 +18,7 @@
 //! the output. The last line is a JSON object.
 
 use std::cell::RefCell;
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 use strata_chip::*;
 use strata_testkit::bench::{Json, Machine, Rounds};
@@ -66,6 +72,68 @@ impl OneKernel {
                 .expect("run");
         }
         t.elapsed().as_secs_f64() * 1e6 / ONE_KERNEL_RUNS as f64
+    }
+}
+
+/// strata-graph alone, one thread: the same DAG's access lists, submitted as one run
+/// and then drained (claim + complete in dependency order). µs per task.
+struct Core {
+    tasks: Vec<Vec<strata_graph::Access>>,
+    orch: strata_graph::Orchestrator<()>,
+    sched: strata_graph::Scheduler<()>,
+}
+
+impl Core {
+    fn new(dag: &str) -> Core {
+        use strata_graph::{Access, BufferKey, Footprint, KeySpace};
+        let m = strata_types::IdentityMinter::new();
+        let x = BufferKey::new(m.mint(), KeySpace::Host);
+        let acc = |tag| vec![Access::new(x, Footprint::WHOLE, tag)];
+        let tasks = match dag {
+            "chain" => vec![acc(ArgTag::InOut); CHAIN as usize],
+            "fan" => {
+                let mut t = vec![];
+                for _ in 0..FAN_ROUNDS {
+                    t.push(acc(ArgTag::InOut));
+                    t.extend((0..FAN_WIDTH).map(|_| acc(ArgTag::Input)));
+                    t.push(acc(ArgTag::InOut));
+                }
+                t
+            }
+            _ => vec![vec![]; INDEP as usize],
+        };
+        let (orch, sched) =
+            strata_graph::graph::<()>(strata_graph::GraphConfig::default()).expect("graph");
+        Core { tasks, orch, sched }
+    }
+
+    fn run(&mut self) -> f64 {
+        let (orch, sched) = (&mut self.orch, &mut self.sched);
+        let t = Instant::now();
+        let run = orch.begin_run().expect("begin");
+        let mut queue = VecDeque::new();
+        for a in &self.tasks {
+            let s = orch
+                .submit(strata_graph::TaskSpec::new((), a))
+                .expect("submit");
+            if s.ready {
+                queue.push_back(s.task);
+            }
+        }
+        orch.close_run().expect("close");
+        let (mut newly, mut done) = (Vec::new(), 0);
+        while let Some(task) = queue.pop_front() {
+            if sched.claim(task).is_some() {
+                sched.complete(task, Ok(()), &mut newly).expect("complete");
+                done += 1;
+                queue.extend(newly.drain(..).map(|r| r.task));
+            }
+        }
+        assert_eq!(orch.wait_run(run, None).expect("wait"), Some(Ok(())));
+        let us = t.elapsed().as_secs_f64() * 1e6 / self.tasks.len() as f64;
+        assert_eq!(done, self.tasks.len());
+        orch.release_run(run).expect("release");
+        us
     }
 }
 
@@ -162,7 +230,21 @@ fn main() {
     let only = std::env::var("STRATA_BENCH_ONLY").unwrap_or_default();
     let want = |w: &str| only.is_empty() || only == w;
     // The first round warms up (grows the slot arena and the TensorMap once).
+    let (mut core_chain, mut core_fan, mut core_indep) = (
+        Core::new("chain"),
+        Core::new("fan"),
+        Core::new("independent"),
+    );
     let mut dags = Rounds::new(REPS).warmup(1);
+    if want("chain") {
+        dags = dags.variant("core chain", || core_chain.run());
+    }
+    if want("fan") {
+        dags = dags.variant("core fan", || core_fan.run());
+    }
+    if want("indep") {
+        dags = dags.variant("core independent", || core_indep.run());
+    }
     if want("chain") {
         dags = dags.variant("chain", || {
             let mut a = RunArgs::new();
@@ -189,6 +271,20 @@ fn main() {
         }
     };
     let (chain_us, fan_us, indep_us) = (dag("chain"), dag("fan"), dag("independent"));
+    let vs_core = |name: &str| {
+        let core = format!("core {name}");
+        if dags.names().contains(&core) {
+            dags.ratio_median_vs(name, &core)
+        } else {
+            f64::NAN
+        }
+    };
+    let core_us = |name: &str| strata_testkit::bench::median(&dag(&format!("core {name}")));
+    let vs = [
+        ("chain", vs_core("chain")),
+        ("fan", vs_core("fan")),
+        ("independent", vs_core("independent")),
+    ];
 
     // Vector add over resident device tensors, 1 MiB per operand.
     let sets: Vec<[DeviceTensor; 3]> = (0..VADD_SETS)
@@ -292,6 +388,25 @@ fn main() {
         "{:<34} {:>8.1}ms",
         "process CPU while idle for 500 ms", idle_ms
     );
+    let goal = |met: bool, v: f64| match (v.is_finite(), met) {
+        (false, _) => "n/a",
+        (true, true) => "met",
+        (true, false) => "missed",
+    };
+    for (name, r) in vs {
+        println!(
+            "{:<34} {:>8.3}us   (chip / core {r:.2}, median of per-round ratios; goal <= 2: {})",
+            format!("graph core alone, {name}"),
+            core_us(name),
+            goal(r <= 2.0, r)
+        );
+    }
+    println!(
+        "{:<34} {:>10.2}   (goal >= 0.8: {})",
+        "vector add / memcpy",
+        vadd_vs_memcpy,
+        goal(vadd_vs_memcpy >= 0.8, vadd_vs_memcpy)
+    );
     println!(
         "{:<34} {:>8.3}us",
         "run of 1 kernel, orchestrator thread", one_thread
@@ -311,6 +426,12 @@ fn main() {
         .num("one_kernel_run_caller_us", one_caller, 3)
         .num("vadd_gbps_vs_memcpy", vadd_vs_memcpy, 3)
         .num("one_kernel_thread_vs_caller", thread_vs_caller, 3)
+        .num("core_chain_us", core_us("chain"), 4)
+        .num("core_fan_us", core_us("fan"), 4)
+        .num("core_indep_us", core_us("independent"), 4)
+        .num("empty_chain_vs_core", vs[0].1, 3)
+        .num("empty_fan_vs_core", vs[1].1, 3)
+        .num("empty_indep_vs_core", vs[2].1, 3)
         .int("rounds", REPS as u64)
         .machine(&machine);
     println!("{}", json.line());

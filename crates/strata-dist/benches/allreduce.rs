@@ -63,6 +63,7 @@ use strata_testkit::bench::{
     affinity, assert_single_threaded, median, pin, pingpong_threads_ns, restore_affinity,
     FloorSpec, Json, Machine, Rounds, RoundsReport,
 };
+use strata_testkit::peer;
 use strata_types::{CallConfig, DataType, TaskArgs};
 
 /// (bytes, JSON suffix, latency or bandwidth figure).
@@ -275,73 +276,28 @@ fn l3_calibrate(l3: &mut L3, bytes: u64, algo: AllreduceAlgo) -> u64 {
 
 // ----- Open MPI --------------------------------------------------------------------------
 
-fn runs_ok(cmd: &str, arg: &str) -> bool {
-    Command::new(cmd)
-        .arg(arg)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
+/// Whether Open MPI can build and launch a program here: `mpirun` runs and `mpicc`
+/// compiles a file that includes `mpi.h` (a machine may have the runtime without the
+/// headers of `libopenmpi-dev`).
 fn mpi_present() -> bool {
-    runs_ok("mpicc", "--version") && runs_ok("mpirun", "--version")
+    if !peer::runs_ok("mpirun", &["--version"]) {
+        return false;
+    }
+    let src = std::env::temp_dir().join(format!("strata-mpi-probe-{}.c", std::process::id()));
+    let ok = std::fs::write(&src, "#include <mpi.h>\nint main(void) { return 0; }\n").is_ok()
+        && peer::runs_ok("mpicc", &["-fsyntax-only", &src.to_string_lossy()]);
+    let _ = std::fs::remove_file(&src);
+    ok
 }
 
 fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
+    peer::is_root()
 }
 
 /// Installs Open MPI from the distribution's packages (Debian: `openmpi-bin
-/// libopenmpi-dev`), non-interactively.
+/// libopenmpi-dev`), non-interactively, unless it is usable already.
 fn install_mpi() -> Result<(), String> {
-    println!(
-        "MPI: mpicc/mpirun not found; installing openmpi-bin libopenmpi-dev with apt-get (non-interactive) ..."
-    );
-    let apt = |args: &[&str]| -> Result<(), String> {
-        let mut c = if is_root() {
-            Command::new("apt-get")
-        } else {
-            let mut c = Command::new("sudo");
-            c.args(["-n", "apt-get"]);
-            c
-        };
-        let out = c
-            .args(args)
-            .env("DEBIAN_FRONTEND", "noninteractive")
-            .stdin(Stdio::null())
-            .output()
-            .map_err(|e| format!("could not run apt-get: {e}"))?;
-        if out.status.success() {
-            Ok(())
-        } else {
-            let err = String::from_utf8_lossy(&out.stderr);
-            Err(format!(
-                "apt-get {} failed: {}",
-                args.join(" "),
-                err.lines().last().unwrap_or("").trim()
-            ))
-        }
-    };
-    let install = [
-        "install",
-        "-y",
-        "-q",
-        "--no-install-recommends",
-        "openmpi-bin",
-        "libopenmpi-dev",
-    ];
-    if apt(&install).is_err() {
-        apt(&["update", "-q"])?;
-        apt(&install)?;
-    }
-    if mpi_present() {
-        println!("MPI: installed");
-        Ok(())
-    } else {
-        Err("installed openmpi-bin libopenmpi-dev, but mpicc/mpirun still do not run".into())
-    }
+    peer::ensure_apt("MPI", &["openmpi-bin", "libopenmpi-dev"], mpi_present)
 }
 
 /// The target directory's profile folder (`target/release`): the bench binary lives in

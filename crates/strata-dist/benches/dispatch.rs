@@ -23,6 +23,19 @@
 //! 3. **init + close** of a `Process`-mode worker with 4 chips (`ChipConfig::default()`)
 //!    and 2 sub-workers.
 //!
+//! 4. **Side by side (issue 15)**, in the same rounds as the Process-mode round trips:
+//!    strata's own mailbox round trip (a no-op task to a forked child, as `bench mailbox`;
+//!    goal: an L3 round trip ≤ 4× it), a Process-mode chain of `CHAIN` sub tasks on a
+//!    fresh worker, and the Python peers — `multiprocessing` (`Pipe` round trip and
+//!    `Pool.apply`) and Ray (`ray.get(f.remote(x))`, installed into a venv under
+//!    `target/peers/` on first use; skipped with the reason printed, `null` in the JSON,
+//!    if it cannot be installed) — each launched once per round doing the same no-op
+//!    round trip and the same chain (`benches/peers/dispatch_peers.py`; goal: strata ≥ 50×
+//!    faster on both). In the DAG rounds, strata-graph alone (one thread, build then
+//!    drain) runs the same four DAGs (goal: Process mode ≤ 2× it per task). In the
+//!    lifecycle rounds, init alternates with forking and reaping six bare children
+//!    (goal: init ≤ 1.5× that).
+//!
 //! Forking: `init` in `Process` mode refuses to fork while this process runs other
 //! threads, so everything in `Process` mode comes first (each worker is closed — its
 //! scheduler thread joined — before the next starts), then `Threads` mode, then the
@@ -44,6 +57,9 @@
 //! `{process,threads}_wavefront_sep_us`; from the rounds `ratio_round_median`,
 //! `sub_ratio_round_median`, `{process,threads}_wavefront_vs_sep`, `threads_floor_rtt_us`,
 //! `threads_l3_rtt_us`, `threads_sub_rtt_us`, `rounds` and the `machine_` keys.
+
+#[path = "dispatch_parts/side.rs"]
+mod side;
 
 use std::cell::RefCell;
 use std::time::{Duration, Instant};
@@ -147,6 +163,35 @@ fn sub_rtt(mode: ExecMode) -> Vec<f64> {
     let v = time_runs(&mut w, &orch);
     w.close().expect("close");
     v
+}
+
+/// µs per task of a chain of `CHAIN` no-op sub tasks on a fresh Process-mode worker with
+/// `SUBS` sub-workers: the median of `CHAIN_RUNS` runs after one warm-up run.
+fn process_chain() -> f64 {
+    const CHAIN_RUNS: usize = 5;
+    let mut w = DistWorker::new(DistConfig::l3(vec![], SUBS)).expect("worker");
+    let noop = w.register_sub("bench.noop", |_| Ok(()));
+    let (args, tensors) = dag_args(&w, Dag::Chain);
+    let orch = w.register_orchestration("bench.chain", move |o, _| {
+        for a in &args {
+            o.submit_sub(&noop, a)?;
+        }
+        Ok(())
+    });
+    assert_single_threaded("init (chain)");
+    w.init().expect("init");
+    let none = TaskArgs::new();
+    let mut v = Vec::with_capacity(CHAIN_RUNS);
+    for i in 0..=CHAIN_RUNS {
+        let t = Instant::now();
+        w.run(&orch, &none).expect("chain run");
+        if i > 0 {
+            v.push(t.elapsed().as_secs_f64() * 1e6 / CHAIN as f64);
+        }
+    }
+    w.close().expect("close");
+    drop(tensors);
+    median(&v)
 }
 
 /// The empty chip orchestration run by a `ChipWorker` in this process (µs per run): the
@@ -307,6 +352,10 @@ struct DagTimes {
     submit: [Vec<f64>; 4],
     /// Median of the per-round ratios wavefront / wavefront with one tensor per tile.
     wavefront_vs_sep: f64,
+    /// strata-graph alone on the same DAG (µs per task, median), and the median of the
+    /// per-round ratios engine / graph core.
+    core: [f64; 4],
+    vs_core: [f64; 4],
 }
 
 /// µs per task of each DAG on a worker with `SUBS` sub-workers in `mode`: the four DAGs
@@ -336,6 +385,7 @@ fn dags(mode: ExecMode) -> DagTimes {
     let none = TaskArgs::new();
     let worker = RefCell::new(w);
     let mut submit: [Vec<f64>; 4] = Default::default();
+    let mut cores = Dag::ALL.map(side::Core::new);
     let mut rounds = Rounds::new(DAG_REPS).warmup(1);
     for ((k, dag), sub) in Dag::ALL.iter().enumerate().zip(&mut submit) {
         let (worker, orch, none) = (&worker, &orchs[k], &none);
@@ -351,6 +401,9 @@ fn dags(mode: ExecMode) -> DagTimes {
             run
         });
     }
+    for (dag, core) in Dag::ALL.iter().zip(cores.iter_mut()) {
+        rounds = rounds.variant(format!("core {}", dag.name()), move || core.run());
+    }
     let report = rounds.baseline(Dag::WavefrontSep.name()).run();
     // The warm-up round's submit shares are the first four entries.
     for sub in &mut submit {
@@ -362,43 +415,66 @@ fn dags(mode: ExecMode) -> DagTimes {
         run: Dag::ALL.map(|d| report.figures(d.name())),
         submit,
         wavefront_vs_sep: report.ratio_median(Dag::Wavefront.name()),
+        core: Dag::ALL.map(|d| report.median(&format!("core {}", d.name()))),
+        vs_core: Dag::ALL.map(|d| report.ratio_median_vs(d.name(), &format!("core {}", d.name()))),
     }
 }
 
 // ----- 4. init + close -----------------------------------------------------------------
 
-/// (init ms, close ms) of `LIFECYCLE_REPS` cycles (after one warm-up) of a `Process`-mode
-/// worker with `LIFECYCLE_CHIPS` chips and `SUBS` sub-workers.
-fn lifecycle() -> (Vec<f64>, Vec<f64>) {
-    let mut init = Vec::with_capacity(LIFECYCLE_REPS);
-    let mut close = Vec::with_capacity(LIFECYCLE_REPS);
-    for rep in 0..=LIFECYCLE_REPS {
-        let mut w = DistWorker::new(DistConfig::l3(
-            vec![ChipConfig::default(); LIFECYCLE_CHIPS],
-            SUBS,
-        ))
-        .expect("worker");
-        let noop = w.register_sub("bench.noop", |_| Ok(()));
-        let _orch = w.register_orchestration("bench.lifecycle", move |o, _| {
-            o.submit_sub(&noop, &TaskArgs::new())?;
-            Ok(())
-        });
-        assert_single_threaded("init (lifecycle)");
-        let t = Instant::now();
-        w.init().expect("init");
-        let t_init = t.elapsed();
-        let t = Instant::now();
-        w.close().expect("close");
-        let t_close = t.elapsed();
-        if rep > 0 {
-            init.push(t_init.as_secs_f64() * 1e3);
-            close.push(t_close.as_secs_f64() * 1e3);
-        }
-    }
-    (init, close)
+/// (init ms, close ms, six forks ms, median of per-round ratios init / forks) of
+/// `LIFECYCLE_REPS` rounds (after one warm-up): a cycle of a `Process`-mode worker with
+/// `LIFECYCLE_CHIPS` chips and `SUBS` sub-workers alternating with forking and reaping
+/// as many bare children.
+fn lifecycle() -> (Vec<f64>, Vec<f64>, Vec<f64>, f64) {
+    let close = RefCell::new(Vec::with_capacity(LIFECYCLE_REPS + 1));
+    let report = Rounds::new(LIFECYCLE_REPS)
+        .warmup(1)
+        .variant("init", || {
+            let mut w = DistWorker::new(DistConfig::l3(
+                vec![ChipConfig::default(); LIFECYCLE_CHIPS],
+                SUBS,
+            ))
+            .expect("worker");
+            let noop = w.register_sub("bench.noop", |_| Ok(()));
+            let _orch = w.register_orchestration("bench.lifecycle", move |o, _| {
+                o.submit_sub(&noop, &TaskArgs::new())?;
+                Ok(())
+            });
+            assert_single_threaded("init (lifecycle)");
+            let t = Instant::now();
+            w.init().expect("init");
+            let t_init = t.elapsed();
+            let t = Instant::now();
+            w.close().expect("close");
+            close.borrow_mut().push(t.elapsed().as_secs_f64() * 1e3);
+            t_init.as_secs_f64() * 1e3
+        })
+        .variant("forks", || side::forks_ms(LIFECYCLE_CHIPS + SUBS))
+        .baseline("forks")
+        .run();
+    let mut close = close.into_inner();
+    close.remove(0); // the warm-up round's
+    (
+        report.figures("init"),
+        close,
+        report.figures("forks"),
+        report.ratio_median("init"),
+    )
 }
 
 // ----- main ----------------------------------------------------------------------------
+
+/// "met" / "missed" / "n/a" (not measured) for a goal check on `value`.
+fn verdict(met: bool, value: f64) -> &'static str {
+    if !value.is_finite() {
+        "n/a"
+    } else if met {
+        "met"
+    } else {
+        "missed"
+    }
+}
 
 /// A variant's per-round figures, or one NaN if it was not run.
 fn figures(r: &RoundsReport, name: &str) -> Vec<f64> {
@@ -432,6 +508,8 @@ fn main() {
         run: [skip(), skip(), skip(), skip()],
         submit: [skip(), skip(), skip(), skip()],
         wavefront_vs_sep: f64::NAN,
+        core: [f64::NAN; 4],
+        vs_core: [f64::NAN; 4],
     };
     let rtt = want("rtt");
 
@@ -439,6 +517,15 @@ fn main() {
     // floor and the two round trips alternate, each round with fresh workers (all samples
     // are kept for the percentiles).
     let (mut fl, mut l3, mut sub) = (Vec::new(), Vec::new(), Vec::new());
+    let (py, py_missing) = if rtt {
+        side::py_peers()
+    } else {
+        (vec![], vec![])
+    };
+    for (name, why) in &py_missing {
+        println!("{name} peer skipped: {why}");
+    }
+    let py_chain: Vec<RefCell<Vec<f64>>> = py.iter().map(|_| RefCell::new(vec![])).collect();
     let mut process_rtt = Rounds::new(ROUNDS).variant("floor", || {
         let v = floor(cpus >= 2);
         let m = median(&v);
@@ -458,13 +545,22 @@ fn main() {
                 let m = median(&v);
                 sub.extend(v);
                 m
+            })
+            .variant("mailbox", || median(&side::mailbox_rtt(cpus >= 2)))
+            .variant("l3_chain", process_chain);
+        for (p, chain) in py.iter().zip(&py_chain) {
+            process_rtt = process_rtt.variant(p.name, move || {
+                let (rtt, c) = p.measure();
+                chain.borrow_mut().push(c);
+                rtt
             });
+        }
     }
     let process_rtt = process_rtt.baseline("floor").run();
-    let (init, close) = if want("lifecycle") {
+    let (init, close, forks, init_vs_forks) = if want("lifecycle") {
         lifecycle()
     } else {
-        (skip(), skip())
+        (skip(), skip(), skip(), f64::NAN)
     };
     let process = if want("dags") {
         dags(ExecMode::Process)
@@ -609,8 +705,127 @@ fn main() {
         min(&init)
     );
     println!("{:<40} {:>8.2}ms ({:.2})", "close", close_ms, min(&close));
+    let forks_ms = median(&forks);
+    println!(
+        "{:<40} {:>8.2}ms ({:.2})",
+        format!("fork + reap {} bare children", LIFECYCLE_CHIPS + SUBS),
+        forks_ms,
+        min(&forks)
+    );
+    println!(
+        "{:<40} {:>10.2} (goal <= 1.5: {})",
+        "init / forks, median of per-round ratios",
+        init_vs_forks,
+        verdict(init_vs_forks <= 1.5, init_vs_forks)
+    );
+
+    // ----- side by side (issue 15)
+    println!();
+    println!("side by side, from the Process-mode round-trip rounds ({ROUNDS} rounds; ratios are medians of per-round ratios):");
+    let has = |r: &RoundsReport, n: &str| r.names().iter().any(|x| x == n);
+    let vs = |a: &str, b: &str| {
+        if has(&process_rtt, a) && has(&process_rtt, b) {
+            process_rtt.ratio_median_vs(a, b)
+        } else {
+            f64::NAN
+        }
+    };
+    let mailbox_us = median(&figures(&process_rtt, "mailbox"));
+    let (l3_vs_mb, sub_vs_mb) = (vs("l3_rtt", "mailbox"), vs("l3_sub_rtt", "mailbox"));
+    println!(
+        "{:<54} {:>9.3}us",
+        "strata mailbox: no-op task RTT", mailbox_us
+    );
+    println!(
+        "{:<54} {:>9.2} (goal <= 4: {})",
+        "L3 chip round trip / mailbox",
+        l3_vs_mb,
+        verdict(l3_vs_mb <= 4.0, l3_vs_mb)
+    );
+    println!(
+        "{:<54} {:>9.2} (goal <= 4: {})",
+        "L3 sub round trip / mailbox",
+        sub_vs_mb,
+        verdict(sub_vs_mb <= 4.0, sub_vs_mb)
+    );
+    let l3_chain = figures(&process_rtt, "l3_chain");
+    println!(
+        "{:<54} {:>9.3}us",
+        format!("L3 chain of {CHAIN} sub tasks, fresh worker (per task)"),
+        median(&l3_chain)
+    );
+    println!(
+        "{:<10} {:>11} {:>11} {:>16} {:>16} {:>16}   goal: strata >= 50x faster",
+        "peer", "rtt us", "chain us", "vs sub rtt", "vs chip rtt", "vs chain"
+    );
+    let mut py_json = Vec::new();
+    for (peer, chain) in py.iter().zip(&py_chain) {
+        let chain = chain.borrow();
+        let (rtt_us, chain_us) = (median(&figures(&process_rtt, peer.name)), median(&chain));
+        // strata / peer, per round: below 0.02 is 50x faster.
+        let r_sub = vs("l3_sub_rtt", peer.name);
+        let r_chip = vs("l3_rtt", peer.name);
+        let r_chain = side::ratio_median(&l3_chain, &chain);
+        let x = |r: f64| format!("{:.1}x ({})", 1.0 / r, verdict(r <= 0.02, r));
+        println!(
+            "{:<10} {rtt_us:>11.2} {chain_us:>11.2} {:>16} {:>16} {:>16}",
+            peer.name,
+            x(r_sub),
+            x(r_chip),
+            x(r_chain)
+        );
+        py_json.push((peer.name, rtt_us, chain_us, r_sub, r_chip, r_chain));
+    }
+    for (name, why) in &py_missing {
+        println!("{name:<10} {:>11} ({why})", "null");
+    }
+    println!();
+    println!("L3 DAGs against strata-graph alone on the same DAG (one thread, build then drain), from the DAG rounds; goal: Process <= 2x the graph core");
+    println!(
+        "{:<36} {:>10} {:>10} {:>18} {:>10}",
+        "DAG", "core us", "Process us", "Process / core", "Threads / core"
+    );
+    for (k, dag) in Dag::ALL.iter().enumerate() {
+        let r = process.vs_core[k];
+        println!(
+            "{:<36} {:>10.3} {:>10.3} {:>18} {:>10.2}",
+            dag.label(),
+            process.core[k],
+            p[k],
+            format!("{r:.2} ({})", verdict(r <= 2.0, r)),
+            threads.vs_core[k]
+        );
+    }
     println!("total bench time {:.1} s", started.elapsed().as_secs_f64());
     let mut json = Json::new();
+    json.num("mailbox_rtt_us", mailbox_us, 4)
+        .num("l3_rtt_vs_mailbox", l3_vs_mb, 2)
+        .num("l3_sub_rtt_vs_mailbox", sub_vs_mb, 2)
+        .num("l3_chain_fresh_us", median(&l3_chain), 3)
+        .num("forks_ms", forks_ms, 2)
+        .num("init_vs_forks", init_vs_forks, 2);
+    for (k, dag) in Dag::ALL.iter().enumerate() {
+        let d = dag.name();
+        json.num(&format!("core_{d}_us"), process.core[k], 4)
+            .num(&format!("process_{d}_vs_core"), process.vs_core[k], 2)
+            .num(&format!("threads_{d}_vs_core"), threads.vs_core[k], 2);
+    }
+    let fin = |v: f64| Some(v).filter(|x| x.is_finite());
+    for (name, rtt_us, chain_us, r_sub, r_chip, r_chain) in py_json {
+        json.opt(&format!("{name}_rtt_us"), fin(rtt_us), 2)
+            .opt(&format!("{name}_chain_us"), fin(chain_us), 2)
+            .opt(&format!("l3_sub_rtt_vs_{name}"), fin(r_sub), 4)
+            .opt(&format!("l3_rtt_vs_{name}"), fin(r_chip), 4)
+            .opt(&format!("l3_chain_vs_{name}"), fin(r_chain), 4);
+    }
+    for (name, _) in &py_missing {
+        for k in ["rtt_us", "chain_us"] {
+            json.opt(&format!("{name}_{k}"), None, 2);
+        }
+        for k in ["l3_sub_rtt_vs_", "l3_rtt_vs_", "l3_chain_vs_"] {
+            json.opt(&format!("{k}{name}"), None, 4);
+        }
+    }
     json.num("l3_rtt_us", l3_us, 3)
         .num("floor_rtt_us", floor_us, 4)
         .num("ratio", ratio_of_medians, 2)

@@ -13,6 +13,15 @@
 //! is the median of the per-round ratios strata / OpenMP. The machine (CPU model, load
 //! average) heads the output. The last line is a JSON object with the figures.
 //!
+//! Two more peers, each launched once per round as well: the same DAGs with oneTBB's
+//! `flow::graph` (explicit edges, no inference: a lower bound; also its re-run of the
+//! already-built graph) and with StarPU's sequential task flow (`starpu_task_insert` with
+//! `STARPU_R` / `STARPU_W` / `STARPU_RW` on registered handles). Their sources are in
+//! `benches/peers/`; the bench installs `libtbb-dev` / `libstarpu-dev` with `apt-get` if
+//! they are missing and prints why a peer is skipped (its JSON figures are then `null`).
+//! Goals (issue 15): strata ≥ 1.5× faster than OpenMP on each DAG (ratio ≤ 0.667) and no
+//! slower than TBB's flow graph (ratio ≤ 1).
+//!
 //! A second table measures `submit` alone with many views of one buffer: a wavefront over
 //! N = 16², 32², 48² tiles (4 × 4 `u64`) of one 2-D tensor next to the same DAG with one
 //! tensor per tile, and a fan-out of width 1000 over 1-element slices of one tensor next
@@ -20,13 +29,17 @@
 //! scope holds every task), so every entry stays live; then it is drained, untimed. The
 //! two variants of a row alternate in rounds too.
 
+use std::cell::RefCell;
 use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use strata_graph::*;
-use strata_testkit::bench::{Json, Machine, Rounds};
+use strata_testkit::bench::{median, Json, Machine, Rounds};
+use strata_testkit::peer;
 use strata_types::{ArgTag, DataType, IdentityMinter, TensorView};
 
 const CHAIN: usize = 100_000;
@@ -248,8 +261,10 @@ fn one_thread(
 fn dag_rounds(
     dag: Dag,
     keys: &Keys,
-    omp_bin: Option<&std::path::Path>,
+    peers: &Peers,
+    tbb_rerun: &Rc<RefCell<Vec<f64>>>,
 ) -> strata_testkit::bench::RoundsReport {
+    let omp_bin = peers.omp.as_deref();
     let per_task = |d: Duration| d.as_secs_f64() * 1e6 / dag.tasks() as f64;
     let (mut orch2, sched2) = graph::<()>(GraphConfig::default()).expect("graph");
     let mut sched2 = Some(sched2);
@@ -273,6 +288,32 @@ fn dag_rounds(
                 omp(bin, "fan_taskgroup").unwrap_or(f64::NAN)
             });
         }
+    }
+    if let Ok(bin) = &peers.tbb {
+        let rerun = tbb_rerun.clone();
+        rounds = rounds.variant("tbb flow graph", move || {
+            let v = peer::run_peer(Command::new(bin).arg(dag.name()))
+                .map(|o| peer::last_line_numbers(&o))
+                .unwrap_or_default();
+            rerun
+                .borrow_mut()
+                .push(v.get(1).copied().unwrap_or(f64::NAN));
+            v.first().copied().unwrap_or(f64::NAN)
+        });
+    }
+    if let Ok(bin) = &peers.starpu {
+        rounds = rounds.variant("starpu", move || {
+            peer::run_peer(
+                Command::new(bin)
+                    .arg(dag.name())
+                    .env("STARPU_NCPU", "2")
+                    .env("STARPU_SILENT", "1"),
+            )
+            .map(|o| peer::last_line_numbers(&o))
+            .ok()
+            .and_then(|v| v.first().copied())
+            .unwrap_or(f64::NAN)
+        });
     }
     rounds.run()
 }
@@ -464,6 +505,59 @@ fn views(json: &mut Json) {
     }
 }
 
+/// The external peers: built programs, or why each is missing.
+struct Peers {
+    omp: Option<PathBuf>,
+    tbb: Result<PathBuf, String>,
+    starpu: Result<PathBuf, String>,
+}
+
+fn peer_src(file: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("benches/peers")
+        .join(file)
+}
+
+/// oneTBB's flow graph peer: installs `libtbb-dev` if its header is missing, then builds
+/// `benches/peers/tbb_dag.cpp` with `$CXX` (else `c++`).
+fn build_tbb() -> Result<PathBuf, String> {
+    let header = || {
+        [
+            "/usr/include/oneapi/tbb/flow_graph.h",
+            "/usr/include/tbb/flow_graph.h",
+        ]
+        .iter()
+        .any(|h| Path::new(h).exists())
+    };
+    peer::ensure_apt("oneTBB (libtbb-dev)", &["libtbb-dev"], header)?;
+    let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
+    peer::build_program(
+        "tbb_dag",
+        &cxx,
+        &["-std=c++17"],
+        &peer_src("tbb_dag.cpp"),
+        &["-ltbb".into()],
+    )
+}
+
+/// StarPU 1.3's peer: installs `libstarpu-dev` (and `pkg-config`) if pkg-config does not
+/// know `starpu-1.3`, then builds `benches/peers/starpu_dag.c`.
+fn build_starpu() -> Result<PathBuf, String> {
+    peer::ensure_apt(
+        "StarPU (libstarpu-dev)",
+        &["libstarpu-dev", "pkg-config"],
+        || peer::pkg_config_has("starpu-1.3"),
+    )?;
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    peer::build_program(
+        "starpu_dag",
+        &cc,
+        &[],
+        &peer_src("starpu_dag.c"),
+        &peer::pkg_config_flags("starpu-1.3")?,
+    )
+}
+
 const OMP_SRC: &str = r#"
 #include <omp.h>
 #include <stdio.h>
@@ -595,8 +689,18 @@ fn main() {
     let machine = Machine::now();
     println!("{}", machine.line());
     let keys = keys();
-    let bin = build_omp();
+    let peers = Peers {
+        omp: build_omp(),
+        tbb: build_tbb(),
+        starpu: build_starpu(),
+    };
+    for (name, p) in [("oneTBB flow graph", &peers.tbb), ("StarPU", &peers.starpu)] {
+        if let Err(why) = p {
+            println!("{name} peer skipped: {why}");
+        }
+    }
     let mut rows = vec![];
+    let mut peer_rows = vec![];
     let mut json = Json::new();
     let mut taskgroup = None;
     // STRATA_BENCH_DAGS=chain,fan limits the run (for profiling).
@@ -608,7 +712,8 @@ fn main() {
         {
             continue;
         }
-        let report = dag_rounds(dag, &keys, bin.as_deref());
+        let tbb_rerun = Rc::new(RefCell::new(Vec::new()));
+        let report = dag_rounds(dag, &keys, &peers, &tbb_rerun);
         println!("{} ({} tasks), µs per task:", dag.name(), dag.tasks());
         print!("{}", report.table("µs", 3));
         let two = report.median("strata");
@@ -629,6 +734,24 @@ fn main() {
             taskgroup = Some(report.median("openmp taskgroup")).filter(|v| v.is_finite());
         }
         let name = dag.name();
+        let fig = |v: &str| has(v).then(|| report.median(v)).filter(|x| x.is_finite());
+        let vs = |v: &str| {
+            fig(v)
+                .map(|_| report.ratio_median_vs("strata", v))
+                .filter(|x| x.is_finite())
+        };
+        let tbb = fig("tbb flow graph");
+        let tbb_rerun = Some(median(&tbb_rerun.borrow())).filter(|x| x.is_finite());
+        let starpu = fig("starpu");
+        let (vs_tbb, vs_starpu) = (vs("tbb flow graph"), vs("starpu"));
+        json.opt(&format!("tbb_{name}_us"), tbb, 4)
+            .opt(&format!("tbb_{name}_rerun_us"), tbb_rerun, 4)
+            .opt(&format!("starpu_{name}_us"), starpu, 4)
+            .opt(&format!("{name}_ratio_vs_tbb"), vs_tbb, 3)
+            .opt(&format!("{name}_ratio_vs_starpu"), vs_starpu, 3);
+        peer_rows.push((
+            name, two, peer, tbb, tbb_rerun, starpu, ratio, vs_tbb, vs_starpu,
+        ));
         json.num(&format!("{name}_us"), two, 4)
             .num(&format!("{name}_us_single_thread"), one, 4)
             .opt(&format!("omp_{name}_us"), peer, 4)
@@ -651,6 +774,39 @@ fn main() {
     if let Some(tg) = taskgroup {
         println!(
             "(OpenMP fan with a taskgroup barrier instead of an iterator fan-in: {tg:.3} µs/task)"
+        );
+    }
+    println!();
+    println!("peers: µs per task (medians of {REPS} rounds); strata / peer = median of per-round ratios; goals: vs OpenMP <= 0.667 (1.5x faster), vs TBB <= 1");
+    println!(
+        "{:<10} {:>9} {:>9} {:>9} {:>11} {:>9} {:>16} {:>16} {:>10}",
+        "dag",
+        "strata",
+        "openmp",
+        "tbb",
+        "tbb re-run",
+        "starpu",
+        "vs openmp",
+        "vs tbb",
+        "vs starpu"
+    );
+    let f = |v: Option<f64>, d: usize| v.map_or("null".to_string(), |x| format!("{x:.d$}"));
+    for (name, two, omp, tbb, rerun, starpu, r_omp, r_tbb, r_starpu) in &peer_rows {
+        let r_omp = Some(*r_omp).filter(|x| x.is_finite());
+        let goal = |r: Option<f64>, g: f64| match r {
+            Some(x) if x <= g => " (met)",
+            Some(_) => " (missed)",
+            None => "",
+        };
+        println!(
+            "{name:<10} {two:>9.3} {:>9} {:>9} {:>11} {:>9} {:>16} {:>16} {:>10}",
+            f(*omp, 3),
+            f(*tbb, 3),
+            f(*rerun, 3),
+            f(*starpu, 3),
+            f(r_omp, 3) + goal(r_omp, 1.0 / 1.5),
+            f(*r_tbb, 3) + goal(*r_tbb, 1.0),
+            f(*r_starpu, 3),
         );
     }
     if only

@@ -5,11 +5,18 @@
 //! 2. **Mailbox**: the child serves a no-op task handler; the parent publishes a task into
 //!    task frame 0, waits for `TASK_DONE` (it spins: the default 50 µs spin budget is far
 //!    above the round trip), and resets the frame to IDLE.
-//! 3. **Idle CPU**: the child sits parked in its serve loop for one idle second; its CPU
+//! 3. **iceoryx2** (the peer): the same parent/child shape with the iceoryx2 crate, an
+//!    8-byte ping-pong over two publish-subscribe services, both sides busy-polling
+//!    (`benches/peers/iceoryx2`, its own cargo workspace, built here with
+//!    `cargo build --release` into `target/peers/iceoryx2` on first use; one launch
+//!    per round, pinned like the others). If it cannot be built the bench says why and
+//!    its figures are `null`. Goal (issue 15): strata's mailbox no slower than iceoryx2
+//!    (`ratio_vs_iceoryx2` ≤ 1).
+//! 4. **Idle CPU**: the child sits parked in its serve loop for one idle second; its CPU
 //!    time over that second (from `/proc/<pid>/schedstat`, nanoseconds; cross-checked
 //!    with utime+stime from `/proc/<pid>/stat`) as a percentage of one core.
 //!
-//! Floor and mailbox alternate in `ROUNDS` rounds (floor, mailbox, mailbox, floor, …: a
+//! Floor, mailbox and iceoryx2 alternate in `ROUNDS` rounds (floor, mailbox, mailbox, floor, …: a
 //! fresh child each time), each timing `BATCHES / ROUNDS` batches; a round's figure is the
 //! median of its per-batch averages. Reported: each side's median over the rounds (and
 //! the minimum batch), the ratio of the two medians, and the median of the per-round
@@ -30,10 +37,54 @@ mod bench {
     const BATCHES: usize = 200;
     const PER_BATCH: usize = 1000;
     const WARMUP: usize = 20_000;
-    /// Floor and mailbox alternate in this many rounds of `BATCHES / ROUNDS` batches each.
+    /// Floor, mailbox and iceoryx2 alternate in this many rounds of `BATCHES / ROUNDS`
+    /// batches each.
     const ROUNDS: usize = 5;
+    const ICE: &str = "iceoryx2: 8-byte ping-pong RTT";
 
+    use std::path::{Path, PathBuf};
+    use std::process::Command;
     use strata_testkit::bench::{fork, median, min, pin, reap, FloorSpec, Json, Machine, Rounds};
+    use strata_testkit::peer;
+
+    /// Builds the iceoryx2 peer (its own cargo workspace under `benches/peers/iceoryx2`)
+    /// into `<target>/peers/iceoryx2`; the program, or why it cannot be had.
+    fn build_iceoryx2() -> Result<PathBuf, String> {
+        let manifest =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/peers/iceoryx2/Cargo.toml");
+        let target = peer::target_dir().join("peers/iceoryx2");
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        println!("iceoryx2 peer: cargo build --release (the first build takes minutes) ...");
+        peer::run_peer(
+            Command::new(&cargo)
+                .args(["build", "--release", "-q", "--manifest-path"])
+                .arg(&manifest)
+                .arg("--target-dir")
+                .arg(&target)
+                .env_remove("RUSTFLAGS"),
+        )
+        .map_err(|e| format!("building benches/peers/iceoryx2 failed: {e}"))?;
+        let exe = target.join("release/iceoryx2-pingpong");
+        if exe.exists() {
+            Ok(exe)
+        } else {
+            Err(format!("{} was not built", exe.display()))
+        }
+    }
+
+    /// One launch of the iceoryx2 peer: the median of its per-batch average RTTs (ns).
+    fn iceoryx2(exe: &Path, pinned: bool, batches: usize) -> f64 {
+        peer::run_peer(Command::new(exe).args([
+            batches.to_string(),
+            PER_BATCH.to_string(),
+            WARMUP.to_string(),
+            u8::from(pinned).to_string(),
+        ]))
+        .map(|o| peer::last_line_numbers(&o))
+        .ok()
+        .and_then(|v| v.first().copied())
+        .unwrap_or(f64::NAN)
+    }
 
     /// Per-batch average RTTs (ns) of a raw cache-line ping-pong between two processes.
     fn floor(pinned: bool, batches: usize) -> Vec<f64> {
@@ -171,7 +222,11 @@ mod bench {
         let started = Instant::now();
         let per_round = BATCHES / ROUNDS;
         let (mut fl, mut mbx_batches) = (Vec::new(), Vec::new());
-        let report = Rounds::new(ROUNDS)
+        let ice = build_iceoryx2();
+        if let Err(why) = &ice {
+            println!("iceoryx2 peer skipped: {why}");
+        }
+        let mut rounds = Rounds::new(ROUNDS)
             .variant("floor: cache-line ping-pong RTT", || {
                 let b = floor(pinned, per_round);
                 fl.extend_from_slice(&b);
@@ -182,8 +237,18 @@ mod bench {
                 mbx_batches.extend_from_slice(&b);
                 median(&b)
             })
-            .baseline("floor: cache-line ping-pong RTT")
-            .run();
+            .baseline("floor: cache-line ping-pong RTT");
+        if let Ok(exe) = &ice {
+            rounds = rounds.variant(ICE, move || iceoryx2(exe, pinned, per_round));
+        }
+        let report = rounds.run();
+        let has_ice = report.names().iter().any(|n| n == ICE);
+        let ice_med = has_ice
+            .then(|| report.median(ICE))
+            .filter(|v| v.is_finite());
+        let vs_ice = ice_med
+            .map(|_| report.ratio_median_vs("mailbox: no-op task RTT", ICE))
+            .filter(|v| v.is_finite());
         let mbx = mailbox(pinned, 0, true);
         let floor_min = min(&fl);
         let mbx_min = min(&mbx_batches);
@@ -223,6 +288,21 @@ mod bench {
             "{:<46} {:>10.2}",
             "  median of the per-round ratios", ratio_rounds
         );
+        match (ice_med, vs_ice) {
+            (Some(i), Some(r)) => {
+                println!(
+                    "{:<46} {:>7.0} ns",
+                    "iceoryx2: 8-byte ping-pong RTT (busy-poll)", i
+                );
+                println!(
+                    "{:<46} {:>10.2} ({})",
+                    "mailbox / iceoryx2, per-round median (goal <= 1)",
+                    r,
+                    if r <= 1.0 { "met" } else { "missed" }
+                );
+            }
+            _ => println!("{:<46} {:>10}", "iceoryx2", "null (see above)"),
+        }
         println!(
             "{:<46} {:>9.3} %",
             "idle child CPU over 1 s (goal <= 1 %)", mbx.idle_percent
@@ -240,6 +320,8 @@ mod bench {
             .num("ratio", ratio, 3)
             .num("idle_cpu_percent", mbx.idle_percent, 3)
             .num("ratio_round_median", ratio_rounds, 3)
+            .opt("iceoryx2_rtt_ns_median", ice_med, 1)
+            .opt("ratio_vs_iceoryx2", vs_ice, 3)
             .int("rounds", report.rounds() as u64)
             .machine(&machine);
         println!("{}", json.line());

@@ -5,7 +5,9 @@
 //! process state, threads, CPU time); contract suites written once over a parameter and
 //! run per value ([`suite`]); a one-call seccomp filter that refuses a system call
 //! ([`seccomp`]); and, in
-//! [`bench`](mod@bench), what the benchmarks share (statistics, pinning, the ping-pong floor).
+//! [`bench`](mod@bench), what the benchmarks share (statistics, pinning, the ping-pong floor);
+//! in [`peer`], installing, building and running the benches' peers (Debian packages,
+//! C/C++ programs, a Python venv).
 //!
 //! ```
 //! use strata_testkit::{check, Outcome};
@@ -17,6 +19,7 @@
 //! ```
 
 pub mod bench;
+pub mod peer;
 pub mod probe;
 pub mod seccomp;
 pub mod suite;
