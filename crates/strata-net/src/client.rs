@@ -597,7 +597,13 @@ impl RemoteEndpoint {
                 let s = new(Tx::Mpi(peer.clone()), Cut::Mpi(peer.clone()));
                 peer.attach(mpi_receiver(&s), s.shared.clone(), session);
                 runtime().spawn(heartbeat(s.clone()));
-                return Ok(RemoteEndpoint { s });
+                return Ok(RemoteEndpoint {
+                    s,
+                    traces: [None, None],
+                    clock: None,
+                    node_host: node.0,
+                    node_pid: node.1,
+                });
             }
         };
         let sock = stream
