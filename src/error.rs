@@ -248,6 +248,29 @@ impl From<DistError> for Error {
     }
 }
 
+impl From<strata_net::NetError> for Error {
+    fn from(e: strata_net::NetError) -> Error {
+        use strata_net::{MemoryFault, NetError};
+        match e {
+            NetError::Dist(d) => Error::from(d),
+            NetError::DeviceMemory {
+                fault: MemoryFault::NoSuchChip,
+                ..
+            } => Error::InvalidArgument(e.to_string()),
+            NetError::DeviceMemory {
+                fault:
+                    MemoryFault::Freed
+                    | MemoryFault::OutOfRange
+                    | MemoryFault::OtherWorker
+                    | MemoryFault::Node,
+                ..
+            } => Error::Memory(e.to_string()),
+            NetError::Config(m) => Error::Config(m),
+            e => Error::Host(e.to_string()),
+        }
+    }
+}
+
 impl From<strata_chip::ChipError> for Error {
     fn from(e: strata_chip::ChipError) -> Error {
         Error::from_chip(e)

@@ -163,8 +163,29 @@ enum Backend {
     Dist(Box<DistWorker>),
 }
 
+/// A level-3 child of a level-4 worker, whose chips hold resident tensors.
+enum ChildChips {
+    /// A child in this process tree: its worker id and chip count.
+    Local { id: usize, chips: usize },
+    /// A remote child: its device memory goes through its session.
+    Remote(strata_net::RemoteWorker),
+}
+
+impl ChildChips {
+    fn chips(&self) -> usize {
+        match self {
+            ChildChips::Local { chips, .. } => *chips,
+            ChildChips::Remote(r) => r.chips(),
+        }
+    }
+}
+
 struct Core {
     backend: Backend,
+    /// A level-4 worker's level-3 children, in worker-id order (empty below level 4).
+    children: Vec<ChildChips>,
+    /// Tensors on remote children's chips, by identity (their sessions' handles).
+    remote_tensors: HashMap<BufferIdentity, strata_net::RemoteTensor>,
     programs: Vec<PreparedProgram>,
     /// Dispatches not yet finished, oldest first.
     inflight: VecDeque<Arc<DispatchState>>,
@@ -398,6 +419,7 @@ impl PreparedWorker {
         }
 
         let mut prepared = Vec::with_capacity(programs.len());
+        let mut child_chips = Vec::new();
         let started = (|| -> Result<(Backend, u64), Error> {
             match target.kind() {
                 TargetKind::Chip(config) => {
@@ -435,11 +457,16 @@ impl PreparedWorker {
                     for c in children {
                         match c.kind() {
                             TargetKind::Dist { config, .. } => {
-                                w.add_worker(DistWorker::new(config.clone())?)?;
+                                let id = w.add_worker(DistWorker::new(config.clone())?)?;
+                                child_chips.push(ChildChips::Local {
+                                    id,
+                                    chips: config.chips.len(),
+                                });
                             }
                             TargetKind::Remote(spec) => {
-                                strata_net::add_remote_worker(&mut w, (**spec).clone())
+                                let r = strata_net::add_remote_worker(&mut w, (**spec).clone())
                                     .map_err(|e| Error::Config(e.to_string()))?;
+                                child_chips.push(ChildChips::Remote(r));
                             }
                             TargetKind::Chip(_) => {
                                 return Err(Error::Internal("level-4 children are level 3".into()))
@@ -496,6 +523,8 @@ impl PreparedWorker {
                 id: NEXT.fetch_add(1, Ordering::Relaxed),
                 core: Mutex::new(Core {
                     backend,
+                    children: child_chips,
+                    remote_tensors: HashMap::new(),
                     programs: prepared,
                     inflight: VecDeque::new(),
                     owned: HashMap::new(),
@@ -636,6 +665,13 @@ impl PreparedWorker {
     /// level-2 worker), owned by this worker: it stays resident across dispatches until
     /// [`PreparedWorker::free_tensor`] or `close`. Waits for dispatches in flight first.
     ///
+    /// On a level-4 worker, `worker` counts the chips of its level-3 children in child
+    /// order — local or remote (`Target::remote`): with children of 2 and 3 chips, chips
+    /// 0–1 are the first child's and 2–4 the second's. The tensor's
+    /// [`DeviceTensor::worker`] is then the child holding it: the level-4 orchestration
+    /// passes it to a task of that child, whose orchestration sees it as its own chip
+    /// tensor (`TensorArg::device_worker` names the chip).
+    ///
     /// # Errors
     /// After close; a worker id that is not a chip; a bad shape; out of device memory.
     pub fn alloc_tensor(
@@ -704,21 +740,7 @@ impl PreparedWorker {
         let mut core = self.core("copy_to")?;
         core.drain();
         core.check_owned(dst, "copy_to")?;
-        match &mut core.backend {
-            Backend::Dist(d) => {
-                d.copy_bytes_to(dst, range.device_offset, bytes)?;
-            }
-            Backend::Chip(c) => c.copy_to(
-                dst.ptr(),
-                bytes,
-                bytes.len(),
-                CopyOffsets {
-                    device: range.device_offset,
-                    host: 0,
-                },
-            )?,
-        }
-        Ok(())
+        core.copy_in(dst, range.device_offset, bytes)
     }
 
     /// Copies `range.nbytes` bytes of `src` (from byte `range.device_offset`) into `dst`
@@ -737,24 +759,7 @@ impl PreparedWorker {
         let mut core = self.core("copy_from")?;
         core.drain();
         core.check_owned(src, "copy_from")?;
-        match &mut core.backend {
-            Backend::Dist(d) => {
-                d.copy_bytes_from(bytes, src, range.device_offset)?;
-            }
-            Backend::Chip(c) => {
-                let n = bytes.len();
-                c.copy_from(
-                    bytes,
-                    src.ptr(),
-                    n,
-                    CopyOffsets {
-                        device: range.device_offset,
-                        host: 0,
-                    },
-                )?
-            }
-        }
-        Ok(())
+        core.copy_out(src, range.device_offset, bytes)
     }
 
     /// Uploads `host` (shape `shape`, rank ≥ 2) sharded along dimension 0: shard `i` to
@@ -833,6 +838,7 @@ impl PreparedWorker {
             shards,
             full_shape: shape.to_vec(),
             dtype: T::DTYPE,
+            placement: ids,
         })
     }
 
@@ -898,8 +904,19 @@ impl PreparedWorker {
     /// # Errors
     /// After close; a worker id that is not a chip.
     pub fn committed_device_memory(&self, worker: usize) -> Result<u64, Error> {
-        let mut core = self.core("committed_device_memory")?;
+        let mut guard = self.core("committed_device_memory")?;
+        let core = &mut *guard;
         core.drain();
+        if !core.children.is_empty() {
+            let (slot, chip) = core.locate(worker)?;
+            let Backend::Dist(d) = &mut core.backend else {
+                return Err(Error::Internal("level-4 workers are dist workers".into()));
+            };
+            return match &core.children[slot] {
+                ChildChips::Local { id, .. } => Ok(d.nested_committed_device_memory(*id, chip)?),
+                ChildChips::Remote(r) => Ok(r.committed_device_memory(d, chip)?),
+            };
+        }
         match &mut core.backend {
             Backend::Dist(d) => Ok(d.committed_device_memory(worker)?),
             Backend::Chip(c) => {
@@ -916,8 +933,19 @@ impl PreparedWorker {
     /// # Errors
     /// After close; a worker id that is not a chip.
     pub fn device_memory_info(&self, worker: usize) -> Result<(u64, u64), Error> {
-        let mut core = self.core("device_memory_info")?;
+        let mut guard = self.core("device_memory_info")?;
+        let core = &mut *guard;
         core.drain();
+        if !core.children.is_empty() {
+            let (slot, chip) = core.locate(worker)?;
+            let Backend::Dist(d) = &mut core.backend else {
+                return Err(Error::Internal("level-4 workers are dist workers".into()));
+            };
+            return match &core.children[slot] {
+                ChildChips::Local { id, .. } => Ok(d.nested_device_memory_info(*id, chip)?),
+                ChildChips::Remote(r) => Ok(r.device_memory_info(d, chip)?),
+            };
+        }
         match &mut core.backend {
             Backend::Dist(d) => Ok(d.device_memory_info(worker)?),
             Backend::Chip(c) => {
@@ -997,6 +1025,20 @@ impl Drop for PreparedWorker {
     fn drop(&mut self) {
         let _ = self.close();
     }
+}
+
+/// The remote child that holds `t`.
+fn remote_of<'c>(
+    children: &'c [ChildChips],
+    t: &strata_net::RemoteTensor,
+) -> Result<&'c strata_net::RemoteWorker, Error> {
+    children
+        .iter()
+        .find_map(|c| match c {
+            ChildChips::Remote(r) if r.id() == t.worker() => Some(r),
+            _ => None,
+        })
+        .ok_or_else(|| Error::Internal("a remote tensor's worker is a remote child".into()))
 }
 
 fn list<'a>(names: impl Iterator<Item = &'a str>) -> String {
@@ -1142,7 +1184,7 @@ impl Core {
             Backend::Chip(_) => 1,
             Backend::Dist(d) => match d.level() {
                 strata_dist::Level::L3 => d.config().chips.len(),
-                strata_dist::Level::L4 => 0,
+                strata_dist::Level::L4 => self.children.iter().map(ChildChips::chips).sum(),
             },
         }
     }
@@ -1168,6 +1210,9 @@ impl Core {
         worker: usize,
         init: Option<&[u8]>,
     ) -> Result<DeviceTensor, Error> {
+        if !self.children.is_empty() {
+            return self.alloc_nested(shape, dtype, worker, init);
+        }
         let t = match &mut self.backend {
             Backend::Dist(d) => {
                 let t = d.alloc_child_tensor(worker, shape, dtype)?;
@@ -1225,11 +1270,145 @@ impl Core {
 
     fn free(&mut self, t: &DeviceTensor) -> Result<(), Error> {
         self.check_owned(t, "free_tensor")?;
-        match &mut self.backend {
-            Backend::Dist(d) => d.free(*t)?,
-            Backend::Chip(c) => c.free_tensor(*t)?,
+        match (&mut self.backend, self.remote_tensors.get(&t.identity())) {
+            (Backend::Dist(d), Some(rt)) => {
+                let rt = *rt;
+                let r = remote_of(&self.children, &rt)?;
+                r.free(d, rt)?;
+                self.remote_tensors.remove(&t.identity());
+            }
+            (Backend::Dist(d), None) => d.free(*t)?,
+            (Backend::Chip(c), _) => c.free_tensor(*t)?,
         }
         self.owned.remove(&t.identity());
+        Ok(())
+    }
+
+    /// Chip `worker` of a level-4 worker, numbered across its level-3 children in order:
+    /// the child's slot and its own chip number.
+    fn locate(&self, worker: usize) -> Result<(usize, usize), Error> {
+        let mut first = 0;
+        for (slot, c) in self.children.iter().enumerate() {
+            if worker < first + c.chips() {
+                return Ok((slot, worker - first));
+            }
+            first += c.chips();
+        }
+        Err(Error::InvalidArgument(format!(
+            "chip {worker} is out of range: this level-4 worker's level-3 children have {first} chips in all (0..{first}, numbered child by child)"
+        )))
+    }
+
+    /// [`Core::alloc`] on a level-4 worker: on chip `worker` counted across the
+    /// children, through the child's own path (control requests to a local child, the
+    /// session of a remote one).
+    fn alloc_nested(
+        &mut self,
+        shape: &[u64],
+        dtype: DataType,
+        worker: usize,
+        init: Option<&[u8]>,
+    ) -> Result<DeviceTensor, Error> {
+        let (slot, chip) = self.locate(worker)?;
+        let Backend::Dist(d) = &mut self.backend else {
+            return Err(Error::Internal("level-4 workers are dist workers".into()));
+        };
+        let t = match &self.children[slot] {
+            ChildChips::Local { id, .. } => {
+                let t = d.alloc_nested_tensor(*id, chip, shape, dtype)?;
+                if let Some(bytes) = init {
+                    if let Err(e) = d.copy_bytes_to(&t, 0, bytes) {
+                        let _ = d.free(t);
+                        return Err(e.into());
+                    }
+                }
+                t
+            }
+            ChildChips::Remote(r) => {
+                let rt = r.alloc(d, chip, shape, dtype)?;
+                if let Some(bytes) = init {
+                    if let Err(e) = r.copy_to(d, &rt, 0, bytes) {
+                        let _ = r.free(d, rt);
+                        return Err(e.into());
+                    }
+                }
+                let desc = rt.arg(strata_types::ArgTag::Input).buffer;
+                let BufferLocation::Device { addr, .. } = desc.location() else {
+                    return Err(Error::Internal("remote tensors are device tensors".into()));
+                };
+                let id = desc.identity();
+                // SAFETY: the level-4 engine admitted this allocation under exactly this
+                // identity (owner nonce and buffer id), worker, handle and size
+                // (`admit_remote_device`), and checks every task naming it against that
+                // record; the handle is only ever resolved by the remote node.
+                let t = unsafe {
+                    DeviceTensor::from_raw_parts(
+                        id.owner().0,
+                        id.buffer_id(),
+                        r.id() as u32,
+                        addr,
+                        desc.nbytes(),
+                        rt.view(),
+                    )
+                };
+                debug_assert_eq!(t.identity(), id);
+                self.remote_tensors.insert(id, rt);
+                t
+            }
+        };
+        self.owned.insert(t.identity(), t);
+        Ok(t)
+    }
+
+    /// Copies `bytes` into `t` from its byte `dev_offset` on (`t` checked owned).
+    fn copy_in(&mut self, t: &DeviceTensor, dev_offset: u64, bytes: &[u8]) -> Result<(), Error> {
+        match (&mut self.backend, self.remote_tensors.get(&t.identity())) {
+            (Backend::Dist(d), Some(rt)) => {
+                remote_of(&self.children, rt)?.copy_to(d, rt, dev_offset, bytes)?;
+            }
+            (Backend::Dist(d), None) => {
+                d.copy_bytes_to(t, dev_offset, bytes)?;
+            }
+            (Backend::Chip(c), _) => c.copy_to(
+                t.ptr(),
+                bytes,
+                bytes.len(),
+                CopyOffsets {
+                    device: dev_offset,
+                    host: 0,
+                },
+            )?,
+        }
+        Ok(())
+    }
+
+    /// Copies `bytes.len()` bytes of `t` from its byte `dev_offset` on into `bytes`.
+    fn copy_out(
+        &mut self,
+        t: &DeviceTensor,
+        dev_offset: u64,
+        bytes: &mut [u8],
+    ) -> Result<(), Error> {
+        match (&mut self.backend, self.remote_tensors.get(&t.identity())) {
+            (Backend::Dist(d), Some(rt)) => {
+                remote_of(&self.children, rt)?.copy_from(d, rt, dev_offset, bytes)?;
+            }
+            (Backend::Dist(d), None) => {
+                d.copy_bytes_from(bytes, t, dev_offset)?;
+            }
+            (Backend::Chip(c), _) => {
+                let n = bytes.len();
+                c.copy_from(
+                    bytes,
+                    t.ptr(),
+                    n,
+                    CopyOffsets {
+                        device: dev_offset,
+                        host: 0,
+                    },
+                )?
+            }
+        }
         Ok(())
     }
 

@@ -6,7 +6,11 @@ use strata_types::DataType;
 
 /// A tensor sharded along dimension 0 over chips: shard `i` — the host tensor's
 /// `[i, ...]` slice — is resident on chip `worker_ids()[i]`. A dispatch that passes it
-/// gives each rank's task its own shard (`ProgramTensor::shard`). Made by
+/// gives each rank's task its own shard (`ProgramTensor::shard`). On a level-4 worker the
+/// chips are those of its level-3 children, local or remote, numbered in child order
+/// (child 0's chips first), and a shard's [`DeviceTensor::worker`] is the child that
+/// holds it (where its task goes; that child's orchestration sees its own chip).
+/// Made by
 /// [`PreparedWorker::alloc_stacked_tensor`](crate::PreparedWorker::alloc_stacked_tensor);
 /// freed with `free_stacked_tensor` or at `close`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -14,6 +18,8 @@ pub struct StackedDeviceTensor {
     pub(crate) shards: Vec<DeviceTensor>,
     pub(crate) full_shape: Vec<u64>,
     pub(crate) dtype: DataType,
+    /// The chip of each shard (level 4: numbered across the children).
+    pub(crate) placement: Vec<usize>,
 }
 
 impl StackedDeviceTensor {
@@ -22,9 +28,9 @@ impl StackedDeviceTensor {
         &self.shards
     }
 
-    /// The chip of each shard.
+    /// The chip of each shard, as `alloc_stacked_tensor` numbered them.
     pub fn worker_ids(&self) -> Vec<usize> {
-        self.shards.iter().map(|s| s.worker() as usize).collect()
+        self.placement.clone()
     }
 
     /// The full shape `[shards, ...]`.

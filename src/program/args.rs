@@ -234,7 +234,9 @@ impl ProgramTensor {
         matches!(self.kind, TensorKind::Stacked(_))
     }
 
-    /// The chip whose memory holds it, if it is a resident device tensor.
+    /// The chip whose memory holds it, if it is a resident device tensor (on a level-4
+    /// worker: the level-3 child whose chip holds it, where its task goes; that child's
+    /// orchestration finds the chip with `TensorArg::device_worker`).
     pub fn worker(&self) -> Option<usize> {
         match &self.kind {
             TensorKind::Whole(a) => match a.buffer.location() {
@@ -308,7 +310,8 @@ impl ProgramTensor {
         }
     }
 
-    /// The chip shard `i` of a stacked tensor is resident on (where its task must run).
+    /// The chip shard `i` of a stacked tensor is resident on (where its task must run;
+    /// on a level-4 worker, the level-3 child whose chip holds it).
     ///
     /// # Errors
     /// Not a stacked tensor; `i` out of range.

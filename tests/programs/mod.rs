@@ -11,8 +11,10 @@ use strata_testkit::suite::Variant;
 use strata_testkit::{check, contracts, Ctx, Outcome, Scenario};
 
 mod comm;
+mod level4;
 mod stall;
 use comm::*;
+use level4::*;
 use stall::*;
 
 /// An execution mode as a suite variant.
@@ -67,6 +69,8 @@ pub fn suite<M: Mode>() -> Vec<Scenario> {
         s9_rank_identity_scale_and_round_trip,
         a_stalled_level_2_dispatch_explains_itself,
         a_group_waiting_for_a_stuck_worker_explains_the_timeout,
+        stacked_tensors_shard_over_the_chips_of_level_3_children,
+        resident_tensors_on_a_level_3_childs_chip_round_trip,
     ]
 }
 

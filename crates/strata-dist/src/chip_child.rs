@@ -242,6 +242,16 @@ pub fn serve_chip_control(
         ControlCommand::FreeBytes => Ok(ControlReply::new(
             chip.device_memory_info().map_err(fail)?.0,
         )),
+        ControlCommand::AllocateOn { .. }
+        | ControlCommand::CommittedBytesOn { .. }
+        | ControlCommand::FreeBytesOn { .. } => Err(FailureReport::new(
+            codes::UNSUPPORTED,
+            format!(
+                "a chip child does not take control command {} ({}): it names a chip of a level-3 worker",
+                req.command,
+                command.name()
+            ),
+        )),
     }
 }
 

@@ -13,10 +13,18 @@
 //! | [`ControlCommand::Copy`] from the device | 4 | as 3 | as 3 |
 //! | [`ControlCommand::CommittedBytes`] | 5 | 0 | empty |
 //! | [`ControlCommand::FreeBytes`] | 6 | 0 | empty |
+//! | [`ControlCommand::AllocateOn`] | 7 | bytes | chip (`u64` LE) |
+//! | [`ControlCommand::CommittedBytesOn`] | 8 | chip | empty |
+//! | [`ControlCommand::FreeBytesOn`] | 9 | chip | empty |
 //!
 //! The reply is the result word: the device address for `Allocate`, the bytes the chip's
 //! allocator holds for `CommittedBytes`, the bytes it could still hand out for
 //! `FreeBytes`, 0 otherwise.
+//!
+//! Commands 1–6 go to a chip child. A level-3 worker child (of a level-4 worker) takes
+//! 7–9, which name one of its chips, and `Free` / `Copy`, whose address is then the
+//! handle its `AllocateOn` replied with (the worker child keeps the table from handles to
+//! its chips' tensors).
 
 use strata_mailbox::ControlRequest;
 
@@ -64,6 +72,24 @@ pub enum ControlCommand {
     /// How many bytes the chip's emulated card could still hand out; the reply is that
     /// count (its capacity is the parent's `ChipConfig::device_memory_bytes`).
     FreeBytes,
+    /// To a level-3 worker child: allocate `bytes` on its chip `chip`; the reply is the
+    /// handle that later `Free` and `Copy` requests (and task arguments) name.
+    AllocateOn {
+        /// The worker child's chip (its next-level worker id there).
+        chip: u32,
+        /// Bytes to allocate.
+        bytes: u64,
+    },
+    /// To a level-3 worker child: [`ControlCommand::CommittedBytes`] of its chip `chip`.
+    CommittedBytesOn {
+        /// The worker child's chip.
+        chip: u32,
+    },
+    /// To a level-3 worker child: [`ControlCommand::FreeBytes`] of its chip `chip`.
+    FreeBytesOn {
+        /// The worker child's chip.
+        chip: u32,
+    },
 }
 
 /// Payload bytes of a [`ControlCommand::Copy`].
@@ -77,6 +103,9 @@ mod word {
     pub(super) const COPY_FROM_DEVICE: u64 = 4;
     pub(super) const COMMITTED_BYTES: u64 = 5;
     pub(super) const FREE_BYTES: u64 = 6;
+    pub(super) const ALLOCATE_ON: u64 = 7;
+    pub(super) const COMMITTED_BYTES_ON: u64 = 8;
+    pub(super) const FREE_BYTES_ON: u64 = 9;
 }
 
 /// Why a control frame does not decode to a [`ControlCommand`].
@@ -103,6 +132,14 @@ pub enum ControlDecodeError {
         /// The argument found.
         arg0: u64,
     },
+    /// A chip number that does not fit 32 bits.
+    #[error("control command {command}: chip {chip} does not fit 32 bits")]
+    ChipOutOfRange {
+        /// The command word.
+        command: u64,
+        /// The chip number found.
+        chip: u64,
+    },
 }
 
 impl ControlCommand {
@@ -128,6 +165,18 @@ impl ControlCommand {
             }
             ControlCommand::CommittedBytes => (word::COMMITTED_BYTES, 0, None),
             ControlCommand::FreeBytes => (word::FREE_BYTES, 0, None),
+            ControlCommand::AllocateOn { chip, bytes } => {
+                payload[..8].copy_from_slice(&u64::from(chip).to_le_bytes());
+                return ControlRequest {
+                    command: word::ALLOCATE_ON,
+                    arg0: bytes,
+                    payload: &payload[..8],
+                };
+            }
+            ControlCommand::CommittedBytesOn { chip } => {
+                (word::COMMITTED_BYTES_ON, u64::from(chip), None)
+            }
+            ControlCommand::FreeBytesOn { chip } => (word::FREE_BYTES_ON, u64::from(chip), None),
         };
         let len = match words {
             Some(w) => {
@@ -172,6 +221,12 @@ impl ControlCommand {
                 })
             }
         };
+        let chip = |v: u64| {
+            u32::try_from(v).map_err(|_| ControlDecodeError::ChipOutOfRange {
+                command: req.command,
+                chip: v,
+            })
+        };
         match req.command {
             word::ALLOCATE => {
                 expect_len(0)?;
@@ -214,6 +269,27 @@ impl ControlCommand {
                 no_arg()?;
                 Ok(ControlCommand::FreeBytes)
             }
+            word::ALLOCATE_ON => {
+                expect_len(8)?;
+                let mut b = [0u8; 8];
+                b.copy_from_slice(req.payload);
+                Ok(ControlCommand::AllocateOn {
+                    chip: chip(u64::from_le_bytes(b))?,
+                    bytes: req.arg0,
+                })
+            }
+            word::COMMITTED_BYTES_ON => {
+                expect_len(0)?;
+                Ok(ControlCommand::CommittedBytesOn {
+                    chip: chip(req.arg0)?,
+                })
+            }
+            word::FREE_BYTES_ON => {
+                expect_len(0)?;
+                Ok(ControlCommand::FreeBytesOn {
+                    chip: chip(req.arg0)?,
+                })
+            }
             other => Err(ControlDecodeError::UnknownCommand(other)),
         }
     }
@@ -233,6 +309,9 @@ impl ControlCommand {
             } => "copy from device",
             ControlCommand::CommittedBytes => "committed bytes",
             ControlCommand::FreeBytes => "free bytes",
+            ControlCommand::AllocateOn { .. } => "allocate on a chip",
+            ControlCommand::CommittedBytesOn { .. } => "committed bytes of a chip",
+            ControlCommand::FreeBytesOn { .. } => "free bytes of a chip",
         }
     }
 }
@@ -248,6 +327,12 @@ mod tests {
             ControlCommand::Free { addr: 0x1000 },
             ControlCommand::CommittedBytes,
             ControlCommand::FreeBytes,
+            ControlCommand::AllocateOn {
+                chip: u32::MAX,
+                bytes: 1 << 40,
+            },
+            ControlCommand::CommittedBytesOn { chip: 3 },
+            ControlCommand::FreeBytesOn { chip: 0 },
         ];
         for direction in [CopyDirection::ToDevice, CopyDirection::FromDevice] {
             v.push(ControlCommand::Copy {
@@ -332,6 +417,30 @@ mod tests {
             assert_eq!(
                 ControlCommand::from_request(&req(command, 1, &[])),
                 Err(ControlDecodeError::UnexpectedArgument { command, arg0: 1 })
+            );
+        }
+        assert_eq!(
+            ControlCommand::from_request(&req(7, 64, &[0; 4])),
+            Err(ControlDecodeError::PayloadLength {
+                command: 7,
+                len: 4,
+                expected: 8
+            })
+        );
+        assert_eq!(
+            ControlCommand::from_request(&req(7, 64, &[0, 0, 0, 0, 1, 0, 0, 0])),
+            Err(ControlDecodeError::ChipOutOfRange {
+                command: 7,
+                chip: 1 << 32
+            })
+        );
+        for command in [8, 9] {
+            assert_eq!(
+                ControlCommand::from_request(&req(command, u64::MAX, &[])),
+                Err(ControlDecodeError::ChipOutOfRange {
+                    command,
+                    chip: u64::MAX
+                })
             );
         }
     }

@@ -95,7 +95,11 @@ pub(crate) struct Ctx {
     pub(crate) staging: Option<(u64, u64)>,
     /// Each next-level chip's device capacity (`ChipConfig::device_memory_bytes`).
     pub(crate) device_capacity: Vec<u64>,
-    /// Live chip tensors: identity → (worker, device address, bytes).
+    /// Each local level-3 worker child's chips' device capacities (level 4; by worker
+    /// id): how many chips it has, and what each card holds.
+    pub(crate) nested_capacity: HashMap<usize, Vec<u64>>,
+    /// Live chip tensors: identity → (worker, device address, bytes). Under a level-4
+    /// worker the worker is a level-3 child and the address the handle it gave.
     pub(crate) child_tensors: Mutex<HashMap<BufferIdentity, (usize, u64, u64)>>,
 }
 
@@ -135,25 +139,77 @@ impl Ctx {
         }
     }
 
-    pub(crate) fn alloc_child_tensor(
+    /// The lane of a next-level child whose chips' memory this worker may name: a chip,
+    /// or (level 4) a level-3 worker child, which resolves the handles it gave.
+    fn memory_lane(&self, worker: usize) -> Result<usize, DistError> {
+        match self.next.get(worker) {
+            Some(ChildKind::Chip | ChildKind::Worker) => Ok(worker),
+            Some(ChildKind::Sub) => Err(DistError::InvalidArgs(format!(
+                "worker {worker} is a sub-worker; device memory belongs to chips"
+            ))),
+            None => Err(DistError::UnknownWorker {
+                id: worker,
+                count: self.next.len(),
+            }),
+        }
+    }
+
+    /// A local level-3 worker child's lane and its chip `chip` as the wire's number.
+    fn nested_chip(&self, worker: usize, chip: usize) -> Result<(usize, u32), DistError> {
+        let Some(capacity) = self.nested_capacity.get(&worker) else {
+            return Err(match self.next.get(worker) {
+                None => DistError::UnknownWorker {
+                    id: worker,
+                    count: self.next.len(),
+                },
+                Some(ChildKind::Worker) => DistError::InvalidArgs(format!(
+                    "worker {worker} is a remote level-3 worker: its chips' memory goes through strata_net::RemoteWorker"
+                )),
+                Some(_) => DistError::InvalidArgs(format!(
+                    "worker {worker} is not a level-3 worker child; name a chip of one (alloc_child_tensor takes this worker's own chips)"
+                )),
+            });
+        };
+        match u32::try_from(chip) {
+            Ok(c) if chip < capacity.len() => Ok((worker, c)),
+            _ => Err(DistError::InvalidArgs(format!(
+                "level-3 worker {worker} has {} chips (0..{}); there is no chip {chip}",
+                capacity.len(),
+                capacity.len()
+            ))),
+        }
+    }
+
+    /// Allocates a tensor on chip `chip` of local level-3 worker child `worker` (level
+    /// 4): the child allocates it and replies with a handle, which the returned tensor
+    /// carries as its address (`worker()` is the child).
+    pub(crate) fn alloc_nested_tensor(
         &self,
         worker: usize,
+        chip: usize,
         shape: &[u64],
         dtype: DataType,
     ) -> Result<DeviceTensor, DistError> {
-        let lane = self.chip_lane(worker)?;
+        let (lane, chip) = self.nested_chip(worker, chip)?;
         let view = TensorView::contiguous(dtype, shape)?;
-        let addr = self.control(
+        let handle = self.control(
             lane,
-            ControlCommand::Allocate {
+            ControlCommand::AllocateOn {
+                chip,
                 bytes: view.nbytes(),
             },
         )?;
+        Ok(self.admit(worker, handle, view))
+    }
+
+    /// Records a fresh allocation of next-level child `worker` at `addr` and returns its
+    /// handle.
+    fn admit(&self, worker: usize, addr: u64, view: TensorView) -> DeviceTensor {
         let identity = self.minter.mint();
-        // SAFETY: the chip's allocator just gave these bytes (`view.nbytes()` of them, at
-        // `addr`) to this allocation alone; the handle's identity is recorded with its
-        // extent, and tasks and copies naming it are admitted only while it is live
-        // (`child_tensor_live`).
+        // SAFETY: the child just gave these bytes (`view.nbytes()` of them, at `addr` —
+        // a device address, or the handle a level-3 child resolves) to this allocation
+        // alone; the handle's identity is recorded with its extent, and tasks and copies
+        // naming it are admitted only while it is live (`child_tensor_live`).
         let t = unsafe {
             DeviceTensor::from_raw_parts(
                 identity.owner().0,
@@ -168,12 +224,46 @@ impl Ctx {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(t.identity(), (worker, addr, view.nbytes()));
-        Ok(t)
+        t
+    }
+
+    /// `(free, total)` bytes of chip `chip` of local level-3 worker child `worker`.
+    pub(crate) fn nested_memory_info(
+        &self,
+        worker: usize,
+        chip: usize,
+    ) -> Result<(u64, u64), DistError> {
+        let (lane, c) = self.nested_chip(worker, chip)?;
+        let free = self.control(lane, ControlCommand::FreeBytesOn { chip: c })?;
+        Ok((free, self.nested_capacity[&worker][chip]))
+    }
+
+    /// Bytes the allocator of chip `chip` of local level-3 worker child `worker` holds.
+    pub(crate) fn nested_committed(&self, worker: usize, chip: usize) -> Result<u64, DistError> {
+        let (lane, c) = self.nested_chip(worker, chip)?;
+        self.control(lane, ControlCommand::CommittedBytesOn { chip: c })
+    }
+
+    pub(crate) fn alloc_child_tensor(
+        &self,
+        worker: usize,
+        shape: &[u64],
+        dtype: DataType,
+    ) -> Result<DeviceTensor, DistError> {
+        let lane = self.chip_lane(worker)?;
+        let view = TensorView::contiguous(dtype, shape)?;
+        let addr = self.control(
+            lane,
+            ControlCommand::Allocate {
+                bytes: view.nbytes(),
+            },
+        )?;
+        Ok(self.admit(worker, addr, view))
     }
 
     pub(crate) fn free_child_tensor(&self, t: DeviceTensor) -> Result<(), DistError> {
         let (worker, addr) = (t.worker() as usize, t.ptr().addr());
-        let lane = self.chip_lane(worker)?;
+        let lane = self.memory_lane(worker)?;
         let mut live = self.child_tensors.lock().unwrap_or_else(|e| e.into_inner());
         if live.get(&t.identity()) != Some(&(worker, addr, t.nbytes())) {
             return Err(DistError::InvalidArgs(format!(
@@ -195,7 +285,7 @@ impl Ctx {
         len: u64,
     ) -> Result<usize, DistError> {
         let (worker, addr) = (dev.worker() as usize, dev.ptr().addr());
-        let lane = self.chip_lane(worker)?;
+        let lane = self.memory_lane(worker)?;
         if !self.child_tensor_live(&dev.identity(), worker, addr, dev.nbytes()) {
             return Err(DistError::StaleTensor {
                 index: 0,

@@ -435,10 +435,19 @@ impl DistWorker {
             comm_lease = Some(lease);
         }
         // Staging for copies between ordinary host memory and chip memory: shared memory
-        // every chip child maps (created before the fork), used in two halves.
+        // every chip child maps (created before the fork), used in two halves. A level-4
+        // worker stages copies into its local level-3 children's chips the same way (they
+        // and their chips inherit the mapping).
         let mut staging_lease = None;
         let mut staging = None;
-        if cfg.level == Level::L3 && !cfg.chips.is_empty() && cfg.staging_bytes > 0 {
+        let has_chips = match cfg.level {
+            Level::L3 => !cfg.chips.is_empty(),
+            Level::L4 => self
+                .children
+                .iter()
+                .any(|c| matches!(c, NextChild::Local(_))),
+        };
+        if has_chips && cfg.staging_bytes > 0 {
             let lease = self
                 .shared
                 .lease_region(cfg.staging_bytes as usize, "staging")?;
@@ -453,6 +462,8 @@ impl DistWorker {
         let mut remote: Vec<(usize, Box<dyn RemoteChild>)> = Vec::new();
         // What each child is, in lane order: it travels with the child's endpoint.
         let mut kinds = Vec::new();
+        // Each local level-3 child's chips' device capacities (by worker id).
+        let mut nested_capacity: HashMap<usize, Vec<u64>> = HashMap::new();
         match cfg.level {
             Level::L3 => {
                 for (i, c) in cfg.chips.iter().enumerate() {
@@ -479,6 +490,15 @@ impl DistWorker {
                 for (i, child) in std::mem::take(&mut self.children).into_iter().enumerate() {
                     match child {
                         NextChild::Local(mut child) => {
+                            nested_capacity.insert(
+                                i,
+                                child
+                                    .config()
+                                    .chips
+                                    .iter()
+                                    .map(|c| c.device_memory_bytes)
+                                    .collect(),
+                            );
                             child.programs.absorb(&self.programs)?;
                             programs.push(Box::new(NestedChild::new(i, *child)));
                             kinds.push(ChildKind::Worker);
@@ -599,6 +619,7 @@ impl DistWorker {
             } else {
                 Vec::new()
             },
+            nested_capacity,
             child_tensors: Mutex::new(HashMap::new()),
         });
         Ok(Runtime {
@@ -935,7 +956,57 @@ impl DistWorker {
             .alloc_child_tensor(worker, shape, dtype)
     }
 
-    /// Frees a chip tensor.
+    /// Allocates a tensor on chip `chip` of local level-3 worker child `worker` (a level-4
+    /// worker, outside any run). The tensor's [`DeviceTensor::worker`] is `worker`: pass
+    /// it to that child's tasks, whose orchestrations see it as their own chip tensor on
+    /// chip `chip` (`TensorArg::device_worker`). [`DistWorker::free`],
+    /// [`DistWorker::copy_bytes_to`] and [`DistWorker::copy_bytes_from`] take it like a
+    /// chip tensor; the bytes go through this worker's staging memory, which the child's
+    /// chips map. A remote level-3 worker's chips go through `strata_net::RemoteWorker`.
+    ///
+    /// # Errors
+    /// A run in flight; `worker` not a local level-3 worker child, or no chip `chip`
+    /// there; the chip's allocator refused.
+    pub fn alloc_nested_tensor(
+        &mut self,
+        worker: usize,
+        chip: usize,
+        shape: &[u64],
+        dtype: DataType,
+    ) -> Result<DeviceTensor, DistError> {
+        self.idle_control("alloc_nested_tensor")?
+            .alloc_nested_tensor(worker, chip, shape, dtype)
+    }
+
+    /// `(free, total)` bytes of chip `chip` of local level-3 worker child `worker`'s
+    /// emulated card (a level-4 worker; see [`DistWorker::device_memory_info`]).
+    ///
+    /// # Errors
+    /// A run in flight; `worker` not a local level-3 worker child, or no chip `chip`.
+    pub fn nested_device_memory_info(
+        &mut self,
+        worker: usize,
+        chip: usize,
+    ) -> Result<(u64, u64), DistError> {
+        self.idle_control("nested_device_memory_info")?
+            .nested_memory_info(worker, chip)
+    }
+
+    /// Bytes the allocator of chip `chip` of local level-3 worker child `worker` holds
+    /// (a level-4 worker).
+    ///
+    /// # Errors
+    /// As [`DistWorker::nested_device_memory_info`].
+    pub fn nested_committed_device_memory(
+        &mut self,
+        worker: usize,
+        chip: usize,
+    ) -> Result<u64, DistError> {
+        self.idle_control("nested_committed_device_memory")?
+            .nested_committed(worker, chip)
+    }
+
+    /// Frees a chip tensor (or one of a level-3 worker child's chips, at level 4).
     ///
     /// # Errors
     /// A run in flight, a double free.

@@ -437,4 +437,26 @@ impl RemoteWorker {
         let chip32 = self.chip(chip)?;
         self.call(&s, &Control::Committed { chip: chip32 })
     }
+
+    /// `(free, total)` bytes of chip `chip`'s emulated card on the node (outside any
+    /// run): `total` the capacity the node's chip was configured with.
+    ///
+    /// # Errors
+    /// A run in flight; no such chip; the session ended.
+    pub fn device_memory_info(
+        &self,
+        top: &mut DistWorker,
+        chip: usize,
+    ) -> Result<(u64, u64), NetError> {
+        let s = self.ready(top, "device_memory_info")?;
+        let chip = self.chip(chip)?;
+        let free = self.call(&s, &Control::FreeBytes { chip })?;
+        let total = self.call(&s, &Control::Capacity { chip })?;
+        Ok((free, total))
+    }
+
+    /// How many chips the remote level-3 worker has ([`crate::RemoteSpec::chips`]).
+    pub fn chips(&self) -> usize {
+        self.link.chips
+    }
 }

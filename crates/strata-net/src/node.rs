@@ -1148,6 +1148,14 @@ fn serve_control(
         Control::Committed { chip } => worker
             .committed_device_memory(chip as usize)
             .map_err(|e| format!("chip {chip}: {e}")),
+        Control::FreeBytes { chip } => worker
+            .device_memory_info(chip as usize)
+            .map(|(free, _)| free)
+            .map_err(|e| format!("chip {chip}: {e}")),
+        Control::Capacity { chip } => worker
+            .device_memory_info(chip as usize)
+            .map(|(_, total)| total)
+            .map_err(|e| format!("chip {chip}: {e}")),
     };
     let result = result.map_err(clip_message);
     ns.send(

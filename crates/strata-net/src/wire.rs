@@ -580,6 +580,16 @@ pub enum Control {
         /// The chip.
         chip: u32,
     },
+    /// Bytes chip `chip`'s emulated card could still hand out.
+    FreeBytes {
+        /// The chip.
+        chip: u32,
+    },
+    /// Bytes chip `chip`'s emulated card holds in all (its configured capacity).
+    Capacity {
+        /// The chip.
+        chip: u32,
+    },
 }
 
 /// A control request's answer.

@@ -182,6 +182,25 @@ impl TensorArg {
     pub fn with_tag(self, tag: ArgTag) -> Self {
         TensorArg { tag, ..self }
     }
+
+    /// The next-level worker whose device memory holds it, if it is a device tensor: a
+    /// level-3 orchestration submits its task to that chip. (A level-4 orchestration sees
+    /// the level-3 worker holding it; that worker's orchestration then sees its chip.)
+    ///
+    /// ```
+    /// # use strata_types::*;
+    /// # let id = IdentityMinter::new().mint();
+    /// # // SAFETY: a doc example: the descriptor is never given to a task.
+    /// let dev = unsafe { BufferDesc::from_parts(id, 64, BufferLocation::Device { worker: 3, addr: 0x4000 }) };
+    /// let view = TensorView::contiguous(DataType::F32, &[16]).unwrap();
+    /// assert_eq!(TensorArg::new(dev, view, ArgTag::Input).unwrap().device_worker(), Some(3));
+    /// ```
+    pub fn device_worker(&self) -> Option<usize> {
+        match self.buffer.location() {
+            BufferLocation::Device { worker, .. } => Some(worker as usize),
+            _ => None,
+        }
+    }
 }
 
 /// A view into a buffer, not yet tagged: what a tensor handle's `slice` / `window` gives,

@@ -4,13 +4,17 @@
 //! because it drives that worker's lifecycle (`init`, `run_with`, `close`).
 
 use super::{DistWorker, CHIP_FAILED_BELOW};
+use crate::control::{ControlCommand, ControlDecodeError};
 use crate::error::DistError;
 use crate::registry::HostOrchHandle;
+use std::collections::HashMap;
+use strata_chip::DeviceTensor;
 use strata_graph::WorkerClass;
 use strata_host::{ChildEnv, ChildProgram};
 use strata_mailbox::{
     codes, ControlReply, ControlRequest, FailureReport, Handler, TaskRequest, TaskSlot,
 };
+use strata_types::{BufferLocation, DataType, TaskArgs};
 
 /// A level-3 worker child of a level-4 worker: the whole level-3 worker (with its own
 /// children, forked inside this child) serving host orchestrations.
@@ -44,6 +48,8 @@ impl ChildProgram for NestedChild {
             worker,
             trace: None,
             reply: Vec::new(),
+            tensors: HashMap::new(),
+            next_handle: 1,
         }))
     }
 }
@@ -54,12 +60,62 @@ struct NestedHandler {
     trace: Option<strata_types::trace::Trace>,
     /// Its encoding, bounded by the frame's room.
     reply: Vec<u8>,
+    /// Tensors the parent had allocated on this worker's chips, by the handle it was
+    /// given: the parent's task arguments and requests name them by that handle.
+    tensors: HashMap<u64, DeviceTensor>,
+    next_handle: u64,
+}
+
+impl NestedHandler {
+    /// The parent's arguments with every device tensor (named by its handle) replaced by
+    /// this worker's own chip tensor, under the parent's view and tag.
+    fn rewrite(&self, args: &TaskArgs) -> Result<Option<TaskArgs>, String> {
+        let named = |t: &strata_types::TensorArg| {
+            matches!(t.buffer.location(), BufferLocation::Device { .. })
+        };
+        if !args.tensors().iter().any(named) {
+            return Ok(None);
+        }
+        let mut local = args.clone();
+        for (i, t) in local.tensors_mut().iter_mut().enumerate() {
+            let BufferLocation::Device { addr, .. } = t.buffer.location() else {
+                continue;
+            };
+            let own = self.tensors.get(&addr).ok_or_else(|| {
+                format!("tensor argument {i} names device allocation {addr} of this level-3 worker, which is not live (freed)")
+            })?;
+            if own.nbytes() != t.buffer.nbytes() {
+                return Err(format!(
+                    "tensor argument {i} names device allocation {addr} with {} bytes; it has {}",
+                    t.buffer.nbytes(),
+                    own.nbytes()
+                ));
+            }
+            *t = own
+                .arg_view(t.view, t.tag)
+                .map_err(|e| format!("tensor argument {i}: {e}"))?;
+        }
+        Ok(Some(local))
+    }
+
+    fn tensor(&self, handle: u64) -> Result<&DeviceTensor, FailureReport> {
+        self.tensors.get(&handle).ok_or_else(|| {
+            FailureReport::new(
+                codes::BAD_REQUEST,
+                format!("no live device allocation with handle {handle} on this level-3 worker"),
+            )
+        })
+    }
 }
 
 impl Handler for NestedHandler {
     fn task(&mut self, req: &TaskRequest<'_>) -> Result<(), FailureReport> {
         let handle = HostOrchHandle { id: req.callable };
-        let (result, trace) = self.worker.run_nested(&handle, req.args, req.config);
+        let rewritten = self
+            .rewrite(req.args)
+            .map_err(|m| FailureReport::new(codes::FAILED, m))?;
+        let args = rewritten.as_ref().unwrap_or(req.args);
+        let (result, trace) = self.worker.run_nested(&handle, args, req.config);
         self.trace = trace;
         result.map_err(|e| {
             // A chip's failure stays a chip's failure one level up.
@@ -94,13 +150,67 @@ impl Handler for NestedHandler {
     }
 
     fn control(&mut self, req: &ControlRequest<'_>) -> Result<ControlReply, FailureReport> {
-        Err(FailureReport::new(
-            codes::UNSUPPORTED,
-            format!(
-                "a level-3 worker child does not take control command {}; device memory belongs to its chips",
-                req.command
+        let command = ControlCommand::from_request(req).map_err(|e| match e {
+            ControlDecodeError::UnknownCommand(c) => FailureReport::new(
+                codes::UNSUPPORTED,
+                format!("a level-3 worker child does not take control command {c}"),
             ),
-        ))
+            malformed => FailureReport::new(codes::BAD_REQUEST, malformed.to_string()),
+        })?;
+        let fail = |e: DistError| FailureReport::new(codes::FAILED, e.to_string());
+        match command {
+            ControlCommand::AllocateOn { chip, bytes } => {
+                let t = self
+                    .worker
+                    .alloc_child_tensor(chip as usize, &[bytes], DataType::U8)
+                    .map_err(fail)?;
+                let handle = self.next_handle;
+                self.next_handle += 1;
+                self.tensors.insert(handle, t);
+                Ok(ControlReply::new(handle))
+            }
+            ControlCommand::Free { addr } => {
+                let t = *self.tensor(addr)?;
+                self.worker.free(t).map_err(fail)?;
+                self.tensors.remove(&addr);
+                Ok(ControlReply::new(0))
+            }
+            ControlCommand::Copy {
+                direction,
+                addr,
+                dev_offset,
+                region,
+                offset,
+                len,
+            } => {
+                let t = *self.tensor(addr)?;
+                self.worker
+                    .copy_range(&t, dev_offset, region, offset, len, direction)
+                    .map_err(|e| FailureReport::new(codes::BAD_REQUEST, e.to_string()))?;
+                Ok(ControlReply::new(0))
+            }
+            ControlCommand::CommittedBytesOn { chip } => Ok(ControlReply::new(
+                self.worker
+                    .committed_device_memory(chip as usize)
+                    .map_err(fail)?,
+            )),
+            ControlCommand::FreeBytesOn { chip } => Ok(ControlReply::new(
+                self.worker
+                    .device_memory_info(chip as usize)
+                    .map_err(fail)?
+                    .0,
+            )),
+            ControlCommand::Allocate { .. }
+            | ControlCommand::CommittedBytes
+            | ControlCommand::FreeBytes => Err(FailureReport::new(
+                codes::UNSUPPORTED,
+                format!(
+                    "a level-3 worker child does not take control command {} ({}): device memory belongs to its chips; name one",
+                    req.command,
+                    command.name()
+                ),
+            )),
+        }
     }
 }
 
