@@ -7,7 +7,7 @@
 //! A run is traced when its configuration asks for it ([`CallConfig::traced`]) or a
 //! `tracing` subscriber listens to the `strata::trace` target. Nothing here runs for a
 //! run that is not traced: the scheduler checks one relaxed atomic per publication and
-//! per completion ([`TraceBook::active`]).
+//! per completion (`TraceBook::active`).
 //!
 //! [`CallConfig::traced`]: strata_types::CallConfig::traced
 
