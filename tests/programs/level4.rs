@@ -192,3 +192,59 @@ pub fn resident_tensors_on_a_level_3_childs_chip_round_trip<M: Mode>() -> Outcom
     );
     rt.close().ctx("close")
 }
+
+/// A resident tensor goes only to tasks of the child that holds it, and a freed one to
+/// none: the level-4 engine refuses the others before anything runs on a child.
+pub fn a_resident_tensor_goes_only_to_the_child_that_holds_it<M: Mode>() -> Outcome {
+    let mut p = Program::new(
+        "route",
+        Signature::new()
+            .inout("t", DataType::F32, [Dim::Fixed(8)])
+            .scalar("to", DataType::U64),
+    );
+    let bump = p.kernel("bump", |ctx| {
+        ctx.output::<f32>(0)?.update(|v| v + 1.0);
+        Ok(())
+    });
+    let on_chip = p.chip_orchestration("bump", move |o, a| {
+        o.submit_aiv(bump, CoreArgs::new().inout(&a.tensor(0)?))?;
+        Ok(())
+    });
+    let on_child = p.worker_orchestration("bump_on_child", move |o, a| {
+        let [t] = a.tensors() else {
+            return Err("bump_on_child takes t".into());
+        };
+        let chip = t.device_worker().ok_or("t is a device tensor")?;
+        o.submit_next_level(on_chip, &TaskArgs::new().inout(*t), chip)?;
+        Ok(())
+    });
+    p.orchestrate(move |o, args| {
+        let to = args.scalar::<u64>("to")? as usize;
+        o.submit_next_level(on_child, &TaskArgs::new().inout(args.tensor("t")?), to)?;
+        Ok(())
+    });
+    let compiled = p.compile(&target::<M>()).ctx("compile")?;
+    let rt = compiled.prepare(Prepare::new()).ctx("prepare")?;
+    // Chip 1: child 0's second chip.
+    let t = rt.alloc_tensor_from(&[8], &[1f32; 8], 1).ctx("alloc")?;
+    rt.call((&t, 0u64)).ctx("to the child holding it")?;
+    let e = rt.call((&t, 1u64)).unwrap_err();
+    check!(
+        e.to_string().contains("device memory of worker 0"),
+        "to the other child: {e}"
+    );
+    let mut back = [0f32; 8];
+    rt.copy_from(&mut back, &t, CopyRange::bytes(32))
+        .ctx("read")?;
+    check!(
+        back == [2f32; 8],
+        "one bump, from the call routed to its child: {back:?}"
+    );
+    rt.free_tensor(&t).ctx("free")?;
+    let e = rt.call((&t, 0u64)).unwrap_err();
+    check!(
+        matches!(&e, Error::Argument { param, .. } if param == "t"),
+        "a freed tensor: {e}"
+    );
+    rt.close().ctx("close")
+}

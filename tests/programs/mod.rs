@@ -71,6 +71,7 @@ pub fn suite<M: Mode>() -> Vec<Scenario> {
         a_group_waiting_for_a_stuck_worker_explains_the_timeout,
         stacked_tensors_shard_over_the_chips_of_level_3_children,
         resident_tensors_on_a_level_3_childs_chip_round_trip,
+        a_resident_tensor_goes_only_to_the_child_that_holds_it,
     ]
 }
 
