@@ -1087,9 +1087,21 @@ fn on_frame(s: &Session, h: &wire::Header, body: &[u8]) -> Result<(), String> {
                         h.sequence
                     )
                 })?;
+            if d.wait_for.len() > strata_types::WAIT_FOR_MAX_BYTES {
+                return Err(format!(
+                    "the node sent {} wait-for bytes with task {} (at most {})",
+                    d.wait_for.len(),
+                    h.sequence,
+                    strata_types::WAIT_FOR_MAX_BYTES
+                ));
+            }
             let outcome = match d.failure {
                 None => Ok(()),
-                Some((code, message)) => Err(FailureReport::new(code, message)),
+                Some((code, message)) => Err(FailureReport::new(code, message).with_wait_for(
+                    (!d.wait_for.is_empty())
+                        .then(|| strata_types::WaitFor::decode(&d.wait_for).ok())
+                        .flatten(),
+                )),
             };
             if let Some(f) = st.slots[slot].as_mut() {
                 f.outcome = Some(outcome);

@@ -470,6 +470,7 @@ fn serve_jobs(
                     .unwrap_or_else(|e| e.into_inner())
                     .remove(&seq);
                 let run_start = strata_sync::mono_ns();
+                let mut wait_for = Vec::new();
                 let (failure, trace) = if cancelled {
                     (
                         Some((
@@ -480,7 +481,18 @@ fn serve_jobs(
                     )
                 } else {
                     let (r, trace) = run_task(worker, &ns.staging, &minter, &table, &task, &places);
-                    (r.err().map(|e| (codes::FAILED, clip_message(e))), trace)
+                    let failure = r.err().map(|(message, stalled)| {
+                        // What a stalled run waited for travels as data, as from a local
+                        // level-3 child (dropped if it would not fit the bound).
+                        if let Some(w) = stalled {
+                            let bytes = w.encode();
+                            if bytes.len() <= strata_types::WAIT_FOR_MAX_BYTES {
+                                wait_for = bytes;
+                            }
+                        }
+                        (codes::FAILED, clip_message(message))
+                    });
+                    (failure, trace)
                 };
                 let run_end = strata_sync::mono_ns();
                 // Outputs first (the root writes them back as they arrive), then DONE,
@@ -497,6 +509,7 @@ fn serve_jobs(
                     let _ = ns.tx.send(Lane::Main, Out::Bulk { owner: seq, parts });
                 }
                 let mut done = Done::new(failure);
+                done.wait_for = wait_for;
                 if let Some(mut trace) = trace {
                     // The node's own spans on its level-3 worker's track (the trace's first
                     // process): the task from its arrival, its inputs' arrival, its run.
@@ -585,6 +598,10 @@ fn serve_jobs(
 
 /// Runs one task: its tensors rewritten to name the staging area, its configuration
 /// decoded, then the host orchestration as a run of the level-3 worker.
+/// Why a task failed on the node: the message, and what its run waited for if it
+/// stalled.
+type TaskFailure = (String, Option<strata_types::WaitFor>);
+
 fn run_task(
     worker: &mut DistWorker,
     staging: &Staging,
@@ -592,13 +609,16 @@ fn run_task(
     table: &DeviceTable,
     task: &Task,
     places: &[u64],
-) -> (Result<(), String>, Option<strata_types::trace::Trace>) {
+) -> (Result<(), TaskFailure>, Option<strata_types::trace::Trace>) {
     let mut config_bytes = [0u8; CALL_CONFIG_WIRE_BYTES];
     if task.config.len() > CALL_CONFIG_WIRE_BYTES {
         return (
-            Err(format!(
-                "the task's configuration has {} bytes (at most {CALL_CONFIG_WIRE_BYTES})",
-                task.config.len()
+            Err((
+                format!(
+                    "the task's configuration has {} bytes (at most {CALL_CONFIG_WIRE_BYTES})",
+                    task.config.len()
+                ),
+                None,
             )),
             None,
         );
@@ -614,11 +634,21 @@ fn run_task(
     })();
     let (config, local) = match prepared {
         Ok(p) => p,
-        Err(e) => return (Err(e), None),
+        Err(e) => return (Err((e, None)), None),
     };
     let handle = HostOrchHandle::from_id(CallableId(task.callable));
     let (r, trace) = worker.run_for_parent_traced(&handle, &local, &config);
-    (r.map_err(|e| e.to_string()), trace)
+    let r = r.map_err(|e| {
+        let stalled = match &e {
+            strata_dist::DistError::TaskFailed(f) => f.wait_for().map(|w| (**w).clone()),
+            strata_dist::DistError::WaitTimeout { wait_for, .. } => {
+                wait_for.as_ref().map(|w| (**w).clone())
+            }
+            _ => None,
+        };
+        (e.to_string(), stalled)
+    });
+    (r, trace)
 }
 
 /// The thread id of the node's own spans (`node.task*`) on its track.

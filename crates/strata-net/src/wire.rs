@@ -526,6 +526,10 @@ pub struct Done {
     /// the root's own send and receive times they give the node's clock offset and its
     /// error bound (`ClockSync::from_round_trip`).
     pub node_send_ns: u64,
+    /// A failed task that stalled: what its level-3 run was waiting for
+    /// ([`strata_types::WaitFor::encode`], at most [`strata_types::WAIT_FOR_MAX_BYTES`]);
+    /// empty otherwise. Foreign bytes: decoded defensively (undecodable ones are dropped).
+    pub wait_for: Vec<u8>,
 }
 
 impl Done {
@@ -536,6 +540,7 @@ impl Done {
             trace: Vec::new(),
             node_recv_ns: 0,
             node_send_ns: 0,
+            wait_for: Vec::new(),
         }
     }
 }

@@ -65,6 +65,7 @@ const CASES: &[&str] = &[
     "a_node_on_ipv6_loopback_serves",
     "a_node_named_by_host_name_is_resolved_within_the_bound",
     "closed_sessions_leave_no_descriptor_behind_in_the_root",
+    "a_stalled_remote_task_says_what_it_waited_for",
 ];
 
 struct Daemon {
@@ -263,6 +264,7 @@ fn run_case(name: &str) -> Result<(), String> {
         "a_node_on_ipv6_loopback_serves" => ipv6(),
         "a_node_named_by_host_name_is_resolved_within_the_bound" => hostname(),
         "closed_sessions_leave_no_descriptor_behind_in_the_root" => no_fd_leak(),
+        "a_stalled_remote_task_says_what_it_waited_for" => stalled(),
         "launched" => launched(),
         other => Err(format!("no case {other}")),
     }
@@ -759,6 +761,68 @@ fn register_add_on_chip(top: &mut DistWorker) -> Result<strata_dist::HostOrchHan
         o.submit_next_level(chip_orch, &t, chip)?;
         Ok(())
     }))
+}
+
+/// A remote node's kernel that waits for a signal that never comes, until its chip's
+/// kernel timeout cancels it: the root's error carries the node's wait-for state (the
+/// kernel running on core 0, its signal wait) as data, as a local child's would.
+fn stalled() -> Result<(), String> {
+    use strata_chip::{ChipConfig, CoreArgs, KernelError};
+    let mut top = DistWorker::new(DistConfig::l4(0)).map_err(|e| e.to_string())?;
+    let stuck = top
+        .register_kernel("stuck", |ctx| {
+            ctx.signal_note().waiting(0, 5, ">=", 1, 0);
+            while !ctx.cancelled() {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err(KernelError::new("cancelled").into())
+        })
+        .map_err(|e| e.to_string())?;
+    let chip_orch = top
+        .register_chip_orchestration("stuck_chip", move |o, _| {
+            o.submit_aiv(stuck, &CoreArgs::new())?;
+            Ok(())
+        })
+        .map_err(|e| e.to_string())?;
+    let on_node = top.register_orchestration("stuck_on_node", move |o, _| {
+        o.submit_next_level(chip_orch, &TaskArgs::new(), 0)?;
+        Ok(())
+    });
+    let chip = ChipConfig {
+        aic_cores: 0,
+        aiv_cores: 1,
+        kernel_timeout: Duration::from_millis(300),
+        ..ChipConfig::default()
+    };
+    let w = add_remote_worker(&mut top, spec().chip_configs(vec![chip]))
+        .map_err(|e| e.to_string())?
+        .id();
+    let outer = top.register_orchestration("outer", move |o, _| {
+        o.submit_next_level(on_node, &TaskArgs::new(), w)?;
+        Ok(())
+    });
+    top.init().map_err(|e| format!("init: {e}"))?;
+    let e = top
+        .run(&outer, &TaskArgs::new())
+        .err()
+        .ok_or("the stuck kernel fails the run")?;
+    let DistError::TaskFailed(f) = &e else {
+        return Err(format!("not a task failure: {e:?}"));
+    };
+    let wait_for = f
+        .wait_for()
+        .ok_or_else(|| format!("no wait-for state came back from the node: {e}"))?;
+    let text = wait_for.to_string();
+    check(
+        text.contains("on core 0") && text.contains("waits for signal cell 5 >= 1"),
+        format!("the node's wait-for state names the kernel and its wait: {text}"),
+    )?;
+    check(
+        e.to_string().contains("remote_worker"),
+        format!("the failure names the remote worker: {e}"),
+    )?;
+    top.close().map_err(|e| format!("close: {e}"))?;
+    no_children()
 }
 
 /// Device memory of a remote worker's two chips: whole and offset copies both ways

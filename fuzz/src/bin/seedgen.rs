@@ -629,6 +629,23 @@ fn net_seeds(seeds: &Seeds, blobs: &[(&'static str, Vec<u8>)]) {
         )
         .unwrap(),
     );
+    let mut stalled = Done::new(Some((-1, "kernel timeout".into())));
+    stalled.wait_for = strata_types::WaitFor {
+        place: "chip".into(),
+        stalled: "kernel past its timeout".into(),
+        running: vec![strata_types::RunningTask {
+            task: 1,
+            name: "stuck".into(),
+            on: strata_types::Executor::Core(0),
+            for_ms: Some(300),
+        }],
+        ..strata_types::WaitFor::default()
+    }
+    .encode();
+    put(
+        "done-stalled",
+        encode(FrameType::Done, 9, 5, &stalled).unwrap(),
+    );
     put(
         "control",
         encode(
