@@ -10,7 +10,7 @@
 use crate::error::NetError;
 use crate::io::{read_frame, runtime};
 use crate::wire::{
-    self, encode_data, Cancel, ControlReply, Data, Done, ErrorBody, FrameType, Segment,
+    self, encode_data, Cancel, ControlAnswer, Data, Done, ErrorBody, FrameType, Segment,
     ShutdownAck, Task, CHUNK_BYTES,
 };
 use std::collections::HashMap;
@@ -1121,7 +1121,7 @@ fn on_frame(s: &Session, h: &wire::Header, body: &[u8]) -> Result<(), String> {
             Ok(())
         }
         FrameType::ControlReply => {
-            let r: ControlReply = wire::decode_body(h.kind, body).map_err(|e| e.to_string())?;
+            let r: ControlAnswer = wire::decode_body(h.kind, body).map_err(|e| e.to_string())?;
             let mut st = s.lock();
             let c = st.controls.get_mut(&h.sequence).ok_or_else(|| {
                 format!(

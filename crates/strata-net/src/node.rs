@@ -15,8 +15,8 @@ use crate::error::NetError;
 use crate::io::FrameConn;
 use crate::io::{hostname, read_frame, runtime};
 use crate::wire::{
-    self, clip_message, Cancel, Control, ControlReply, Data, Done, ErrorBody, ErrorCode, FrameType,
-    NodeHello, Ready, Segment, ShutdownAck, Task, MAX_TRACE_BYTES,
+    self, clip_message, Cancel, Control, ControlAnswer, Data, Done, ErrorBody, ErrorCode,
+    FrameType, NodeHello, Ready, Segment, ShutdownAck, Task, MAX_TRACE_BYTES,
 };
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -1164,7 +1164,7 @@ fn serve_control(
                         owner: seq,
                         parts: vec![(0, region, at, len)],
                     });
-                    ns.send(Lane::Main, FrameType::ControlReply, seq, &ControlReply { result: Ok(0) });
+                    ns.send(Lane::Main, FrameType::ControlReply, seq, &ControlAnswer { result: Ok(0) });
                     let ns2 = ns.clone();
                     let _ = ns.tx.send(Lane::Main, Out::Then(Box::new(move || {
                         ns2.staging.release(at, len);
@@ -1192,7 +1192,7 @@ fn serve_control(
         Lane::Main,
         FrameType::ControlReply,
         seq,
-        &ControlReply { result },
+        &ControlAnswer { result },
     );
 }
 

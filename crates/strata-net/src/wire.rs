@@ -597,9 +597,10 @@ pub enum Control {
     },
 }
 
-/// A control request's answer.
+/// A control request's answer (the body of a [`FrameType::ControlReply`]; named apart from
+/// strata-mailbox's `ControlReply`, the mailbox's own control reply).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ControlReply {
+pub struct ControlAnswer {
     /// The result word, or why there is none.
     pub result: Result<u64, String>,
 }
@@ -644,7 +645,7 @@ pub enum Body<'a> {
     /// [`FrameType::Control`].
     Control(Control),
     /// [`FrameType::ControlReply`].
-    ControlReply(ControlReply),
+    ControlReply(ControlAnswer),
     /// [`FrameType::Heartbeat`] (empty body).
     Heartbeat,
     /// [`FrameType::Cancel`].
@@ -763,7 +764,7 @@ mod tests {
         assert_eq!(b, Body::Task(task));
         let f = encode(FrameType::Heartbeat, 1, 3, &()).unwrap();
         assert_eq!(decode_frame(&f).unwrap().1, Body::Heartbeat);
-        let reply = ControlReply {
+        let reply = ControlAnswer {
             result: Err("no such allocation".into()),
         };
         let f = encode(FrameType::ControlReply, 1, 4, &reply).unwrap();

@@ -666,7 +666,7 @@ fn net_seeds(seeds: &Seeds, blobs: &[(&'static str, Vec<u8>)]) {
             FrameType::ControlReply,
             9,
             6,
-            &ControlReply { result: Ok(7) },
+            &ControlAnswer { result: Ok(7) },
         )
         .unwrap(),
     );
