@@ -67,6 +67,12 @@ const CASES: &[&str] = &[
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == "--delay-proxy") {
+        let target = args.get(i + 1).cloned().unwrap_or_default();
+        let ms = args.get(i + 2).and_then(|v| v.parse().ok()).unwrap_or(20);
+        delay_proxy(&target, Duration::from_millis(ms));
+        std::process::exit(1)
+    }
     if let Some(i) = args.iter().position(|a| a == "--case") {
         let name = args.get(i + 1).cloned().unwrap_or_default();
         let dir = args
@@ -842,14 +848,154 @@ fn mid_task_fault(dir: &Path, fault: Fault) -> Result<(), String> {
     no_children()
 }
 
+// ----- a delaying relay (where the kernel has no netem) --------------------------------
+
+/// A TCP relay for the slow-link case on a kernel without `netem`: listens on the
+/// loopback of the namespace it runs in, prints `listening ADDR`, and relays every
+/// connection to `target`, each chunk forwarded `delay` after it was read, in both
+/// directions — a one-way delay on a real path, with the stream's own back-pressure. It
+/// runs until it is killed (the case kills and reaps it).
+fn delay_proxy(target: &str, delay: Duration) {
+    let Ok(listener) = std::net::TcpListener::bind("127.0.0.1:0") else {
+        return;
+    };
+    let Ok(addr) = listener.local_addr() else {
+        return;
+    };
+    println!("listening {addr}");
+    let _ = std::io::stdout().flush();
+    for client in listener.incoming() {
+        let Ok(client) = client else { continue };
+        let Ok(server) = TcpStream::connect(target) else {
+            continue;
+        };
+        let _ = (client.set_nodelay(true), server.set_nodelay(true));
+        for (from, to) in [(&client, &server), (&server, &client)] {
+            let (Ok(from), Ok(to)) = (from.try_clone(), to.try_clone()) else {
+                continue;
+            };
+            relay(from, to, delay);
+        }
+    }
+}
+
+/// One direction of [`delay_proxy`]: a reader thread stamps each chunk, a writer thread
+/// forwards it once its delay has passed; end of stream (or an error) is forwarded too.
+fn relay(mut from: TcpStream, mut to: TcpStream, delay: Duration) {
+    let (tx, rx) = std::sync::mpsc::channel::<(Instant, Vec<u8>)>();
+    std::thread::spawn(move || {
+        let mut buf = vec![0u8; 64 << 10];
+        loop {
+            match from.read(&mut buf) {
+                Ok(n) if n > 0 => {
+                    if tx
+                        .send((Instant::now() + delay, buf[..n].to_vec()))
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+                _ => {
+                    let _ = tx.send((Instant::now() + delay, Vec::new()));
+                    return;
+                }
+            }
+        }
+    });
+    std::thread::spawn(move || {
+        while let Ok((due, bytes)) = rx.recv() {
+            std::thread::sleep(due.saturating_duration_since(Instant::now()));
+            if bytes.is_empty() || to.write_all(&bytes).is_err() {
+                let _ = to.shutdown(std::net::Shutdown::Write);
+                return;
+            }
+        }
+    });
+}
+
+/// A [`delay_proxy`] child of the case process, in its namespace, relaying to `target`.
+struct DelayProxy {
+    child: Child,
+    addr: String,
+}
+
+impl DelayProxy {
+    fn start(target: &str, delay: Duration) -> Result<DelayProxy, String> {
+        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+        let mut child = Command::new(exe)
+            .args(["--delay-proxy", target, &delay.as_millis().to_string()])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("start the delaying relay: {e}"))?;
+        let mut line = String::new();
+        let read = child
+            .stdout
+            .take()
+            .ok_or("no stdout")
+            .and_then(|out| BufReader::new(out).read_line(&mut line).map_err(|_| "read"));
+        match (read, line.trim().strip_prefix("listening ")) {
+            (Ok(_), Some(addr)) => Ok(DelayProxy {
+                addr: addr.to_owned(),
+                child,
+            }),
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                Err(format!("the delaying relay printed {line:?}"))
+            }
+        }
+    }
+}
+
+impl Drop for DelayProxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Whether this kernel has `tc netem` (asked inside namespace `space`, on device `dev`,
+/// by adding it and taking it away again).
+fn has_netem(space: &str, dev: &str) -> Result<bool, String> {
+    match in_ns(
+        space,
+        &[
+            "tc", "qdisc", "add", "dev", dev, "root", "netem", "delay", "1ms",
+        ],
+    ) {
+        Ok(_) => {
+            in_ns(space, &["tc", "qdisc", "del", "dev", dev, "root"])?;
+            Ok(true)
+        }
+        Err(e) if e.contains("unknown") => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 /// A slow, lossy link: delay and loss with `tc netem` where the kernel has it, else a
-/// rate limit (`tc tbf`) and random loss (`iptables -m statistic`). Runs still give the
-/// right results; no heartbeat timeout fires.
+/// one-way delay of 20 ms each way through a relay in the root's namespace
+/// ([`delay_proxy`]), a rate limit (`tc tbf`) and random loss (`iptables -m statistic`).
+/// Runs still give the right results; no heartbeat timeout fires.
 fn slow_link() -> Result<(), String> {
     let n = 1u64 << 17;
+    let (r, a) = (ns(0), ns(1));
+    // Decided before the worker is built: without netem the session goes through the
+    // relay (the node's process, started with the same arguments, builds the same
+    // registrations and never gets here: its `init` serves).
+    let netem = is_node() || has_netem(&r, "ra")?;
+    let proxy = if netem {
+        None
+    } else {
+        Some(DelayProxy::start(&env(ENV_A), Duration::from_millis(20))?)
+    };
     let mut top = DistWorker::new(DistConfig::l4(0)).map_err(|e| e.to_string())?;
     let (_, inner) = adder(&mut top);
-    let w = add_remote_worker(&mut top, spec(ENV_A).chips(1)).map_err(|e| e.to_string())?;
+    let remote = match &proxy {
+        Some(p) => RemoteSpec::new(p.addr.clone()).sub_workers(1),
+        None => spec(ENV_A),
+    };
+    let w = add_remote_worker(&mut top, remote.chips(1)).map_err(|e| e.to_string())?;
     let wid = w.id();
     let x = top
         .shared_tensor_from(&[n], &vec![1u64; n as usize])
@@ -863,18 +1009,20 @@ fn slow_link() -> Result<(), String> {
         Ok(())
     });
     top.init().map_err(|e| format!("init: {e}"))?;
-    let (r, a) = (ns(0), ns(1));
-    let netem = ["netem", "delay", "20ms", "loss", "1%"];
     let mut how = "tc netem delay 20ms loss 1% on both ends".to_owned();
     for (space, dev) in [(&r, "ra"), (&a, "a0")] {
-        let mut cmd = vec!["tc", "qdisc", "add", "dev", dev, "root"];
-        cmd.extend_from_slice(&netem);
-        if let Err(e) = in_ns(space, &cmd) {
-            if !e.contains("unknown") {
-                return Err(e);
-            }
-            // This kernel has no netem: limit the rate and drop packets at random.
-            how = "tc tbf rate 20mbit + iptables statistic 1% loss on both ends (this kernel has no netem)".into();
+        if netem {
+            in_ns(
+                space,
+                &[
+                    "tc", "qdisc", "add", "dev", dev, "root", "netem", "delay", "20ms", "loss",
+                    "1%",
+                ],
+            )?;
+        } else {
+            // This kernel has no netem: the relay delays, tbf limits the rate, iptables
+            // drops packets at random.
+            how = "20 ms each way through a delaying relay + tc tbf rate 20mbit + iptables statistic 1% loss on both ends (this kernel has no netem)".into();
             in_ns(
                 space,
                 &[
@@ -901,10 +1049,18 @@ fn slow_link() -> Result<(), String> {
         }
     }
     let t = Instant::now();
+    let mut first = None;
     for _ in 0..3 {
         top.run(&run, &TaskArgs::new())
             .map_err(|e| format!("a run over the slow link failed: {e}"))?;
+        first.get_or_insert(t.elapsed());
     }
+    // The delay is on the path: a run is at least one round trip of 2 × 20 ms.
+    let first = first.unwrap_or_default();
+    check(
+        first >= Duration::from_millis(40),
+        format!("a run over a link delayed 20 ms each way took only {first:?}"),
+    )?;
     let dev = w
         .alloc(&mut top, 0, &[1 << 19], strata_types::DataType::U32)
         .map_err(|e| e.to_string())?;
@@ -915,7 +1071,7 @@ fn slow_link() -> Result<(), String> {
     w.copy_from(&mut top, &dev, 0, &mut back)
         .map_err(|e| e.to_string())?;
     println!(
-        "  measured: slow link ({how}): 3 runs of 1 MiB each way and a 2 MiB device round trip in {:.2?}",
+        "  measured: slow link ({how}): 3 runs of 1 MiB each way and a 2 MiB device round trip in {:.2?} (the first run {first:.2?})",
         t.elapsed()
     );
     check(back == bytes, "device read-back over the slow link differs")?;
@@ -924,6 +1080,7 @@ fn slow_link() -> Result<(), String> {
         "sums over the slow link differ",
     )?;
     top.close().map_err(|e| format!("close: {e}"))?;
+    drop(proxy);
     no_children()
 }
 
