@@ -211,14 +211,65 @@ fn run(addrs: &[String], secret: Option<Secret>) -> Result<String, Error> {
         )));
     }
     let (free, total) = rt.device_memory_info(3)?;
+    refusals(&rt, &w, &acc, &x, &y)?;
     rt.free_stacked_tensor(&w)?;
-    rt.free_tensor(&acc)?;
     rt.close()?;
     Ok(format!(
         "ok: l4_remote_stacked_weights: {NODES} remote nodes (loopback) x {CHIPS} chips hold a [{SHARDS}, {N}] f32 weight matrix (placed {placement:?}) and an accumulator across {DISPATCHES} dispatches; products, accumulator and weights match the host golden (chip 3: {} of {} MiB free)",
         free >> 20,
         total >> 20
     ))
+}
+
+/// What the worker refuses with remote tensors, each a typed error (the session stays
+/// usable after each): a copy past a tensor's end, a chip that does not exist, a second
+/// free, and a dispatch naming a freed tensor. Frees `acc`.
+fn refusals(
+    rt: &PreparedWorker,
+    w: &StackedDeviceTensor,
+    acc: &DeviceTensor,
+    x: &SharedTensor,
+    y: &SharedTensor,
+) -> Result<(), Error> {
+    let refused = |what: &str, e: Error| Error::InvalidArgument(format!("{what}: {e}"));
+    match rt.copy_to(acc, &[0u8; 8], CopyRange::new(8, 4 * N - 4, 0)) {
+        Err(Error::InvalidArgument(_)) => {}
+        other => {
+            return Err(refused(
+                "a copy past the end",
+                other.err().unwrap_or(Error::Closed("ok")),
+            ))
+        }
+    }
+    match rt.alloc_tensor(&[N], DataType::F32, SHARDS as usize) {
+        Err(Error::InvalidArgument(_)) => {}
+        other => {
+            return Err(refused(
+                "a fifth chip",
+                other.err().unwrap_or(Error::Closed("ok")),
+            ))
+        }
+    }
+    rt.free_tensor(acc)?;
+    match rt.free_tensor(acc) {
+        Err(Error::Memory(_)) => {}
+        other => {
+            return Err(refused(
+                "a second free",
+                other.err().unwrap_or(Error::Closed("ok")),
+            ))
+        }
+    }
+    match rt.call((w, x, y, acc)) {
+        Err(Error::Argument { param, .. }) if param == "acc" => {}
+        other => {
+            return Err(refused(
+                "a freed accumulator",
+                other.err().unwrap_or(Error::Closed("ok")),
+            ))
+        }
+    }
+    Ok(())
 }
 
 fn main() -> ExitCode {

@@ -253,16 +253,14 @@ impl From<strata_net::NetError> for Error {
         use strata_net::{MemoryFault, NetError};
         match e {
             NetError::Dist(d) => Error::from(d),
+            // As for a local child's chips: a range or chip the caller got wrong is an
+            // argument error, a tensor that is not live (or the chip's refusal) a memory one.
             NetError::DeviceMemory {
-                fault: MemoryFault::NoSuchChip,
+                fault: MemoryFault::NoSuchChip | MemoryFault::OutOfRange,
                 ..
             } => Error::InvalidArgument(e.to_string()),
             NetError::DeviceMemory {
-                fault:
-                    MemoryFault::Freed
-                    | MemoryFault::OutOfRange
-                    | MemoryFault::OtherWorker
-                    | MemoryFault::Node,
+                fault: MemoryFault::Freed | MemoryFault::OtherWorker | MemoryFault::Node,
                 ..
             } => Error::Memory(e.to_string()),
             NetError::Config(m) => Error::Config(m),

@@ -1274,7 +1274,16 @@ impl Core {
             (Backend::Dist(d), Some(rt)) => {
                 let rt = *rt;
                 let r = remote_of(&self.children, &rt)?;
-                r.free(d, rt)?;
+                if let Err(e) = r.free(d, rt) {
+                    if r.is_live(&rt) {
+                        // Refused before anything changed: the tensor stays this worker's.
+                        return Err(e.into());
+                    }
+                    // Retired, then the session ended: its memory went with the node.
+                    self.remote_tensors.remove(&t.identity());
+                    self.owned.remove(&t.identity());
+                    return Err(e.into());
+                }
                 self.remote_tensors.remove(&t.identity());
             }
             (Backend::Dist(d), None) => d.free(*t)?,

@@ -177,7 +177,7 @@ pub fn resident_tensors_on_a_level_3_childs_chip_round_trip<M: Mode>() -> Outcom
         .copy_to(&t, &[0u8; 8], CopyRange::new(8, 4 * n as u64 - 4, 0))
         .unwrap_err();
     check!(
-        matches!(&e, Error::InvalidArgument(m) | Error::Memory(m) if m.contains("leaves")),
+        matches!(&e, Error::InvalidArgument(m) if m.contains("leaves")),
         "a copy past the end: {e}"
     );
     let e = rt.alloc_tensor(&[4], DataType::F32, 3).unwrap_err();
@@ -190,6 +190,22 @@ pub fn resident_tensors_on_a_level_3_childs_chip_round_trip<M: Mode>() -> Outcom
         rt.committed_device_memory(2).ctx("committed")? == held0,
         "the free released the chip's memory"
     );
+    // Chip 1 is child 0's second chip: the child allocates there, not on its chip 0.
+    let (c0, c1) = (
+        rt.committed_device_memory(0).ctx("committed 0")?,
+        rt.committed_device_memory(1).ctx("committed 1")?,
+    );
+    let u = rt
+        .alloc_tensor(&[1 << 20], DataType::U8, 1)
+        .ctx("alloc on 1")?;
+    check!(
+        rt.committed_device_memory(1).ctx("committed 1")? >= c1 + (1 << 20)
+            && rt.committed_device_memory(0).ctx("committed 0")? == c0,
+        "1 MiB on chip 1 ({c1} -> {}), none on chip 0 ({c0} -> {})",
+        rt.committed_device_memory(1).ctx("committed 1")?,
+        rt.committed_device_memory(0).ctx("committed 0")?
+    );
+    rt.free_tensor(&u).ctx("free on 1")?;
     rt.close().ctx("close")
 }
 

@@ -140,10 +140,15 @@ impl Ctx {
     }
 
     /// The lane of a next-level child whose chips' memory this worker may name: a chip,
-    /// or (level 4) a level-3 worker child, which resolves the handles it gave.
+    /// or (level 4) a local level-3 worker child, which resolves the handles it gave. A
+    /// remote level-3 child's memory goes through its session, never through here.
     fn memory_lane(&self, worker: usize) -> Result<usize, DistError> {
         match self.next.get(worker) {
-            Some(ChildKind::Chip | ChildKind::Worker) => Ok(worker),
+            Some(ChildKind::Chip) => Ok(worker),
+            Some(ChildKind::Worker) if self.nested_capacity.contains_key(&worker) => Ok(worker),
+            Some(ChildKind::Worker) => Err(DistError::InvalidArgs(format!(
+                "worker {worker} is a remote level-3 worker: its chips' memory goes through strata_net::RemoteWorker"
+            ))),
             Some(ChildKind::Sub) => Err(DistError::InvalidArgs(format!(
                 "worker {worker} is a sub-worker; device memory belongs to chips"
             ))),
@@ -152,6 +157,12 @@ impl Ctx {
                 count: self.next.len(),
             }),
         }
+    }
+
+    /// Whether next-level child `worker` is a remote level-3 worker (level 4).
+    pub(crate) fn is_remote_worker(&self, worker: usize) -> bool {
+        matches!(self.next.get(worker), Some(ChildKind::Worker))
+            && !self.nested_capacity.contains_key(&worker)
     }
 
     /// A local level-3 worker child's lane and its chip `chip` as the wire's number.

@@ -1129,7 +1129,12 @@ impl DistWorker {
     ) -> Result<strata_types::BufferDesc, DistError> {
         let ctx = self.idle_control("admit_remote_device")?;
         match ctx.next.get(worker) {
-            Some(ChildKind::Worker) => {}
+            Some(ChildKind::Worker) if ctx.is_remote_worker(worker) => {}
+            Some(ChildKind::Worker) => {
+                return Err(DistError::InvalidArgs(format!(
+                    "worker {worker} is a local level-3 worker: its chips' memory is allocated with alloc_nested_tensor, not admitted"
+                )))
+            }
             Some(_) => {
                 return Err(DistError::InvalidArgs(format!(
                 "worker {worker} is a chip; remote device memory belongs to a level-3 worker child"
@@ -1180,6 +1185,11 @@ impl DistWorker {
                 "retire_remote_device: not a device descriptor".into(),
             ));
         };
+        if !ctx.is_remote_worker(worker as usize) {
+            return Err(DistError::InvalidArgs(format!(
+                "retire_remote_device: worker {worker} is not a remote level-3 worker; free its tensors with free()"
+            )));
+        }
         let mut live = ctx.child_tensors.lock().unwrap_or_else(|e| e.into_inner());
         if live.get(&desc.identity()) != Some(&(worker as usize, addr, desc.nbytes())) {
             return Err(DistError::InvalidArgs(format!(

@@ -455,6 +455,21 @@ impl RemoteWorker {
         Ok((free, total))
     }
 
+    /// Whether `t` is a live allocation of this worker (allocated here, not freed: a
+    /// `free` that failed after the tensor was retired — the session ended — leaves it
+    /// not live).
+    pub fn is_live(&self, t: &RemoteTensor) -> bool {
+        t.worker == self.id
+            && self
+                .link
+                .live
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(&t.handle)
+                .map(|(_, d)| d)
+                == Some(&t.desc)
+    }
+
     /// How many chips the remote level-3 worker has ([`crate::RemoteSpec::chips`]).
     pub fn chips(&self) -> usize {
         self.link.chips

@@ -23,8 +23,10 @@ use serde::{Deserialize, Serialize};
 
 /// The frame magic.
 pub const MAGIC: [u8; 4] = *b"STRN";
-/// The protocol version this build speaks (both ends must speak the same).
-pub const PROTOCOL_VERSION: u16 = 2;
+/// The protocol version this build speaks (both ends must speak the same). 3: DONE
+/// carries a wait-for state; CONTROL has `FreeBytes` and `Capacity`. (2: DONE carries a
+/// trace.)
+pub const PROTOCOL_VERSION: u16 = 3;
 /// Header bytes.
 pub const HEADER_BYTES: usize = 32;
 /// The largest body a frame may carry (a bulk chunk plus its few bytes of framing, or a

@@ -853,8 +853,9 @@ fn mid_task_fault(dir: &Path, fault: Fault) -> Result<(), String> {
 /// A TCP relay for the slow-link case on a kernel without `netem`: listens on the
 /// loopback of the namespace it runs in, prints `listening ADDR`, and relays every
 /// connection to `target`, each chunk forwarded `delay` after it was read, in both
-/// directions — a one-way delay on a real path, with the stream's own back-pressure. It
-/// runs until it is killed (the case kills and reaps it).
+/// directions — a one-way delay on a real path. At most [`RELAY_CHUNKS`] chunks wait per
+/// direction, so once the relay is full the sender is held back by TCP. It runs until it
+/// is killed (the case kills and reaps it).
 fn delay_proxy(target: &str, delay: Duration) {
     let Ok(listener) = std::net::TcpListener::bind("127.0.0.1:0") else {
         return;
@@ -879,10 +880,13 @@ fn delay_proxy(target: &str, delay: Duration) {
     }
 }
 
+/// Chunks a [`delay_proxy`] direction holds before it stops reading.
+const RELAY_CHUNKS: usize = 64;
+
 /// One direction of [`delay_proxy`]: a reader thread stamps each chunk, a writer thread
 /// forwards it once its delay has passed; end of stream (or an error) is forwarded too.
 fn relay(mut from: TcpStream, mut to: TcpStream, delay: Duration) {
-    let (tx, rx) = std::sync::mpsc::channel::<(Instant, Vec<u8>)>();
+    let (tx, rx) = std::sync::mpsc::sync_channel::<(Instant, Vec<u8>)>(RELAY_CHUNKS);
     std::thread::spawn(move || {
         let mut buf = vec![0u8; 64 << 10];
         loop {

@@ -45,6 +45,7 @@ impl ChildProgram for NestedChild {
         }
         worker.init().map_err(|e| e.to_string())?;
         Ok(Box::new(NestedHandler {
+            index: self.index,
             worker,
             trace: None,
             reply: Vec::new(),
@@ -55,6 +56,8 @@ impl ChildProgram for NestedChild {
 }
 
 struct NestedHandler {
+    /// This child's worker id in its parent.
+    index: usize,
     worker: DistWorker,
     /// The trace of the run just served, if it was traced (sent with its completion).
     trace: Option<strata_types::trace::Trace>,
@@ -78,9 +81,15 @@ impl NestedHandler {
         }
         let mut local = args.clone();
         for (i, t) in local.tensors_mut().iter_mut().enumerate() {
-            let BufferLocation::Device { addr, .. } = t.buffer.location() else {
+            let BufferLocation::Device { worker, addr } = t.buffer.location() else {
                 continue;
             };
+            if worker as usize != self.index {
+                return Err(format!(
+                    "tensor argument {i} is in the device memory of worker {worker}, not of this level-3 worker ({})",
+                    self.index
+                ));
+            }
             let own = self.tensors.get(&addr).ok_or_else(|| {
                 format!("tensor argument {i} names device allocation {addr} of this level-3 worker, which is not live (freed)")
             })?;
@@ -186,7 +195,13 @@ impl Handler for NestedHandler {
                 let t = *self.tensor(addr)?;
                 self.worker
                     .copy_range(&t, dev_offset, region, offset, len, direction)
-                    .map_err(|e| FailureReport::new(codes::BAD_REQUEST, e.to_string()))?;
+                    .map_err(|e| match e {
+                        // The request itself is wrong (a range, a region).
+                        DistError::InvalidArgs(_) | DistError::StaleTensor { .. } => {
+                            FailureReport::new(codes::BAD_REQUEST, e.to_string())
+                        }
+                        e => fail(e),
+                    })?;
                 Ok(ControlReply::new(0))
             }
             ControlCommand::CommittedBytesOn { chip } => Ok(ControlReply::new(
