@@ -13,8 +13,8 @@
 //! prefix with the driver's pid; a guard deletes them (and with them the veth ends) on
 //! drop, and namespaces of earlier runs whose driver is gone are deleted at start. The
 //! cases skip, with the reason printed, only where the kernel refuses to create a
-//! namespace; a missing tool (`ip`, `iptables`, `ss`, `tc`) is a failure, since
-//! `cargo xtask ci` installs them. Every wait is bounded; bounds are generous deadlines
+//! namespace; a missing tool (`ip`, `iptables`, `ss`, `tc`) is installed with apt-get
+//! first (`strata_testkit::peer::ensure_apt`), and a failure where it cannot be. Every wait is bounded; bounds are generous deadlines
 //! on behaviour, and the measured figures are printed (`measured:` lines).
 //!
 //! After each case the driver checks that the daemons' sessions all ended (no child of
@@ -113,7 +113,7 @@ fn sh(cmd: &[&str]) -> Result<String, String> {
         .output()
         .map_err(|e| {
             format!(
-                "{}: {e} (is it installed? cargo xtask ci installs iproute2 and iptables)",
+                "{}: {e} (is it installed? the netns driver installs iproute2 and iptables with apt-get)",
                 cmd[0]
             )
         })?;
@@ -388,6 +388,21 @@ fn shm_entries() -> usize {
 }
 
 fn driver(filter: &[&String]) -> i32 {
+    // `cargo test --workspace` on a fresh machine: the tools come from the distribution.
+    let tools = || {
+        use strata_testkit::peer::runs_ok;
+        runs_ok("ip", &["-V"])
+            && runs_ok("ss", &["-V"])
+            && runs_ok("tc", &["-V"])
+            && runs_ok("iptables", &["--version"])
+    };
+    if let Err(e) =
+        strata_testkit::peer::ensure_apt("netns tests", &["iproute2", "iptables"], tools)
+    {
+        println!("netns setup failed: {e}");
+        println!("\ntest result: FAILED. 0 passed; 1 failed");
+        return 1;
+    }
     let lab = match Lab::create() {
         Ok(Ok(l)) => l,
         Ok(Err(reason)) => {
