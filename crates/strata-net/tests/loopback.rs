@@ -655,10 +655,12 @@ fn bad_frames() -> Result<(), String> {
 }
 
 /// `mpirun -n 3 strata-node launch -- <this binary> --case launched`: rank 0 is the
-/// root, ranks 1 and 2 its remote level-3 workers. Skipped (printed) without mpirun.
+/// root, ranks 1 and 2 its remote level-3 workers. Debian's `openmpi-bin` is installed
+/// first if `mpirun` is missing; skipped (printed) only where it cannot be.
 fn mpirun_launch(exe: &Path) -> Result<bool, String> {
-    if Command::new("mpirun").arg("--version").output().is_err() {
-        println!("test mpirun_launch ... skipped: no mpirun (cargo xtask ci installs openmpi-bin)");
+    let present = || strata_testkit::peer::runs_ok("mpirun", &["--version"]);
+    if let Err(why) = strata_testkit::peer::ensure_apt("mpirun_launch", &["openmpi-bin"], present) {
+        println!("test mpirun_launch ... skipped: {why}");
         return Ok(false);
     }
     let t = Instant::now();
