@@ -930,38 +930,40 @@ impl<'a> Window<'a> {
         what: impl FnOnce() -> String,
     ) -> Result<i32, CommError> {
         let cell = self.g.cell(self.rank, flat);
+        self.wait_noted(flat, cell, self.wake(self.rank), expected, cmp)
+            .map_err(|s| self.wait_timeout(flat, expected, cmp, s, what))
+    }
+
+    /// Waits until `cell` (cell `flat` of this rank's copy) compares `cmp` with
+    /// `expected`. A wait whose condition holds publishes nothing; one that blocks tells
+    /// the kernel's signal note what it waits on first (and what it last saw, and whether
+    /// it gave up), so a stalled run's error can show it.
+    fn wait_noted(
+        &self,
+        flat: u64,
+        cell: &AtomicI32,
+        wake: WakeCounter<'_>,
+        expected: i32,
+        cmp: WaitCmp,
+    ) -> Result<i32, signal::Stuck> {
         let Some(note) = self.note else {
-            return signal::wait_cell(
-                cell,
-                self.wake(self.rank),
-                expected,
-                cmp,
-                self.ctx.patience(),
-            )
-            .map_err(|s| self.wait_timeout(flat, expected, cmp, s, what));
+            return signal::wait_cell(cell, wake, expected, cmp, self.ctx.patience());
         };
-        // A wait whose condition holds publishes nothing; one that blocks says what it
-        // waits on first, so a stalled run's error can show it.
         let v = signal::load_cell(cell);
         if cmp.holds(v, expected) {
             return Ok(v);
         }
         note.waiting(self.ctx.world_rank, flat, cmp.symbol(), expected, v);
-        match signal::wait_cell_noting(
-            cell,
-            self.wake(self.rank),
-            expected,
-            cmp,
-            self.ctx.patience(),
-            |v| note.seen(v),
-        ) {
+        match signal::wait_cell_noting(cell, wake, expected, cmp, self.ctx.patience(), |v| {
+            note.seen(v)
+        }) {
             Ok(v) => {
                 note.done();
                 Ok(v)
             }
             Err(s) => {
                 note.gave_up(s.seen);
-                Err(self.wait_timeout(flat, expected, cmp, s, what))
+                Err(s)
             }
         }
     }
@@ -1018,7 +1020,8 @@ impl<'a> Window<'a> {
             g.nranks as usize,
             |rank, row| g.cell(rank as u32, row as u64),
             |rank| self.wake(rank as u32),
-            self.ctx.patience(),
+            // Row `peer` of this rank's copy: a stalled barrier names the missing peer.
+            |peer, cell, wake| self.wait_noted(peer as u64, cell, wake, 1, WaitCmp::Ge),
         )
         .map_err(|(row, s)| CommError::WaitTimeout {
             rank: self.ctx.world_rank,

@@ -111,7 +111,7 @@ fn loom_credit_barrier_reused_two_ranks_two_rounds() {
                         2,
                         |r, row| &s.rows[r][row],
                         |r| s.wake[r].counter(),
-                        PATIENT,
+                        |_, cell, wake| wait_cell(cell, wake, 1, WaitCmp::Ge, PATIENT),
                     )
                     .expect("no deadline");
                     let got = s.data[round][peer].with(|p| unsafe { *p });

@@ -193,22 +193,24 @@ pub(crate) fn wait_cell_noting(
 /// of every peer's copy, wait `>= 1` on every peer's row of the own copy, then `-1` on
 /// each of those rows (not `Set 0`: a fast peer's `+1` for the next barrier may already
 /// have arrived and must survive). `row(rank, r)` is row `r` of `rank`'s copy;
-/// `wake(rank)` is `rank`'s wake counter. On a deadline, returns the row that was stuck.
+/// `wake(rank)` is `rank`'s wake counter. `wait(peer, cell, wake)` waits for `cell >= 1`
+/// (the caller's [`wait_cell`], with its patience, and a kernel's signal note where there
+/// is one, so a stalled barrier shows which peer's row it waits on). On a deadline,
+/// returns the row that was stuck.
 pub(crate) fn credit_barrier<'c>(
     me: usize,
     n: usize,
     row: impl Fn(usize, usize) -> &'c AtomicI32,
     wake: impl Fn(usize) -> WakeCounter<'c>,
-    p: Patience,
+    wait: impl Fn(usize, &'c AtomicI32, WakeCounter<'c>) -> Result<i32, Stuck>,
 ) -> Result<(), (usize, Stuck)> {
     for k in 1..n {
         let peer = (me + k) % n;
         notify_cell(row(peer, me), wake(peer), 1, NotifyOp::AtomicAdd);
     }
-    let own = wake(me);
     for k in 1..n {
         let peer = (me + n - k) % n;
-        wait_cell(row(me, peer), own, 1, WaitCmp::Ge, p).map_err(|s| (peer, s))?;
+        wait(peer, row(me, peer), wake(me)).map_err(|s| (peer, s))?;
     }
     for k in 1..n {
         let peer = (me + k) % n;

@@ -291,3 +291,91 @@ fn a_wait_for_a_notify_nobody_sends_names_the_cell_and_its_value() {
     );
     chip.close().unwrap();
 }
+
+/// A barrier a peer never reaches: rank 0's kernel waits on the barrier row of domain
+/// rank 1, which never arrives. The wait gives up at the rank's deadline and the chip's
+/// error names that row — the missing peer — in its wait-for state.
+#[test]
+fn a_barrier_a_peer_never_reaches_names_the_missing_peers_row() {
+    use std::time::Duration;
+    use strata_types::SignalWait;
+    let mut w = world(2, 1 << 20);
+    let dom = w.alloc.world().unwrap();
+    let buf = w.alloc.alloc_window_buffer(&dom, 4096).unwrap();
+    let data = w.alloc.window(&buf, 0, &[8], DataType::F32).unwrap();
+    let copy = w.alloc.rank_copy(&data, 0).unwrap();
+    let mut chip = ChipWorker::new(ChipConfig {
+        device_memory_bytes: 512 << 20,
+        aic_cores: 0,
+        aiv_cores: 1,
+        ..ChipConfig::default()
+    })
+    .unwrap();
+    let barrier = chip
+        .register_kernel_fn("barrier", |ctx| {
+            ctx.window(0)?.barrier()?;
+            Ok(())
+        })
+        .unwrap();
+    let orch = chip
+        .register_orchestration_fn("o", move |o, args| {
+            o.submit_aiv(
+                barrier,
+                CoreArgs::new().tensor(&args.tensor(0)?, ArgTag::InOut),
+            )?;
+            Ok(())
+        })
+        .unwrap();
+    let arena = w.arena.clone();
+    // SAFETY: as in `chip` above: the arena's mapping lives as long as the `Arc` the chip
+    // keeps, is page-aligned, and is only accessed through atomics and raw copies.
+    let ext =
+        unsafe { ExternalMemory::new(0, arena.base_ptr(), arena.len() as u64, arena.clone()) }
+            .unwrap();
+    chip.attach_external_memory(ext).unwrap();
+    chip.set_comm_context(Some(Arc::new(RankContext::new(
+        arena,
+        0,
+        Duration::from_millis(100),
+    ))));
+    chip.init().unwrap();
+    let mut args = RunArgs::new();
+    args.external(
+        copy.buffer_offset,
+        copy.buffer_bytes,
+        copy.view,
+        ArgTag::InOut,
+    );
+    let e = chip
+        .run(&orch, &mut args, &CallConfig::default())
+        .unwrap_err();
+    let wf = e
+        .wait_for()
+        .unwrap_or_else(|| panic!("no wait-for state: {e}"));
+    assert_eq!(
+        wf.signals
+            .iter()
+            .map(|s| SignalWait {
+                task: 0,
+                ..s.clone()
+            })
+            .collect::<Vec<_>>(),
+        vec![SignalWait {
+            task: 0,
+            core: 0,
+            rank: 0,
+            cell: 1,
+            cmp: ">=".into(),
+            expected: 1,
+            value: 0,
+            gave_up: true,
+        }],
+        "{wf}"
+    );
+    assert!(
+        e.to_string()
+            .contains("gave up waiting for signal cell 1 >= 1, value 0"),
+        "{e}"
+    );
+    chip.close().unwrap();
+}
