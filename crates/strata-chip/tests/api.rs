@@ -876,6 +876,52 @@ fn a_stuck_orchestration_makes_the_chip_unusable_without_hanging() {
     gate.store(1, Ordering::SeqCst);
 }
 
+/// An orchestration that submitted a kernel and then never returns: the starvation
+/// error carries what its tasks were doing — the kernel running on its core.
+#[test]
+fn a_stuck_orchestration_reports_what_its_tasks_were_doing() {
+    let mut small = cfg();
+    small.aiv_cores = 1;
+    small.aic_cores = 0;
+    small.tensor_wait_timeout = Duration::from_millis(50);
+    small.ring_wait_timeout = Duration::from_millis(50);
+    let mut chip = ChipWorker::new(small).unwrap();
+    let gate = Arc::new(AtomicUsize::new(0));
+    let (g, k) = (gate.clone(), gate.clone());
+    let busy = chip
+        .register_kernel_fn("busy", move |_| {
+            while k.load(Ordering::SeqCst) == 0 {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            Ok(())
+        })
+        .unwrap();
+    let orch = chip
+        .register_orchestration_fn("submits_then_spins", move |o, _| {
+            o.submit_aiv(busy, &CoreArgs::new())?;
+            while g.load(Ordering::SeqCst) == 0 {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            Ok(())
+        })
+        .unwrap();
+    chip.init().unwrap();
+    let c = CallConfig::default().with_timeout(Duration::from_millis(50));
+    let e = chip.run(&orch, &mut RunArgs::new(), &c).unwrap_err();
+    assert_eq!(e.code(), Some(codes::SCHEDULER_TIMEOUT), "{e}");
+    let w = e
+        .wait_for()
+        .unwrap_or_else(|| panic!("no wait-for state: {e}"));
+    assert!(
+        w.running
+            .iter()
+            .any(|r| r.name.ends_with("busy") && r.on == strata_types::Executor::Core(0)),
+        "the busy kernel is shown running on core 0: {w}"
+    );
+    gate.store(1, Ordering::SeqCst);
+    chip.close().unwrap();
+}
+
 #[test]
 fn comm_context_reaches_kernels() {
     let mut chip = ChipWorker::new(cfg()).unwrap();

@@ -578,7 +578,19 @@ impl ChipWorker {
                 budget.as_millis()
             );
             self.unusable = Some(msg.clone());
-            return Err(ChipError::fatal(codes::SCHEDULER_TIMEOUT, msg));
+            // What the tasks it had submitted were doing when it was given up on.
+            let wait_for = live
+                .sched
+                .wait_for(format!(
+                    "the orchestration made no progress for {} ms",
+                    budget.as_millis()
+                ))
+                .map(Box::new);
+            return Err(ChipError::Fatal {
+                code: codes::SCHEDULER_TIMEOUT,
+                message: msg,
+                wait_for,
+            });
         };
         let sched = if reply.sched_used {
             // The scheduler ran tasks of this run, which is over: take its part of the
