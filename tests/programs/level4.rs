@@ -2,7 +2,7 @@
 //! are numbered across the children, a shard's task goes to the child holding it, and
 //! that child's orchestration finds its chip from the argument itself.
 
-use super::{l3, Mode};
+use super::{l3, orchestrate_per_shard, scale_shards_parts, Mode};
 use strata::prelude::*;
 use strata_testkit::{check, Ctx, Outcome};
 
@@ -18,44 +18,12 @@ fn target<M: Mode>() -> Target {
     Target::l4(children).configure(|c| c.exec_mode = M::VALUE)
 }
 
-/// `y[i] = k * w[i]` for every shard `i` of a stacked `w`, on the chip holding it; `acc`
-/// (resident on one chip) gains the sum of `y` over the shards' rows' first elements.
+/// `y[i] = k * w[i]` for every shard `i` of a stacked `w`: the level-4 orchestration sends
+/// each shard's task to the child holding it, whose orchestration runs it on the chip the
+/// shard is on.
 fn sharded_scale() -> Program {
     let shards = (CHIPS[0] + CHIPS[1]) as u64;
-    let mut p = Program::new(
-        "sharded_scale",
-        Signature::new()
-            .input(
-                "w",
-                DataType::F32,
-                [Dim::Fixed(shards), Dim::Fixed(4), Dim::Fixed(8)],
-            )
-            .output(
-                "y",
-                DataType::F32,
-                [Dim::Fixed(shards), Dim::Fixed(4), Dim::Fixed(8)],
-            )
-            .scalar("k", DataType::F32),
-    );
-    let mul = p.kernel("mul", |ctx| {
-        let k: f32 = ctx.scalar(0)?;
-        let w = ctx.input::<f32>(0)?.to_vec();
-        let mut y = ctx.output::<f32>(1)?;
-        for (i, v) in w.iter().enumerate() {
-            y.set_flat(i as u64, v * k)?;
-        }
-        Ok(())
-    });
-    let on_chip = p.chip_orchestration("mul", move |o, a| {
-        o.submit_aiv(
-            mul,
-            CoreArgs::new()
-                .input(&a.tensor(0)?)
-                .output(&a.tensor(1)?)
-                .scalar(a.scalar::<f32>(0)?),
-        )?;
-        Ok(())
-    });
+    let (mut p, on_chip) = scale_shards_parts("sharded_scale", Dim::Fixed(shards));
     // On the level-3 child: the shard arrives as this worker's own chip tensor.
     let on_child = p.worker_orchestration("mul_shard", move |o, a| {
         let [w, y] = a.tensors() else {
@@ -67,21 +35,7 @@ fn sharded_scale() -> Program {
         o.submit_next_level(on_chip, &t, chip)?;
         Ok(())
     });
-    p.orchestrate(move |o, args| {
-        let (w, y, k) = (
-            args.tensor("w")?,
-            args.tensor("y")?,
-            args.scalar::<f32>("k")?,
-        );
-        for i in 0..w.shards() {
-            let a = TaskArgs::new()
-                .input(w.shard(i))
-                .output_existing(y.row(i))
-                .scalar(k);
-            o.submit_next_level(on_child, &a, w.shard_worker(i)?)?;
-        }
-        Ok(())
-    });
+    orchestrate_per_shard(&mut p, on_child.into());
     p
 }
 

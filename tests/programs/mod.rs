@@ -771,20 +771,18 @@ pub fn offset_copies_round_trip_byte_for_byte<M: Mode>() -> Outcome {
 }
 
 /// `y[r] = w[r] * k` per rank, with `w` stacked (shard `r` wherever it was placed).
-fn stacked_program() -> Program {
+/// A program `name` that scales a stacked `w` (`shards` × 4 × 8) by `k` into `y`, its
+/// kernel and the chip orchestration running it; the caller routes the shards.
+pub(crate) fn scale_shards_parts(name: &str, shards: Dim) -> (Program, strata::chip::OrchHandle) {
     let mut p = Program::new(
-        "stacked_scale",
+        name,
         Signature::new()
             .input(
                 "w",
                 DataType::F32,
-                [Dim::World, Dim::Fixed(4), Dim::Fixed(8)],
+                [shards.clone(), Dim::Fixed(4), Dim::Fixed(8)],
             )
-            .output(
-                "y",
-                DataType::F32,
-                [Dim::World, Dim::Fixed(4), Dim::Fixed(8)],
-            )
+            .output("y", DataType::F32, [shards, Dim::Fixed(4), Dim::Fixed(8)])
             .scalar("k", DataType::F32),
     );
     let mul = p.kernel("mul", |ctx| {
@@ -806,6 +804,12 @@ fn stacked_program() -> Program {
         )?;
         Ok(())
     });
+    (p, chip)
+}
+
+/// The host orchestration of [`scale_shards_parts`]: shard `i`'s task (`w.shard(i)`,
+/// `y.row(i)`, `k`) runs `to` on the worker holding the shard.
+pub(crate) fn orchestrate_per_shard(p: &mut Program, to: strata::dist::NextLevelCallable) {
     p.orchestrate(move |o, args| {
         let (w, y, k) = (
             args.tensor("w")?,
@@ -817,10 +821,15 @@ fn stacked_program() -> Program {
                 .input(w.shard(i))
                 .output_existing(y.row(i))
                 .scalar(k);
-            o.submit_next_level(chip, &a, w.shard_worker(i)?)?;
+            o.submit_next_level(to, &a, w.shard_worker(i)?)?;
         }
         Ok(())
     });
+}
+
+fn stacked_program() -> Program {
+    let (mut p, chip) = scale_shards_parts("stacked_scale", Dim::World);
+    orchestrate_per_shard(&mut p, chip.into());
     p
 }
 
