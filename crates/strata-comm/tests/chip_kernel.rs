@@ -190,20 +190,15 @@ fn a_chip_without_comm_context_tells_the_kernel_so() {
     chip.close().unwrap();
 }
 
-/// A missing notify: a kernel waits for a signal cell nobody increments. Its wait gives
-/// up at the rank's deadline, and the chip's error carries the wait-for state: the cell,
-/// the condition, the value it last saw, and the task that waits for the kernel.
-#[test]
-fn a_wait_for_a_notify_nobody_sends_names_the_cell_and_its_value() {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    use std::time::Duration;
-    use strata_types::{PendingTask, SignalWait};
-    let mut w = world(1, 1 << 20);
-    let dom = w.alloc.world().unwrap();
-    let buf = w.alloc.alloc_window_buffer(&dom, 4096).unwrap();
-    let sig = w.alloc.window(&buf, 0, &[8], DataType::I32).unwrap();
-    let copy = w.alloc.rank_copy(&sig, 0).unwrap();
-    // One AIV core and no AIC core: the kernel runs on core 0.
+/// Runs, on a chip with one AIV core and no AIC core (its kernels run on core 0) that is
+/// rank 0 of `arena` with signal waits giving up after 100 ms, the orchestration
+/// `register` registers, with `copy` (a window's rank-0 copy) as its one argument; returns
+/// the run's error and the chip (to close).
+fn stalled_run(
+    arena: &Arc<CommArena>,
+    copy: &RankCopy,
+    register: impl FnOnce(&mut ChipWorker) -> OrchHandle,
+) -> (strata_chip::ChipError, ChipWorker) {
     let mut chip = ChipWorker::new(ChipConfig {
         device_memory_bytes: 512 << 20,
         aic_cores: 0,
@@ -211,28 +206,7 @@ fn a_wait_for_a_notify_nobody_sends_names_the_cell_and_its_value() {
         ..ChipConfig::default()
     })
     .unwrap();
-    let waiter = chip
-        .register_kernel_fn("wait_flag", |ctx| {
-            ctx.window(0)?.wait(&[3], 1, WaitCmp::Ge)?;
-            Ok(())
-        })
-        .unwrap();
-    let consumer = chip.register_kernel_fn("consumer", |_| Ok(())).unwrap();
-    let ids = Arc::new([AtomicU64::new(0), AtomicU64::new(0)]);
-    let i = ids.clone();
-    let orch = chip
-        .register_orchestration_fn("o", move |o, args| {
-            let a = o.submit_aiv(
-                waiter,
-                CoreArgs::new().tensor(&args.tensor(0)?, ArgTag::InOut),
-            )?;
-            let b = o.submit_aiv(consumer, CoreArgs::new().dep(a.task_id()))?;
-            i[0].store(a.task_id().id().unwrap(), Ordering::SeqCst);
-            i[1].store(b.task_id().id().unwrap(), Ordering::SeqCst);
-            Ok(())
-        })
-        .unwrap();
-    let arena = w.arena.clone();
+    let orch = register(&mut chip);
     // SAFETY: as in `chip` above: the arena's mapping lives as long as the `Arc` the chip
     // keeps, is page-aligned, and is only accessed through atomics and raw copies.
     let ext =
@@ -240,9 +214,9 @@ fn a_wait_for_a_notify_nobody_sends_names_the_cell_and_its_value() {
             .unwrap();
     chip.attach_external_memory(ext).unwrap();
     chip.set_comm_context(Some(Arc::new(RankContext::new(
-        arena,
+        arena.clone(),
         0,
-        Duration::from_millis(100),
+        std::time::Duration::from_millis(100),
     ))));
     chip.init().unwrap();
     let mut args = RunArgs::new();
@@ -255,6 +229,45 @@ fn a_wait_for_a_notify_nobody_sends_names_the_cell_and_its_value() {
     let e = chip
         .run(&orch, &mut args, &CallConfig::default())
         .unwrap_err();
+    (e, chip)
+}
+
+/// A missing notify: a kernel waits for a signal cell nobody increments. Its wait gives
+/// up at the rank's deadline, and the chip's error carries the wait-for state: the cell,
+/// the condition, the value it last saw, and the task that waits for the kernel.
+#[test]
+fn a_wait_for_a_notify_nobody_sends_names_the_cell_and_its_value() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use strata_types::{PendingTask, SignalWait};
+    let mut w = world(1, 1 << 20);
+    let dom = w.alloc.world().unwrap();
+    let buf = w.alloc.alloc_window_buffer(&dom, 4096).unwrap();
+    let sig = w.alloc.window(&buf, 0, &[8], DataType::I32).unwrap();
+    let copy = w.alloc.rank_copy(&sig, 0).unwrap();
+    let ids = Arc::new([AtomicU64::new(0), AtomicU64::new(0)]);
+    let i = ids.clone();
+    let (e, mut chip) = stalled_run(&w.arena, &copy, |chip| {
+        let waiter = chip
+            .register_kernel_fn("wait_flag", |ctx| {
+                ctx.window(0)?.wait(&[3], 1, WaitCmp::Ge)?;
+                Ok(())
+            })
+            .unwrap();
+        let consumer = chip.register_kernel_fn("consumer", |_| Ok(())).unwrap();
+        let orch = chip
+            .register_orchestration_fn("o", move |o, args| {
+                let a = o.submit_aiv(
+                    waiter,
+                    CoreArgs::new().tensor(&args.tensor(0)?, ArgTag::InOut),
+                )?;
+                let b = o.submit_aiv(consumer, CoreArgs::new().dep(a.task_id()))?;
+                i[0].store(a.task_id().id().unwrap(), Ordering::SeqCst);
+                i[1].store(b.task_id().id().unwrap(), Ordering::SeqCst);
+                Ok(())
+            })
+            .unwrap();
+        orch
+    });
     let (a, b) = (ids[0].load(Ordering::SeqCst), ids[1].load(Ordering::SeqCst));
     let wf = e
         .wait_for()
@@ -297,58 +310,30 @@ fn a_wait_for_a_notify_nobody_sends_names_the_cell_and_its_value() {
 /// error names that row — the missing peer — in its wait-for state.
 #[test]
 fn a_barrier_a_peer_never_reaches_names_the_missing_peers_row() {
-    use std::time::Duration;
     use strata_types::SignalWait;
     let mut w = world(2, 1 << 20);
     let dom = w.alloc.world().unwrap();
     let buf = w.alloc.alloc_window_buffer(&dom, 4096).unwrap();
     let data = w.alloc.window(&buf, 0, &[8], DataType::F32).unwrap();
     let copy = w.alloc.rank_copy(&data, 0).unwrap();
-    let mut chip = ChipWorker::new(ChipConfig {
-        device_memory_bytes: 512 << 20,
-        aic_cores: 0,
-        aiv_cores: 1,
-        ..ChipConfig::default()
-    })
-    .unwrap();
-    let barrier = chip
-        .register_kernel_fn("barrier", |ctx| {
-            ctx.window(0)?.barrier()?;
-            Ok(())
-        })
-        .unwrap();
-    let orch = chip
-        .register_orchestration_fn("o", move |o, args| {
-            o.submit_aiv(
-                barrier,
-                CoreArgs::new().tensor(&args.tensor(0)?, ArgTag::InOut),
-            )?;
-            Ok(())
-        })
-        .unwrap();
-    let arena = w.arena.clone();
-    // SAFETY: as in `chip` above: the arena's mapping lives as long as the `Arc` the chip
-    // keeps, is page-aligned, and is only accessed through atomics and raw copies.
-    let ext =
-        unsafe { ExternalMemory::new(0, arena.base_ptr(), arena.len() as u64, arena.clone()) }
+    let (e, mut chip) = stalled_run(&w.arena, &copy, |chip| {
+        let barrier = chip
+            .register_kernel_fn("barrier", |ctx| {
+                ctx.window(0)?.barrier()?;
+                Ok(())
+            })
             .unwrap();
-    chip.attach_external_memory(ext).unwrap();
-    chip.set_comm_context(Some(Arc::new(RankContext::new(
-        arena,
-        0,
-        Duration::from_millis(100),
-    ))));
-    chip.init().unwrap();
-    let mut args = RunArgs::new();
-    args.external(
-        copy.buffer_offset,
-        copy.buffer_bytes,
-        copy.view,
-        ArgTag::InOut,
-    );
-    let e = chip
-        .run(&orch, &mut args, &CallConfig::default())
-        .unwrap_err();
+        let orch = chip
+            .register_orchestration_fn("o", move |o, args| {
+                o.submit_aiv(
+                    barrier,
+                    CoreArgs::new().tensor(&args.tensor(0)?, ArgTag::InOut),
+                )?;
+                Ok(())
+            })
+            .unwrap();
+        orch
+    });
     let wf = e
         .wait_for()
         .unwrap_or_else(|| panic!("no wait-for state: {e}"));
