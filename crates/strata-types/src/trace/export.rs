@@ -372,6 +372,15 @@ impl Trace {
             boxes: Vec<(u64, u64, &'a str, String)>,
         }
         let mut lanes: Vec<Lane<'_>> = Vec::new();
+        // A host thread's lane, labelled by its process and thread.
+        let thread_lane = |p: &ProcessTrace, tid: u64| Lane {
+            label: format!(
+                "{} {}",
+                p.name,
+                thread_label(p, TrackKey::Thread { tid, device: false }, 0)
+            ),
+            boxes: Vec::new(),
+        };
         let tip = |name: &str, extra: String, a: u64, b: u64| {
             format!("{name} {extra} {:.3} µs", (b - a) as f64 / 1000.0)
         };
@@ -406,21 +415,7 @@ impl Trace {
                 let name = s.attr("callable").unwrap_or(&s.hid);
                 frames
                     .entry(s.tid)
-                    .or_insert_with(|| Lane {
-                        label: format!(
-                            "{} {}",
-                            p.name,
-                            thread_label(
-                                p,
-                                TrackKey::Thread {
-                                    tid: s.tid,
-                                    device: false
-                                },
-                                0
-                            )
-                        ),
-                        boxes: Vec::new(),
-                    })
+                    .or_insert_with(|| thread_lane(p, s.tid))
                     .boxes
                     .push((
                         a,
@@ -443,21 +438,7 @@ impl Trace {
                     let (a, b) = (p.clock.apply(s.ts), p.clock.apply(s.end()));
                     threads
                         .entry(s.tid)
-                        .or_insert_with(|| Lane {
-                            label: format!(
-                                "{} {}",
-                                p.name,
-                                thread_label(
-                                    p,
-                                    TrackKey::Thread {
-                                        tid: s.tid,
-                                        device: false
-                                    },
-                                    0
-                                )
-                            ),
-                            boxes: Vec::new(),
-                        })
+                        .or_insert_with(|| thread_lane(p, s.tid))
                         .boxes
                         .push((a, b, &s.name, tip(&s.name, String::new(), a, b)));
                 }
