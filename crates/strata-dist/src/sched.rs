@@ -1366,13 +1366,17 @@ impl Driver {
         let link = &self.link;
         let driven = self.seat.drive_quiet(
             || {
+                if done() {
+                    return Some(());
+                }
                 if !entered {
-                    // In the seat: get the scheduler thread out of its spin on the
-                    // doorbell, so it parks.
+                    // About to drive: get the scheduler thread out of its spin on the
+                    // doorbell, so it parks. (Not when the run is done already: the
+                    // ring would only wake it.)
                     entered = true;
                     link.doorbell.ring();
                 }
-                done().then_some(())
+                None
             },
             |lp| {
                 let seen = link.doorbell.seq();

@@ -832,7 +832,11 @@ impl DistWorker {
                 if traced {
                     ctx.link.trace.submitted(run, t0, strata_sync::mono_ns());
                 }
-                ctx.link.nudge();
+                if !waits {
+                    // (A caller that waits drives the loop itself: ringing here would
+                    // only wake the parked scheduler thread.)
+                    ctx.link.nudge();
+                }
                 Ok(RunHandle {
                     run,
                     waiter: rt.waiter.clone(),

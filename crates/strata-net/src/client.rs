@@ -1,14 +1,15 @@
 //! The root's side of a session: [`RemoteEndpoint`], the [`Endpoint`] through which the
 //! level-4 scheduler reaches a remote level-3 worker.
 //!
-//! The scheduler's calls never block on the network: `publish` queues the TASK frame and
-//! its bulk inputs for the session's writer task, `poll` looks at a flag the reader task
-//! sets, `check_alive` compares the time of the last frame with the heartbeat timeout.
-//! The reader writes a task's outputs into the root's shared memory as their chunks
-//! arrive (they precede DONE on the stream), then rings the doorbell.
+//! The scheduler's calls never block on the network: `publish` writes the TASK frame
+//! without blocking (or queues it, and its bulk inputs, for the session's writer thread),
+//! `poll` looks at a flag the reader thread sets, `check_alive` compares the time of the
+//! last frame with the heartbeat timeout. The reader writes a task's outputs into the
+//! root's shared memory as their chunks arrive (they precede DONE on the stream), then
+//! rings the doorbell. (Over TCP, `tcp.rs` runs the reader and the writer.)
 
 use crate::error::NetError;
-use crate::io::{read_frame, runtime};
+use crate::io::runtime;
 use crate::wire::{
     self, encode_data, Cancel, ControlAnswer, Data, Done, ErrorBody, FrameType, Segment,
     ShutdownAck, Task, CHUNK_BYTES,
@@ -24,8 +25,6 @@ use strata_mailbox::{codes, FailureReport, TaskPublication, TaskSlot};
 use strata_types::trace::ClockSync;
 use strata_types::wire::decode_args;
 use strata_types::{ArgLimits, ArgTag, BufferLocation};
-use tokio::io::AsyncWriteExt;
-use tokio::sync::mpsc;
 
 /// How often each side sends a heartbeat.
 pub const HEARTBEAT_INTERVAL: Duration = Duration::from_millis(200);
@@ -56,8 +55,8 @@ pub(crate) enum Lane {
 
 /// The sending side of a session: every frame goes through it, whatever the transport.
 pub(crate) enum Tx {
-    /// A TCP socket and the session's writer task ([`TcpTx`]).
-    Tcp(TcpTx),
+    /// A TCP socket and the session's writer thread ([`crate::tcp`]).
+    Tcp(crate::tcp::TcpTx),
     /// The MPI progress thread's queues for one peer rank.
     #[cfg(feature = "mpi")]
     Mpi(Arc<crate::mpi_link::Peer>),
@@ -117,29 +116,6 @@ impl IntoLink for crate::mpi_link::MpiConn {
 }
 
 impl Tx {
-    /// A sender over a TCP writer's lanes and a clone of the session's socket.
-    pub(crate) fn new(
-        prio: mpsc::UnboundedSender<Out>,
-        main: mpsc::UnboundedSender<Out>,
-        sock: TcpStream,
-    ) -> Tx {
-        Tx::Tcp(TcpTx {
-            prio,
-            main,
-            sock,
-            pending: Arc::default(),
-        })
-    }
-
-    /// The count a TCP writer decrements ([`pump`]).
-    pub(crate) fn backlog(&self) -> Arc<Backlog> {
-        match self {
-            Tx::Tcp(t) => t.pending.clone(),
-            #[cfg(feature = "mpi")]
-            Tx::Mpi(_) => Arc::default(),
-        }
-    }
-
     /// Sends `out` on `lane`; `Err` once the writer is gone (the session was cut).
     pub(crate) fn send(&self, lane: Lane, out: Out) -> Result<(), ()> {
         match self {
@@ -148,83 +124,14 @@ impl Tx {
             Tx::Mpi(p) => p.send(lane, out),
         }
     }
-}
 
-/// The sending side of a session's writer: every frame goes through it.
-///
-/// A frame sent while the writer has nothing to do (no item queued or being written) is
-/// written by the sending thread itself, without waiting: the hand-off to the runtime's
-/// thread would cost a wake-up of that thread (tens of µs on a loaded 2-CPU machine,
-/// measured: the largest share of a remote task's round trip). The socket is
-/// non-blocking, so this never blocks the sender (the scheduler, the node's main thread);
-/// whatever the socket does not take at once goes to the writer at the head of the
-/// priority lane, so it is written before anything else, and frames never interleave.
-pub(crate) struct TcpTx {
-    prio: mpsc::UnboundedSender<Out>,
-    main: mpsc::UnboundedSender<Out>,
-    /// A handle on the session's (non-blocking) socket for the direct writes.
-    sock: TcpStream,
-    /// Items handed to the writer and not finished; a direct write needs 0. Channel
-    /// sends happen under its lock, so the channels' order is the lock's order.
-    pending: Arc<Backlog>,
-}
-
-/// How many items the writer holds (queued or being written); shared by the [`Tx`] and
-/// the writer (which must not hold the senders: it ends when they are gone).
-#[derive(Default)]
-pub(crate) struct Backlog(Mutex<u64>);
-
-impl Backlog {
-    /// The writer finished an item.
-    fn done(&self) {
-        let mut n = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        *n = n.saturating_sub(1);
-    }
-}
-
-impl TcpTx {
-    /// Sends `out` on `lane` (see [`TcpTx`]); `Err` once the writer is gone.
-    pub(crate) fn send(&self, lane: Lane, out: Out) -> Result<(), ()> {
-        use std::io::Write;
-        let mut pending = self.pending.0.lock().unwrap_or_else(|e| e.into_inner());
-        if *pending == 0 {
-            match out {
-                Out::Frame(f) => {
-                    match (&self.sock).write(&f) {
-                        Ok(n) if n == f.len() => return Ok(()),
-                        Ok(n) => {
-                            // The rest first, before anything queued after this.
-                            *pending += 1;
-                            return self.prio.send(Out::Frame(f[n..].to_vec())).map_err(drop);
-                        }
-                        // Nothing was written: the writer writes it (and meets the
-                        // error, if the socket has one).
-                        Err(_) => {
-                            *pending += 1;
-                            return self.lane(lane).send(Out::Frame(f)).map_err(drop);
-                        }
-                    }
-                }
-                // Everything before it is written: run it now.
-                Out::Then(f) => {
-                    drop(pending);
-                    f();
-                    return Ok(());
-                }
-                bulk => {
-                    *pending += 1;
-                    return self.lane(lane).send(bulk).map_err(drop);
-                }
-            }
-        }
-        *pending += 1;
-        self.lane(lane).send(out).map_err(drop)
-    }
-
-    fn lane(&self, lane: Lane) -> &mpsc::UnboundedSender<Out> {
-        match lane {
-            Lane::Prio => &self.prio,
-            Lane::Main => &self.main,
+    /// No frame is taken any more (the session was cut): over TCP the writer drains
+    /// what is queued — its writes fail on the cut socket — and ends.
+    pub(crate) fn close(&self) {
+        match self {
+            Tx::Tcp(t) => t.close(),
+            #[cfg(feature = "mpi")]
+            Tx::Mpi(_) => {}
         }
     }
 }
@@ -328,6 +235,7 @@ impl Session {
         }
         self.dead_flag.store(true, Ordering::Release);
         self.sock.cut();
+        self.tx.close();
         self.changed.notify_all();
         self.doorbell.ring();
     }
@@ -568,6 +476,7 @@ impl RemoteEndpoint {
         staging_bytes: u64,
         node: (String, u32),
     ) -> Result<RemoteEndpoint, NetError> {
+        let writer_shared = shared.clone();
         let new = |tx: Tx, sock: Cut| {
             Arc::new(Session {
                 label,
@@ -609,32 +518,23 @@ impl RemoteEndpoint {
         let sock = stream
             .try_clone()
             .map_err(|e| NetError::io("cloning the session socket", e))?;
-        stream
-            .set_nonblocking(true)
-            .map_err(|e| NetError::io("making the session socket non-blocking", e))?;
-        let (prio_tx, prio_rx) = mpsc::unbounded_channel();
-        let (main_tx, main_rx) = mpsc::unbounded_channel();
-        let direct = stream
-            .try_clone()
-            .map_err(|e| NetError::io("cloning the session socket", e))?;
-        let tx = Tx::new(prio_tx, main_tx, direct);
-        let backlog = tx.backlog();
-        let s = new(tx, Cut::Tcp(sock));
+        let died = Arc::new(std::sync::OnceLock::<std::sync::Weak<Session>>::new());
+        let on_error = {
+            let died = died.clone();
+            move |e: std::io::Error| {
+                if let Some(s) = died.get().and_then(std::sync::Weak::upgrade) {
+                    if !s.dead_flag.load(Ordering::Acquire) {
+                        s.die(format!("{}: sending to the node failed ({e})", s.label));
+                    }
+                }
+            }
+        };
+        let (tx, _writer, rd) = crate::tcp::start(stream, writer_shared, session, on_error)?;
+        let s = new(Tx::Tcp(tx), Cut::Tcp(sock));
+        let _ = died.set(Arc::downgrade(&s));
+        let rs = s.clone();
+        crate::tcp::spawn_reader(rd, move |rd| reader(rs, rd))?;
         let rt = runtime();
-        let _guard = rt.enter();
-        let stream = tokio::net::TcpStream::from_std(stream)
-            .map_err(|e| NetError::io("handing the session socket to the runtime", e))?;
-        let (rd, wr) = stream.into_split();
-        rt.spawn(reader(s.clone(), rd));
-        rt.spawn(writer(
-            Arc::downgrade(&s),
-            s.shared.clone(),
-            session,
-            backlog,
-            wr,
-            prio_rx,
-            main_rx,
-        ));
         rt.spawn(heartbeat(s.clone()));
         Ok(RemoteEndpoint {
             s,
@@ -1186,10 +1086,11 @@ fn mpi_receiver(s: &Arc<Session>) -> crate::mpi_link::Handler {
     })
 }
 
-async fn reader(s: Arc<Session>, mut rd: tokio::net::tcp::OwnedReadHalf) {
+/// The session's reader thread: each frame from the node, until the socket ends.
+fn reader(s: Arc<Session>, mut rd: TcpStream) {
     let mut body = Vec::new();
     loop {
-        let h = match read_frame(&mut rd, &mut body).await {
+        let h = match crate::tcp::read_frame(&mut rd, &mut body) {
             Ok(h) => h,
             Err(e) => {
                 let acked = s.lock().ack.is_some();
@@ -1209,128 +1110,6 @@ async fn reader(s: Arc<Session>, mut rd: tokio::net::tcp::OwnedReadHalf) {
             return;
         }
     }
-}
-
-/// The session's writer task. It holds the session weakly: the session owns the lanes'
-/// senders, and the writer ends when they are gone — a strong reference here would keep
-/// them, the session and its socket alive for good once the session ended.
-async fn writer(
-    s: std::sync::Weak<Session>,
-    shared: Arc<SharedMemory>,
-    session: u64,
-    backlog: Arc<Backlog>,
-    wr: tokio::net::tcp::OwnedWriteHalf,
-    prio: mpsc::UnboundedReceiver<Out>,
-    main: mpsc::UnboundedReceiver<Out>,
-) {
-    if let Err(e) = pump(&shared, session, &backlog, wr, prio, main).await {
-        if let Some(s) = s.upgrade() {
-            if !s.dead_flag.load(Ordering::Acquire) {
-                s.die(format!("{}: sending to the node failed ({e})", s.label));
-            }
-        }
-    }
-}
-
-/// A session's writer: frames of the priority lane (heartbeats, controls) first, then
-/// the ordered lane (tasks, their bulk data, completions). Ends when both senders are
-/// gone.
-///
-/// # Errors
-/// The socket failed.
-pub(crate) async fn pump(
-    shared: &SharedMemory,
-    session: u64,
-    backlog: &Backlog,
-    mut wr: tokio::net::tcp::OwnedWriteHalf,
-    mut prio: mpsc::UnboundedReceiver<Out>,
-    mut main: mpsc::UnboundedReceiver<Out>,
-) -> std::io::Result<()> {
-    let mut buf = Vec::with_capacity(CHUNK_BYTES + 64);
-    let (mut prio_open, mut main_open) = (true, true);
-    loop {
-        // A lane that closed is drained no more, but the other is drained to its end: the
-        // last frames of a session (DONE, SHUTDOWN_ACK) are often queued just before both
-        // senders go.
-        let out = tokio::select! {
-            biased;
-            o = prio.recv(), if prio_open => match o {
-                Some(o) => o,
-                None => {
-                    prio_open = false;
-                    continue;
-                }
-            },
-            o = main.recv(), if main_open => match o {
-                Some(o) => o,
-                None => {
-                    main_open = false;
-                    continue;
-                }
-            },
-            else => {
-                let _ = wr.shutdown().await;
-                return Ok(());
-            }
-        };
-        match out {
-            Out::Frame(f) => wr.write_all(&f).await?,
-            Out::Bulk { owner, parts } => {
-                stream_bulk(
-                    shared, session, backlog, &mut wr, &mut prio, &mut buf, owner, &parts,
-                )
-                .await?
-            }
-            Out::Then(f) => f(),
-        }
-        backlog.done();
-    }
-}
-
-/// Streams shared-memory ranges as DATA chunks; between chunks, frames of the priority
-/// lane (heartbeats, controls) go first, so a large copy never holds them back by more
-/// than one chunk. The socket's own back-pressure paces the reads.
-#[allow(clippy::too_many_arguments)]
-async fn stream_bulk(
-    shared: &SharedMemory,
-    session: u64,
-    backlog: &Backlog,
-    wr: &mut tokio::net::tcp::OwnedWriteHalf,
-    prio: &mut mpsc::UnboundedReceiver<Out>,
-    buf: &mut Vec<u8>,
-    owner: u64,
-    parts: &[(u32, u64, u64, u64)],
-) -> std::io::Result<()> {
-    for &(segment, region, start, len) in parts {
-        let mut off = 0u64;
-        while off < len {
-            // (The priority lane carries frames only.)
-            while let Ok(Out::Frame(f)) = prio.try_recv() {
-                wr.write_all(&f).await?;
-                backlog.done();
-            }
-            let n = (len - off).min(CHUNK_BYTES as u64) as usize;
-            {
-                let src = shared
-                    .ptr(region, start + off, n as u64)
-                    .map_err(|e| std::io::Error::other(e.to_string()))?;
-                let head = wire::DataHead {
-                    owner,
-                    segment,
-                    offset: off,
-                };
-                encode_data(buf, session, owner, head, n, |dst| {
-                    // SAFETY: `ptr` checked the range lies in the region; the task holds
-                    // the region in use, and no task writes these bytes while it may read
-                    // them.
-                    unsafe { std::ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), n) }
-                });
-            }
-            wr.write_all(buf).await?;
-            off += n as u64;
-        }
-    }
-    Ok(())
 }
 
 async fn heartbeat(s: Arc<Session>) {
@@ -1358,88 +1137,6 @@ pub const CANCELLED: i32 = codes::SHUT_DOWN;
 mod tests {
     use super::*;
     use strata_types::{DataType, IdentityMinter, TaskArgs, TensorView};
-
-    /// Frames sent through a [`Tx`] — written directly by the sender when the writer is
-    /// idle, cut short by a small send buffer, queued behind each other on two lanes —
-    /// arrive whole (checksums hold), each lane in its order.
-    #[test]
-    fn direct_and_queued_frames_arrive_whole_and_in_lane_order() {
-        use std::io::Read;
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
-        let (mut b, _) = l.accept().unwrap();
-        let small: libc::c_int = 4096;
-        // SAFETY: setsockopt on a socket this test owns, with a valid int option value.
-        let r = unsafe {
-            libc::setsockopt(
-                std::os::fd::AsRawFd::as_raw_fd(&a),
-                libc::SOL_SOCKET,
-                libc::SO_SNDBUF,
-                (&small as *const libc::c_int).cast(),
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            )
-        };
-        assert_eq!(r, 0);
-        a.set_nonblocking(true).unwrap();
-        let (ptx, prx) = mpsc::unbounded_channel();
-        let (mtx, mrx) = mpsc::unbounded_channel();
-        let tx = Tx::new(ptx, mtx, a.try_clone().unwrap());
-        let backlog = tx.backlog();
-        let rt = runtime();
-        let writer = {
-            let _g = rt.enter();
-            let (rd, wr) = tokio::net::TcpStream::from_std(a).unwrap().into_split();
-            let shared = SharedMemory::process().clone();
-            rt.spawn(async move {
-                let _keep = rd;
-                pump(&shared, 9, &backlog, wr, prx, mrx).await
-            })
-        };
-        const FRAMES: u64 = 600;
-        let reader = std::thread::spawn(move || {
-            let (mut main, mut prio) = (Vec::new(), Vec::new());
-            // Read nothing at first: the socket's buffers fill, so direct writes are cut
-            // short or refused and the writer takes over.
-            std::thread::sleep(Duration::from_millis(100));
-            let mut h = [0u8; wire::HEADER_BYTES];
-            while b.read_exact(&mut h).is_ok() {
-                let head = wire::decode_header(&h).unwrap();
-                let mut body = vec![0u8; head.length as usize];
-                b.read_exact(&mut body).unwrap();
-                wire::check_body(&h, &head, &body).unwrap();
-                match head.kind {
-                    FrameType::Data => main.push(head.sequence),
-                    FrameType::Heartbeat => prio.push(head.sequence),
-                    other => panic!("unexpected {other:?}"),
-                }
-            }
-            (main, prio)
-        });
-        for i in 1..=FRAMES {
-            // Sizes from a few bytes to 4× the send buffer, so many writes are cut short.
-            let n = ((i * 7919) % (16 << 10)) as usize;
-            let mut f = Vec::new();
-            let head = wire::DataHead {
-                owner: i,
-                segment: 0,
-                offset: 0,
-            };
-            encode_data(&mut f, 9, i, head, n, |d| d.fill(i as u8));
-            tx.send(Lane::Main, Out::Frame(f)).unwrap();
-            if i % 3 == 0 {
-                let hb = wire::encode(FrameType::Heartbeat, 9, i, &()).unwrap();
-                tx.send(Lane::Prio, Out::Frame(hb)).unwrap();
-            }
-        }
-        drop(tx);
-        rt.block_on(writer).unwrap().unwrap();
-        let (main, prio) = reader.join().unwrap();
-        assert_eq!(main, (1..=FRAMES).collect::<Vec<_>>());
-        assert_eq!(
-            prio,
-            (1..=FRAMES).filter(|i| i % 3 == 0).collect::<Vec<_>>()
-        );
-    }
 
     fn desc(region: u64, offset: u64, n: u64, m: &IdentityMinter) -> strata_types::BufferDesc {
         // SAFETY: a test descriptor that is only planned, never given to a task.

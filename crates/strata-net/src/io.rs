@@ -1,6 +1,7 @@
-//! Frame I/O: blocking (the handshakes, which run before any thread may start — a node
-//! forks its level-3 tree after its handshake) and async (the sessions, on the tokio
-//! runtime of this crate), plus the runtime itself and bounded address resolution.
+//! Frame I/O of the handshakes (blocking, with deadlines: they run before any thread may
+//! start — a node forks its level-3 tree after its handshake), this crate's tokio runtime
+//! (the daemon's accept loop, the sessions' heartbeats and timers, SIGTERM), and bounded
+//! address resolution. A session's own socket I/O is `tcp.rs`'s, on plain threads.
 
 use crate::error::NetError;
 use crate::wire::{self, FrameType, Header, HEADER_BYTES};
@@ -9,10 +10,10 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncRead, AsyncReadExt};
 
 /// The tokio runtime of the network node in this process: one worker thread
-/// (`strata-net`), started on first use — after the engine forked its local children.
+/// (`strata-net`) for heartbeats, timers and signals, started on first use — after the
+/// engine forked its local children.
 pub fn runtime() -> &'static tokio::runtime::Runtime {
     static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
     RT.get_or_init(|| {
@@ -203,29 +204,6 @@ impl SyncConn {
         }
         Ok(())
     }
-}
-
-/// Reads one frame from an async reader (no deadline: session liveness is the
-/// heartbeat's job), into `body` (reused).
-///
-/// # Errors
-/// The socket failed or closed, or the frame is malformed.
-pub async fn read_frame<R: AsyncRead + Unpin>(
-    r: &mut R,
-    body: &mut Vec<u8>,
-) -> Result<Header, NetError> {
-    let mut raw = [0u8; HEADER_BYTES];
-    r.read_exact(&mut raw)
-        .await
-        .map_err(|e| NetError::io("reading a frame header", e))?;
-    let header = wire::decode_header(&raw)?;
-    body.clear();
-    body.resize(header.length as usize, 0);
-    r.read_exact(body)
-        .await
-        .map_err(|e| NetError::io("reading a frame body", e))?;
-    wire::check_body(&raw, &header, body)?;
-    Ok(header)
 }
 
 /// Resolves `addr` (`host:port`, `[v6]:port`, or a numeric address) within `budget`: a

@@ -35,6 +35,7 @@ mod memory;
 pub mod mpi_link;
 mod node;
 mod spec;
+mod tcp;
 pub mod wire;
 
 pub use auth::Secret;

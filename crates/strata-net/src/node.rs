@@ -4,16 +4,18 @@
 //!
 //! Order (fork safety is the point): the handshake's last steps on a blocking socket,
 //! the staging area leased, the level-3 worker `init`ed — it forks its chips and
-//! sub-workers while this process still has one thread —, only then the tokio runtime.
-//! The main thread runs the tasks one after the other (as a local level-3 child serves
-//! its frames in turn); the runtime's thread reads frames, lands bulk inputs in the
-//! staging area while the previous task runs, sends heartbeats, and streams outputs.
+//! sub-workers while this process still has one thread —, only then the session's
+//! threads. The main thread runs the tasks one after the other (as a local level-3 child
+//! serves its frames in turn) and, over TCP, reads the socket itself whenever it has no
+//! job ([`ReadRole`]); a helper thread reads while a job runs long (liveness, the next
+//! task's inputs, landed in the staging area while the previous task runs), the writer
+//! thread streams outputs, the tokio runtime's thread sends heartbeats.
 
-use crate::client::{pump, IntoLink, Lane, Link, Out, Tx, CANCELLED, HEARTBEAT_INTERVAL};
+use crate::client::{IntoLink, Lane, Link, Out, Tx, CANCELLED, HEARTBEAT_INTERVAL};
 use crate::error::NetError;
 #[cfg(feature = "mpi")]
 use crate::io::FrameConn;
-use crate::io::{hostname, read_frame, runtime};
+use crate::io::{hostname, runtime};
 use crate::wire::{
     self, clip_message, Cancel, Control, ControlAnswer, Data, Done, ErrorBody, ErrorCode,
     FrameType, NodeHello, Ready, Segment, ShutdownAck, Task, MAX_TRACE_BYTES,
@@ -21,7 +23,7 @@ use crate::wire::{
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc as std_mpsc;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 use strata_dist::{
     CopyDirection, DeviceTensor, DistError, DistWorker, HostOrchHandle, NodeContext,
@@ -33,7 +35,6 @@ use strata_types::{
     ArgLimits, BufferDesc, BufferIdentity, BufferLocation, CallableId, DataType, IdentityMinter,
     TaskArgs, TensorArg, TensorView,
 };
-use tokio::sync::mpsc;
 
 /// How a node serves: its staging area, liveness budget and startup deadline.
 #[derive(Debug, Clone)]
@@ -158,16 +159,29 @@ struct NodeShared {
     /// How long a task still running when the session ended may take to finish before
     /// the process ends itself (the heartbeat timeout).
     grace: Duration,
+    /// Jobs handed to the main thread so far.
+    handed: AtomicU64,
+    /// Over TCP: who reads the socket ([`ReadRole`]).
+    role: Option<ReadRole>,
 }
 
 impl NodeShared {
+    /// Hands `job` to the main thread.
+    fn hand(&self, job: Job) {
+        self.handed.fetch_add(1, Ordering::SeqCst);
+        let _ = self.jobs.send(job);
+    }
+
     /// Ends the session: no further task runs. The task running now (if any) gets
     /// `grace` to finish, then the process ends at once — nobody waits for its result,
     /// and the daemon reaps the process group (its children also have the parent-death
     /// signal).
     fn abort(self: &Arc<Self>, why: String) {
         self.aborted.store(true, Ordering::Release);
-        let _ = self.jobs.send(Job::Abort(why));
+        self.hand(Job::Abort(why));
+        if let Some(role) = &self.role {
+            role.stop_reading();
+        }
         let ns = self.clone();
         runtime().spawn(async move {
             tokio::time::sleep(ns.grace).await;
@@ -354,20 +368,38 @@ fn run_session(
     region: u64,
     opts: NodeOptions,
 ) -> i32 {
-    let (prio_tx, prio_rx) = mpsc::unbounded_channel();
-    let (main_tx, main_rx) = mpsc::unbounded_channel();
     let (jobs_tx, jobs_rx) = std_mpsc::channel();
-    let tx = match &link {
+    // The writer's error ends the session; it holds the session weakly (a strong
+    // reference would keep the lanes open, and the writer waiting, for good).
+    let died = Arc::new(std::sync::OnceLock::<std::sync::Weak<NodeShared>>::new());
+    let (tx, tcp) = match link {
         Link::Tcp(stream) => {
-            let Ok(direct) = stream.try_clone() else {
+            let on_error = {
+                let died = died.clone();
+                move |e: std::io::Error| {
+                    if let Some(ns) = died.get().and_then(std::sync::Weak::upgrade) {
+                        ns.abort(format!("sending to the root failed: {e}"));
+                    }
+                }
+            };
+            let Ok(sock) = stream.try_clone() else {
                 return 1;
             };
-            Tx::new(prio_tx, main_tx, direct)
+            match crate::tcp::start(stream, shared.clone(), session, on_error) {
+                Ok((tx, writer, rd)) => match ReadRole::new(rd) {
+                    Ok(role) => (Tx::Tcp(tx), Some((writer, role, sock))),
+                    Err(_) => return 1,
+                },
+                Err(_) => return 1,
+            }
         }
         #[cfg(feature = "mpi")]
-        Link::Mpi(peer) => Tx::Mpi(peer.clone()),
+        Link::Mpi(peer) => (Tx::Mpi(peer), None),
     };
-    let backlog = tx.backlog();
+    let (writer, role, sock) = match tcp {
+        Some((w, r, s)) => (Some(w), Some(r), Some(s)),
+        None => (None, None, None),
+    };
     let ns = Arc::new(NodeShared {
         session,
         staging: Staging {
@@ -383,15 +415,15 @@ fn run_session(
         aborted: AtomicBool::new(false),
         ending: AtomicBool::new(false),
         grace: opts.heartbeat_timeout,
+        handed: AtomicU64::new(0),
+        role,
     });
+    let _ = died.set(Arc::downgrade(&ns));
     let rt = runtime();
-    // (One arm without the `mpi` feature.)
-    #[allow(clippy::infallible_destructuring_match)]
-    let stream = match link {
-        Link::Tcp(stream) => stream,
+    let (Some(writer), Some(sock)) = (writer, sock) else {
         #[cfg(feature = "mpi")]
-        Link::Mpi(peer) => {
-            drop((prio_rx, main_rx, backlog));
+        if let Tx::Mpi(peer) = &ns.tx {
+            let peer = peer.clone();
             peer.attach(mpi_receiver(&ns), shared.clone(), session);
             rt.spawn(node_heartbeat(ns.clone(), opts.heartbeat_timeout));
             rt.spawn(node_signals(ns.clone()));
@@ -402,37 +434,27 @@ fn run_session(
             peer.cut();
             return status;
         }
+        return 1;
     };
-    let sock = match stream.try_clone() {
-        Ok(s) => s,
-        Err(_) => return 1,
-    };
-    let writer_done = {
-        let _guard = rt.enter();
-        if stream.set_nonblocking(true).is_err() {
-            return 1;
-        }
-        let Ok(stream) = tokio::net::TcpStream::from_std(stream) else {
-            return 1;
-        };
-        let (rd, wr) = stream.into_split();
-        rt.spawn(node_reader(ns.clone(), rd));
-        rt.spawn(node_heartbeat(ns.clone(), opts.heartbeat_timeout));
-        rt.spawn(node_signals(ns.clone()));
-        let s2 = ns.clone();
-        rt.spawn(async move {
-            let r = pump(&s2.shared, s2.session, &backlog, wr, prio_rx, main_rx).await;
-            if let Err(e) = r {
-                s2.abort(format!("sending to the root failed: {e}"));
-            }
-        })
-    };
+    let helper_ns = ns.clone();
+    if std::thread::Builder::new()
+        .name("strata-net-rx".into())
+        .spawn(move || read_helper(helper_ns))
+        .is_err()
+    {
+        return 1;
+    }
+    rt.spawn(node_heartbeat(ns.clone(), opts.heartbeat_timeout));
+    rt.spawn(node_signals(ns.clone()));
     let status = serve_jobs(worker, &ns, region, &jobs_rx);
-    // Let the writer flush (bounded), then cut the connection.
+    // Let the writer flush (bounded), then cut the connection. (The helper thread still
+    // holds the session, so the lanes are closed here rather than by the last drop.)
+    ns.tx.close();
+    if let Some(role) = &ns.role {
+        role.ask.notify_all();
+    }
     drop(ns);
-    let flush =
-        rt.block_on(async { tokio::time::timeout(Duration::from_secs(5), writer_done).await });
-    let _ = flush;
+    writer.wait(Duration::from_secs(5));
     let _ = sock.shutdown(std::net::Shutdown::Both);
     status
 }
@@ -449,10 +471,10 @@ fn serve_jobs(
     let minter = IdentityMinter::new();
     let mut table = DeviceTable::default();
     let acked = loop {
-        let job = match jobs_rx.recv() {
-            Ok(j) => j,
-            Err(_) => break false,
+        let Some(job) = next_job(ns, jobs_rx) else {
+            break false;
         };
+        let _busy = ns.role.as_ref().map(|r| Busy::new(r, ns.epoch));
         match job {
             Job::Task { .. } | Job::Control { .. } if ns.aborted.load(Ordering::Acquire) => {
                 // The session is over; the Abort behind this job ends the loop.
@@ -790,16 +812,80 @@ fn mpi_receiver(ns: &Arc<NodeShared>) -> crate::mpi_link::Handler {
     })
 }
 
-/// Reads the root's frames: tasks and their inputs (landed in the staging area),
-/// cancellations, shutdown.
-async fn node_reader(ns: Arc<NodeShared>, mut rd: tokio::net::tcp::OwnedReadHalf) {
-    let mut body = Vec::new();
-    let mut landing: HashMap<u64, Landing> = HashMap::new();
-    let mut ctl_landing: HashMap<u64, ControlLanding> = HashMap::new();
-    loop {
-        let h = match read_frame(&mut rd, &mut body).await {
+/// Who reads a TCP session's socket. A frame's wake-up is the largest part of a remote
+/// round trip, so the thread that acts on a task should be the one the frame wakes: the
+/// main thread reads the socket itself whenever it has no job (a TASK it reads, it runs
+/// at once — no hand-off between a reader and the main thread). While a job runs, nobody
+/// reads: what the root sends meanwhile waits in the socket (the next pipelined task is
+/// then read as soon as the job ends). Only a job that runs past a heartbeat tick
+/// brings in the helper thread ([`read_helper`]), which reads — liveness, cancellations,
+/// the next task's inputs — until the main thread waits for a job again.
+struct ReadRole {
+    /// The socket's reading side, held by the thread that reads.
+    rx: Mutex<NodeRx>,
+    /// A clone of the socket, to end a blocked read ([`ReadRole::stop_reading`]).
+    sock: std::net::TcpStream,
+    /// The helper is asked to read.
+    takeover: Mutex<bool>,
+    ask: Condvar,
+    /// The main thread is blocked waiting for a job the helper reads.
+    main_waits: AtomicBool,
+    /// When the main thread's current job started (ms since the session's epoch, + 1;
+    /// 0: no job).
+    busy_since: AtomicU64,
+}
+
+impl ReadRole {
+    fn new(sock: std::net::TcpStream) -> std::io::Result<ReadRole> {
+        Ok(ReadRole {
+            rx: Mutex::new(NodeRx {
+                sock: sock.try_clone()?,
+                body: Vec::new(),
+                landing: HashMap::new(),
+                ctl_landing: HashMap::new(),
+                ended: false,
+            }),
+            sock,
+            takeover: Mutex::new(false),
+            ask: Condvar::new(),
+            main_waits: AtomicBool::new(false),
+            busy_since: AtomicU64::new(0),
+        })
+    }
+
+    /// Ends reading: a thread blocked in the socket's read returns (end of stream).
+    fn stop_reading(&self) {
+        let _ = self.sock.shutdown(std::net::Shutdown::Read);
+        self.ask_helper();
+    }
+
+    fn ask_helper(&self) {
+        *self.takeover.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        self.ask.notify_one();
+    }
+}
+
+/// The socket's reading side and the frames half-landed (their inputs still arriving).
+struct NodeRx {
+    sock: std::net::TcpStream,
+    body: Vec<u8>,
+    landing: HashMap<u64, Landing>,
+    ctl_landing: HashMap<u64, ControlLanding>,
+    /// The stream ended or broke (the session was aborted): nothing more to read.
+    ended: bool,
+}
+
+impl NodeRx {
+    /// Reads one frame from the root and acts on it (blocking); a broken stream or a
+    /// bad frame aborts the session.
+    fn read_one(&mut self, ns: &Arc<NodeShared>) {
+        if self.ended {
+            return;
+        }
+        let h = match crate::tcp::read_frame(&mut self.sock, &mut self.body) {
             Ok(h) => h,
             Err(e) => {
+                self.ended = true;
                 let why = match e {
                     NetError::Wire(w) => {
                         let msg = format!("the root sent a bad frame: {w}");
@@ -816,13 +902,17 @@ async fn node_reader(ns: Arc<NodeShared>, mut rd: tokio::net::tcp::OwnedReadHalf
                     }
                     other => format!("the connection to the root ended ({other})"),
                 };
-                ns.abort(why);
+                // (Reading ends after an abort too: that abort said why.)
+                if !ns.aborted.load(Ordering::Acquire) {
+                    ns.abort(why);
+                }
                 return;
             }
         };
         ns.last_rx
             .store(ns.epoch.elapsed().as_millis() as u64, Ordering::Release);
-        if let Err(why) = node_frame(&ns, &mut landing, &mut ctl_landing, &h, &body) {
+        if let Err(why) = node_frame(ns, &mut self.landing, &mut self.ctl_landing, &h, &self.body) {
+            self.ended = true;
             ns.send(
                 Lane::Prio,
                 FrameType::Error,
@@ -833,7 +923,87 @@ async fn node_reader(ns: Arc<NodeShared>, mut rd: tokio::net::tcp::OwnedReadHalf
                 },
             );
             ns.abort(why);
-            return;
+        }
+    }
+}
+
+/// The main thread's next job: one already handed over, else one it reads from the socket
+/// itself, else (the helper holds the socket, or reading ended) one handed over later.
+/// `None` once every sender is gone.
+fn next_job(ns: &Arc<NodeShared>, jobs_rx: &std_mpsc::Receiver<Job>) -> Option<Job> {
+    let Some(role) = &ns.role else {
+        return jobs_rx.recv().ok();
+    };
+    loop {
+        match jobs_rx.try_recv() {
+            Ok(j) => return Some(j),
+            Err(std_mpsc::TryRecvError::Disconnected) => return None,
+            Err(std_mpsc::TryRecvError::Empty) => {}
+        }
+        if let Ok(mut rx) = role.rx.try_lock() {
+            if !rx.ended {
+                rx.read_one(ns);
+                continue;
+            }
+        }
+        role.main_waits.store(true, Ordering::SeqCst);
+        let j = jobs_rx.recv().ok();
+        role.main_waits.store(false, Ordering::SeqCst);
+        return j;
+    }
+}
+
+/// Marks the main thread busy with a job while it lives (the heartbeat asks the helper to
+/// read once a job has run past a tick).
+struct Busy<'a>(&'a ReadRole);
+
+impl<'a> Busy<'a> {
+    fn new(role: &'a ReadRole, epoch: Instant) -> Busy<'a> {
+        role.busy_since
+            .store(epoch.elapsed().as_millis() as u64 + 1, Ordering::Release);
+        Busy(role)
+    }
+}
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        self.0.busy_since.store(0, Ordering::Release);
+    }
+}
+
+/// The helper reader of a TCP session: parked until a job has run past a heartbeat tick
+/// (or the session ends), then reads the socket until it has handed the main thread a
+/// job while the main thread waited for one — the main thread then reads again.
+fn read_helper(ns: Arc<NodeShared>) {
+    let Some(role) = &ns.role else {
+        return;
+    };
+    loop {
+        {
+            let mut asked = role.takeover.lock().unwrap_or_else(|e| e.into_inner());
+            while !*asked {
+                if ns.ending.load(Ordering::Acquire) {
+                    return;
+                }
+                asked = role
+                    .ask
+                    .wait_timeout(asked, HEARTBEAT_INTERVAL)
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
+            }
+            *asked = false;
+        }
+        let mut rx = role.rx.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if rx.ended || ns.ending.load(Ordering::Acquire) {
+                return;
+            }
+            let before = ns.handed.load(Ordering::SeqCst);
+            rx.read_one(&ns);
+            if ns.handed.load(Ordering::SeqCst) != before && role.main_waits.load(Ordering::SeqCst)
+            {
+                break;
+            }
         }
     }
 }
@@ -896,14 +1066,14 @@ fn node_frame(
                         },
                     );
                 }
-                let _ = ns.jobs.send(Job::Refused {
+                ns.hand(Job::Refused {
                     seq: h.sequence,
                     why,
                 });
                 return Ok(());
             }
             if remaining == 0 {
-                let _ = ns.jobs.send(Job::Task {
+                ns.hand(Job::Task {
                     seq: h.sequence,
                     task,
                     places,
@@ -944,7 +1114,7 @@ fn node_frame(
                 c.have += n;
                 if c.have == c.len {
                     if let Some(c) = ctl_landing.remove(&d.owner) {
-                        let _ = ns.jobs.send(Job::Control {
+                        ns.hand(Job::Control {
                             seq: d.owner,
                             control: c.control,
                             place: c.place,
@@ -985,7 +1155,7 @@ fn node_frame(
             if l.remaining == 0 {
                 if let Some(l) = landing.remove(&d.owner) {
                     if !l.places.is_empty() {
-                        let _ = ns.jobs.send(Job::Task {
+                        ns.hand(Job::Task {
                             seq: d.owner,
                             task: l.task,
                             places: l.places,
@@ -1023,7 +1193,7 @@ fn node_frame(
                     );
                 }
                 control => {
-                    let _ = ns.jobs.send(Job::Control {
+                    ns.hand(Job::Control {
                         seq: h.sequence,
                         control,
                         place: None,
@@ -1033,7 +1203,7 @@ fn node_frame(
             Ok(())
         }
         FrameType::Shutdown => {
-            let _ = ns.jobs.send(Job::Shutdown);
+            ns.hand(Job::Shutdown);
             Ok(())
         }
         FrameType::Error => {
@@ -1052,6 +1222,14 @@ async fn node_heartbeat(ns: Arc<NodeShared>, timeout: Duration) {
     loop {
         tick.tick().await;
         ns.send(Lane::Prio, FrameType::Heartbeat, 0, &());
+        if let Some(role) = &ns.role {
+            let since = role.busy_since.load(Ordering::Acquire);
+            let now = ns.epoch.elapsed().as_millis() as u64 + 1;
+            if since != 0 && now.saturating_sub(since) >= HEARTBEAT_INTERVAL.as_millis() as u64 / 2
+            {
+                role.ask_helper();
+            }
+        }
         let last = ns.last_rx.load(Ordering::Acquire);
         let silent =
             Duration::from_millis((ns.epoch.elapsed().as_millis() as u64).saturating_sub(last));

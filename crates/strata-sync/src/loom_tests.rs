@@ -325,7 +325,18 @@ fn loom_seat_a_panicking_pass_is_seen_by_every_waiter() {
 /// loom reports as a deadlock.
 #[test]
 fn loom_seat_a_dormant_loop_thread_is_woken_by_a_hand_over() {
-    loom::model(|| {
+    dormant_hand_over_model(false);
+}
+
+/// The same, when the caller's wait is over before it drove at all (a run with nothing
+/// to wait for): it leaves the loop dormant without having taken the seat.
+#[test]
+fn loom_seat_a_caller_done_at_entry_leaves_no_hand_over_behind() {
+    dormant_hand_over_model(true);
+}
+
+fn dormant_hand_over_model(done_at_entry: bool) {
+    loom::model(move || {
         let seat = Arc::new(DriverSeat::new(0u32));
         let pending = Arc::new(loom::sync::atomic::AtomicBool::new(false));
         let bell = Arc::new(Word::new(0));
@@ -351,7 +362,7 @@ fn loom_seat_a_dormant_loop_thread_is_woken_by_a_hand_over() {
             thread::spawn(move || {
                 let turned = std::cell::Cell::new(false);
                 seat.drive_quiet(
-                    || turned.get().then_some(()),
+                    || (done_at_entry || turned.get()).then_some(()),
                     |_| {
                         turned.set(true);
                         Turn::Again

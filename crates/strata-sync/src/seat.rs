@@ -234,6 +234,14 @@ impl<L> DriverSeat<L> {
         // announcement and parks at its next iteration.
         let guard = loop {
             if let Some(r) = done() {
+                // Done before this caller drove at all (e.g. a run with nothing to wait
+                // for): if the loop is quiet, its thread stays parked as after a drive —
+                // unparking it only to park again costs a wake-up per call.
+                if let Some(mut g) = self.state.try_lock() {
+                    if self.broken().is_none() && g.as_mut().is_some_and(quiet) {
+                        leave.quiet = Some(&handed_over);
+                    }
+                }
                 return Driven::Done(r);
             }
             if let Some(g) = self.state.try_lock() {

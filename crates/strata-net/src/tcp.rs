@@ -1,0 +1,443 @@
+//! A session's TCP link on plain threads: a reader thread blocked in `recv`, a writer
+//! thread for what the sending threads could not write at once, and direct writes.
+//!
+//! Sessions used to run their reader and writer as tasks of this crate's tokio runtime.
+//! Timestamps of a remote round trip on loopback showed what that cost: each small write
+//! took 11–12 µs (the socket sat in the runtime's epoll set, so every frame and every ACK
+//! woke the runtime's thread as well as the peer's), and every frame in crossed one more
+//! thread before anyone saw it. A thread blocked in `recv` is what a raw TCP
+//! request/response has on each side, and it is woken once per frame, by the frame.
+//!
+//! - **Direct writes.** A frame sent while the writer holds nothing (no item queued or
+//!   being written) is written by the sending thread itself with `MSG_DONTWAIT`, so the
+//!   scheduler or the node's main thread never blocks on the network and no thread is
+//!   woken to write it; whatever the socket did not take goes to the head of the
+//!   priority lane, so frames never interleave.
+//! - **The writer** takes the priority lane (heartbeats, errors) before the ordered lane
+//!   (tasks, their bulk data, completions, device-memory requests), streams bulk data
+//!   from shared memory in chunks with priority frames between them, and blocks in
+//!   `send` when the socket is full: that is the back-pressure. It ends once the lanes
+//!   are closed and drained, or the socket fails (a cut session's socket is shut down,
+//!   which ends a blocked `send` at once).
+//! - **The reader** is each side's own loop ([`read_frame`] then its frame handler); it
+//!   ends when the socket is shut down or fails.
+
+use crate::client::{Lane, Out};
+use crate::error::NetError;
+use crate::wire::{self, encode_data, Header, CHUNK_BYTES, HEADER_BYTES};
+use std::collections::VecDeque;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::os::fd::AsRawFd;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use strata_host::SharedMemory;
+
+/// What the senders and the writer thread share.
+#[derive(Default)]
+struct Lanes {
+    st: Mutex<LaneState>,
+    ready: Condvar,
+}
+
+#[derive(Default)]
+struct LaneState {
+    prio: VecDeque<Out>,
+    main: VecDeque<Out>,
+    /// Items queued or being written; a direct write needs 0.
+    pending: u64,
+    /// No item is taken any more: the writer drains what is queued and ends.
+    closed: bool,
+}
+
+impl Lanes {
+    fn lock(&self) -> MutexGuard<'_, LaneState> {
+        self.st.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The writer finished an item.
+    fn done(&self) {
+        let mut st = self.lock();
+        st.pending = st.pending.saturating_sub(1);
+    }
+
+    /// The next frame of the priority lane, if one is queued (it carries frames only).
+    fn next_prio_frame(&self) -> Option<Vec<u8>> {
+        let mut st = self.lock();
+        match st.prio.front() {
+            Some(Out::Frame(_)) => match st.prio.pop_front() {
+                Some(Out::Frame(f)) => Some(f),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+}
+
+/// The sending side of a TCP session (see the module docs). Dropping it closes the
+/// lanes: the writer writes what is queued, then ends.
+pub(crate) struct TcpTx {
+    lanes: Arc<Lanes>,
+    /// The session's socket, for the direct writes.
+    sock: TcpStream,
+}
+
+impl TcpTx {
+    /// Sends `out` on `lane`; `Err` once the lanes are closed (the session was cut).
+    pub(crate) fn send(&self, lane: Lane, out: Out) -> Result<(), ()> {
+        let mut st = self.lanes.lock();
+        if st.closed {
+            return Err(());
+        }
+        if st.pending == 0 {
+            match out {
+                Out::Frame(f) => {
+                    let rest = match send_now(&self.sock, &f) {
+                        Ok(n) if n == f.len() => return Ok(()),
+                        // The rest first, before anything queued after this.
+                        Ok(n) => {
+                            st.prio.push_front(Out::Frame(f[n..].to_vec()));
+                            None
+                        }
+                        // Nothing was written: the writer writes it (and meets the
+                        // socket's error, if it has one).
+                        Err(_) => Some(Out::Frame(f)),
+                    };
+                    if let Some(out) = rest {
+                        queue(&mut st, lane, out);
+                    }
+                    st.pending += 1;
+                    drop(st);
+                    self.lanes.ready.notify_one();
+                    return Ok(());
+                }
+                // Everything before it is written: run it now.
+                Out::Then(f) => {
+                    drop(st);
+                    f();
+                    return Ok(());
+                }
+                Out::Bulk { .. } => {}
+            }
+        }
+        st.pending += 1;
+        queue(&mut st, lane, out);
+        drop(st);
+        self.lanes.ready.notify_one();
+        Ok(())
+    }
+
+    /// Closes the lanes: later sends fail; the writer drains what is queued, then ends.
+    pub(crate) fn close(&self) {
+        self.lanes.lock().closed = true;
+        self.lanes.ready.notify_all();
+    }
+}
+
+impl Drop for TcpTx {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+fn queue(st: &mut LaneState, lane: Lane, out: Out) {
+    match lane {
+        Lane::Prio => st.prio.push_back(out),
+        Lane::Main => st.main.push_back(out),
+    }
+}
+
+/// Writes what the socket takes now, without blocking (`MSG_DONTWAIT`; `MSG_NOSIGNAL`:
+/// a closed peer is an error, not a signal).
+fn send_now(sock: &TcpStream, bytes: &[u8]) -> std::io::Result<usize> {
+    loop {
+        // SAFETY: `bytes` is a valid, initialised buffer of `bytes.len()` bytes, and the
+        // descriptor is the open socket `sock` owns.
+        let n = unsafe {
+            libc::send(
+                sock.as_raw_fd(),
+                bytes.as_ptr().cast(),
+                bytes.len(),
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            )
+        };
+        if n >= 0 {
+            return Ok(n as usize);
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// The writer thread of a session, started by [`start`]; `on_error` runs if the socket
+/// fails (not when the lanes closed and were drained).
+pub(crate) struct Writer {
+    done: std::sync::mpsc::Receiver<()>,
+}
+
+impl Writer {
+    /// Waits up to `budget` for the writer to drain its lanes and end (after the sender
+    /// was dropped or closed); `false` if it did not.
+    pub(crate) fn wait(&self, budget: std::time::Duration) -> bool {
+        !matches!(
+            self.done.recv_timeout(budget),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout)
+        )
+    }
+}
+
+/// Puts `stream` (a handshaken session socket) in the mode the link needs and starts the
+/// writer thread: returns the sender, the writer, and a clone of the socket for the
+/// reader.
+///
+/// # Errors
+/// The socket cannot be set up or cloned, or the thread cannot start.
+pub(crate) fn start(
+    stream: TcpStream,
+    shared: Arc<SharedMemory>,
+    session: u64,
+    on_error: impl FnOnce(std::io::Error) + Send + 'static,
+) -> Result<(TcpTx, Writer, TcpStream), NetError> {
+    let io = |what: &str, e| NetError::io(what.to_owned(), e);
+    // The handshake left timeouts on it; the session's bounds are the heartbeat's.
+    stream
+        .set_nonblocking(false)
+        .map_err(|e| io("making the session socket blocking", e))?;
+    stream
+        .set_read_timeout(None)
+        .map_err(|e| io("clearing the handshake's read timeout", e))?;
+    stream
+        .set_write_timeout(None)
+        .map_err(|e| io("clearing the handshake's write timeout", e))?;
+    let clone = |s: &TcpStream| {
+        s.try_clone()
+            .map_err(|e| io("cloning the session socket", e))
+    };
+    let lanes = Arc::new(Lanes::default());
+    let tx = TcpTx {
+        lanes: lanes.clone(),
+        sock: clone(&stream)?,
+    };
+    let reader = clone(&stream)?;
+    let (done_tx, done) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("strata-net-tx".into())
+        .spawn(move || {
+            let mut sock = stream;
+            match pump(&lanes, &mut sock, &shared, session) {
+                Ok(()) => {
+                    let _ = sock.shutdown(std::net::Shutdown::Write);
+                }
+                Err(e) => {
+                    // Later sends fail at once instead of queueing behind a dead writer.
+                    lanes.lock().closed = true;
+                    on_error(e);
+                }
+            }
+            let _ = done_tx.send(());
+        })
+        .map_err(|e| io("starting the session's writer thread", e))?;
+    Ok((tx, Writer { done }, reader))
+}
+
+/// The writer's loop: the priority lane first, then the ordered lane; ends when the lanes
+/// are closed and empty.
+fn pump(
+    lanes: &Lanes,
+    sock: &mut TcpStream,
+    shared: &SharedMemory,
+    session: u64,
+) -> std::io::Result<()> {
+    let mut buf = Vec::with_capacity(CHUNK_BYTES + 64);
+    loop {
+        let out = {
+            let mut st = lanes.lock();
+            loop {
+                if let Some(o) = st.prio.pop_front() {
+                    break o;
+                }
+                if let Some(o) = st.main.pop_front() {
+                    break o;
+                }
+                if st.closed {
+                    return Ok(());
+                }
+                st = lanes.ready.wait(st).unwrap_or_else(|e| e.into_inner());
+            }
+        };
+        match out {
+            Out::Frame(f) => sock.write_all(&f)?,
+            Out::Bulk { owner, parts } => {
+                stream_bulk(lanes, sock, shared, session, &mut buf, owner, &parts)?
+            }
+            Out::Then(f) => f(),
+        }
+        lanes.done();
+    }
+}
+
+/// Streams shared-memory ranges as DATA chunks; between chunks, frames of the priority
+/// lane go first, so a large copy never holds a heartbeat back by more than one chunk.
+/// The socket's own back-pressure paces the reads.
+fn stream_bulk(
+    lanes: &Lanes,
+    sock: &mut TcpStream,
+    shared: &SharedMemory,
+    session: u64,
+    buf: &mut Vec<u8>,
+    owner: u64,
+    parts: &[(u32, u64, u64, u64)],
+) -> std::io::Result<()> {
+    for &(segment, region, start, len) in parts {
+        let mut off = 0u64;
+        while off < len {
+            while let Some(f) = lanes.next_prio_frame() {
+                sock.write_all(&f)?;
+                lanes.done();
+            }
+            let n = (len - off).min(CHUNK_BYTES as u64) as usize;
+            let src = shared
+                .ptr(region, start + off, n as u64)
+                .map_err(|e| std::io::Error::other(e.to_string()))?;
+            let head = wire::DataHead {
+                owner,
+                segment,
+                offset: off,
+            };
+            encode_data(buf, session, owner, head, n, |dst| {
+                // SAFETY: `ptr` checked the range lies in the region; the task holds the
+                // region in use, and no task writes these bytes while it may read them.
+                unsafe { std::ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), n) }
+            });
+            sock.write_all(buf)?;
+            off += n as u64;
+        }
+    }
+    Ok(())
+}
+
+/// Reads one frame from a blocking socket (no deadline: session liveness is the
+/// heartbeat's job), into `body` (reused).
+///
+/// # Errors
+/// The socket failed or closed, or the frame is malformed.
+pub(crate) fn read_frame(r: &mut impl Read, body: &mut Vec<u8>) -> Result<Header, NetError> {
+    let failed = |what: &str, e: std::io::Error| {
+        let e = if e.kind() == std::io::ErrorKind::UnexpectedEof {
+            std::io::Error::new(e.kind(), "the peer closed the connection")
+        } else {
+            e
+        };
+        NetError::io(what.to_owned(), e)
+    };
+    let mut raw = [0u8; HEADER_BYTES];
+    r.read_exact(&mut raw)
+        .map_err(|e| failed("reading a frame header", e))?;
+    let header = wire::decode_header(&raw)?;
+    body.clear();
+    body.resize(header.length as usize, 0);
+    r.read_exact(body)
+        .map_err(|e| failed("reading a frame body", e))?;
+    wire::check_body(&raw, &header, body)?;
+    Ok(header)
+}
+
+/// Starts a session's reader thread running `run` over the socket.
+///
+/// # Errors
+/// The thread cannot start.
+pub(crate) fn spawn_reader(
+    sock: TcpStream,
+    run: impl FnOnce(TcpStream) + Send + 'static,
+) -> Result<(), NetError> {
+    std::thread::Builder::new()
+        .name("strata-net-rx".into())
+        .spawn(move || run(sock))
+        .map(drop)
+        .map_err(|e| NetError::io("starting the session's reader thread", e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::FrameType;
+    use std::time::Duration;
+
+    /// Frames sent through a [`TcpTx`] — written directly by the sender when the writer is
+    /// idle, cut short by a small send buffer, queued behind each other on two lanes —
+    /// arrive whole (checksums hold), each lane in its order.
+    #[test]
+    fn direct_and_queued_frames_arrive_whole_and_in_lane_order() {
+        use std::io::Read;
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (mut b, _) = l.accept().unwrap();
+        let small: libc::c_int = 4096;
+        // SAFETY: setsockopt on a socket this test owns, with a valid int option value.
+        let r = unsafe {
+            libc::setsockopt(
+                std::os::fd::AsRawFd::as_raw_fd(&a),
+                libc::SOL_SOCKET,
+                libc::SO_SNDBUF,
+                (&small as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        assert_eq!(r, 0);
+        let failed = Arc::new(Mutex::new(None));
+        let f2 = failed.clone();
+        let (tx, writer, _rd) = start(a, SharedMemory::process().clone(), 9, move |e| {
+            *f2.lock().unwrap() = Some(e.to_string());
+        })
+        .unwrap();
+        const FRAMES: u64 = 600;
+        let reader = std::thread::spawn(move || {
+            let (mut main, mut prio) = (Vec::new(), Vec::new());
+            // Read nothing at first: the socket's buffers fill, so direct writes are cut
+            // short or refused and the writer takes over.
+            std::thread::sleep(Duration::from_millis(100));
+            let mut h = [0u8; wire::HEADER_BYTES];
+            while b.read_exact(&mut h).is_ok() {
+                let head = wire::decode_header(&h).unwrap();
+                let mut body = vec![0u8; head.length as usize];
+                b.read_exact(&mut body).unwrap();
+                wire::check_body(&h, &head, &body).unwrap();
+                match head.kind {
+                    FrameType::Data => main.push(head.sequence),
+                    FrameType::Heartbeat => prio.push(head.sequence),
+                    other => panic!("unexpected {other:?}"),
+                }
+            }
+            (main, prio)
+        });
+        for i in 1..=FRAMES {
+            // Sizes from a few bytes to 4× the send buffer, so many writes are cut short.
+            let n = ((i * 7919) % (16 << 10)) as usize;
+            let mut f = Vec::new();
+            let head = wire::DataHead {
+                owner: i,
+                segment: 0,
+                offset: 0,
+            };
+            encode_data(&mut f, 9, i, head, n, |d| d.fill(i as u8));
+            tx.send(Lane::Main, Out::Frame(f)).unwrap();
+            if i % 3 == 0 {
+                let hb = wire::encode(FrameType::Heartbeat, 9, i, &()).unwrap();
+                tx.send(Lane::Prio, Out::Frame(hb)).unwrap();
+            }
+        }
+        drop(tx);
+        assert!(
+            writer.wait(Duration::from_secs(60)),
+            "the writer did not drain"
+        );
+        assert_eq!(*failed.lock().unwrap(), None);
+        let (main, prio) = reader.join().unwrap();
+        assert_eq!(main, (1..=FRAMES).collect::<Vec<_>>());
+        assert_eq!(
+            prio,
+            (1..=FRAMES).filter(|i| i % 3 == 0).collect::<Vec<_>>()
+        );
+    }
+}
