@@ -62,6 +62,7 @@ const CASES: &[&str] = &[
     "corrupted_and_oversized_frames_are_refused",
     "remote_device_memory_round_trips_at_offsets_and_feeds_tasks",
     "remote_device_memory_misuse_is_a_typed_error_naming_the_worker",
+    "tasks_longer_than_the_heartbeat_timeout_complete_two_in_flight",
     "a_node_on_ipv6_loopback_serves",
     "a_node_named_by_host_name_is_resolved_within_the_bound",
     "closed_sessions_leave_no_descriptor_behind_in_the_root",
@@ -265,6 +266,7 @@ fn run_case(name: &str) -> Result<(), String> {
         "a_node_named_by_host_name_is_resolved_within_the_bound" => hostname(),
         "closed_sessions_leave_no_descriptor_behind_in_the_root" => no_fd_leak(),
         "a_stalled_remote_task_says_what_it_waited_for" => stalled(),
+        "tasks_longer_than_the_heartbeat_timeout_complete_two_in_flight" => long_tasks(),
         "launched" => launched(),
         other => Err(format!("no case {other}")),
     }
@@ -478,6 +480,52 @@ fn failure() -> Result<(), String> {
     check(
         y.to_vec::<u64>().map_err(|e| e.to_string())? == vec![2],
         "the next run did not run",
+    )?;
+    top.close().map_err(|e| format!("close: {e}"))?;
+    no_children()
+}
+
+/// Two tasks on one remote worker, each running 2.5× the heartbeat timeout: while the
+/// first runs, the node's main thread reads nothing, so its helper thread must read the
+/// root's heartbeats (else the node takes the root for gone and ends the session) and the
+/// second task, which runs when the first ends. Both results come back.
+fn long_tasks() -> Result<(), String> {
+    let timeout = Duration::from_millis(800);
+    let mut top = DistWorker::new(DistConfig::l4(0)).map_err(|e| e.to_string())?;
+    let slow_bump = top.register_sub("slow_bump", move |c| {
+        std::thread::sleep(timeout * 5 / 2);
+        c.tensor_mut::<u64>(0)?.update(|v| v + 1);
+        Ok(())
+    });
+    let slow = top.register_orchestration("slow", move |o, a| {
+        o.submit_sub(&slow_bump, a)?;
+        Ok(())
+    });
+    let w = add_remote_worker(&mut top, spec().heartbeat_timeout(timeout))
+        .map_err(|e| e.to_string())?
+        .id();
+    let x = top
+        .shared_tensor_from(&[1], &[10u64])
+        .map_err(|e| e.to_string())?;
+    let y = top
+        .shared_tensor_from(&[1], &[20u64])
+        .map_err(|e| e.to_string())?;
+    let (xa, ya) = (x.clone(), y.clone());
+    let both = top.register_orchestration("both", move |o, _| {
+        for t in [&xa, &ya] {
+            let mut a = TaskArgs::new();
+            a.push_tensor(t.arg(ArgTag::InOut))?;
+            o.submit_next_level(slow, &a, w)?;
+        }
+        Ok(())
+    });
+    top.init().map_err(|e| format!("init: {e}"))?;
+    top.run(&both, &TaskArgs::new())
+        .map_err(|e| format!("the long tasks failed: {e}"))?;
+    check(
+        x.to_vec::<u64>().map_err(|e| e.to_string())? == vec![11]
+            && y.to_vec::<u64>().map_err(|e| e.to_string())? == vec![21],
+        "a long task's result did not come back",
     )?;
     top.close().map_err(|e| format!("close: {e}"))?;
     no_children()
