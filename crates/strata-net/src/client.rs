@@ -10,6 +10,7 @@
 
 use crate::error::NetError;
 use crate::io::runtime;
+use crate::tcp::{Incoming, Payload};
 use crate::wire::{
     self, encode_data, Cancel, ControlAnswer, Data, Done, ErrorBody, FrameType, Segment,
     ShutdownAck, Task, CHUNK_BYTES,
@@ -890,77 +891,104 @@ fn write_back(
     Ok(())
 }
 
-/// Handles one frame from the node; `Err` ends the session with that reason.
-fn on_frame(s: &Session, h: &wire::Header, body: &[u8]) -> Result<(), String> {
+/// Handles a DATA frame from the node: a copy-from's bytes go into the caller's buffer, a
+/// task's outputs into the root's shared memory — read from the socket straight to their
+/// place when one write-back run holds the whole chunk. `scratch` holds a payload that
+/// must be split up.
+fn on_data(
+    s: &Session,
+    d: wire::DataHead,
+    payload: Payload<'_, '_>,
+    scratch: &mut Vec<u8>,
+) -> Result<(), String> {
+    let n = payload.len();
+    let mut st = s.lock();
+    if let Some(c) = st.controls.get_mut(&d.owner) {
+        let fits = c
+            .sink
+            .as_ref()
+            .is_some_and(|k| d.segment == 0 && d.offset == c.have && c.have as usize + n <= k.len);
+        let Some(sink) = c.sink.as_ref().filter(|_| fits) else {
+            return Err(format!(
+                "the node sent data for control request {} outside what it asked for (offset {}, {n} bytes)",
+                d.owner, d.offset
+            ));
+        };
+        // SAFETY: the sink is a live exclusive borrow of the caller's buffer while its
+        // request is registered (`Pending` unregisters it before the borrow ends, under
+        // this same lock, which is held until the bytes are in), and `have + n <= len`
+        // was checked above.
+        let dst = unsafe { std::slice::from_raw_parts_mut(sink.ptr.add(c.have as usize), n) };
+        payload.land(dst)?;
+        c.have += n as u64;
+        return Ok(());
+    }
+    let f = st
+        .slots
+        .iter()
+        .flatten()
+        .find(|f| f.seq == d.owner)
+        .ok_or_else(|| {
+            format!(
+                "the node sent data for task {} which is not in flight",
+                d.owner
+            )
+        })?;
+    let seg = f
+        .segments
+        .get(d.segment as usize)
+        .filter(|g| g.recv && d.offset.checked_add(n as u64).is_some_and(|e| e <= g.len))
+        .ok_or_else(|| {
+            format!(
+                "the node sent data outside the outputs of task {} (segment {}, offset {})",
+                d.owner, d.segment, d.offset
+            )
+        })?;
+    let (region, at) = (seg.region, seg.start + d.offset);
+    let runs = &f.runs[d.segment as usize];
+    let whole = runs
+        .iter()
+        .any(|&(o, len)| o <= at && at + n as u64 <= o + len);
+    // The bytes land in memory the task holds (below): the lock is not needed for them.
+    let runs = if whole { Vec::new() } else { runs.clone() };
+    drop(st);
+    if whole {
+        let dst = s
+            .shared
+            .ptr(region, at, n as u64)
+            .map_err(|e| format!("writing a task's output back: {e}"))?;
+        // SAFETY: `ptr` checked `[at, at + n)` lies in the region; the task that writes
+        // these bytes holds the region in use (the engine's in-use marks), and no other
+        // task may touch them while it runs (dependency tracking).
+        return payload.land(unsafe { std::slice::from_raw_parts_mut(dst, n) });
+    }
+    write_back(&s.shared, region, at, payload.bytes(scratch)?, &runs)
+}
+
+/// A frame of another session on this one ends it.
+fn check_session(s: &Session, h: &wire::Header) -> Result<(), String> {
     if h.session != s.session {
         return Err(format!(
             "the node sent a frame of session {:#x} on session {:#x}",
             h.session, s.session
         ));
     }
+    Ok(())
+}
+
+/// Handles one frame from the node; `Err` ends the session with that reason.
+fn on_frame(s: &Session, h: &wire::Header, body: &[u8]) -> Result<(), String> {
+    check_session(s, h)?;
     match h.kind {
         FrameType::Heartbeat => Ok(()),
         FrameType::Data => {
             let d: Data<'_> = wire::decode_body(h.kind, body).map_err(|e| e.to_string())?;
-            let mut st = s.lock();
-            if let Some(c) = st.controls.get_mut(&d.owner) {
-                let n = d.bytes.len();
-                let fits = c.sink.as_ref().is_some_and(|k| {
-                    d.segment == 0 && d.offset == c.have && c.have as usize + n <= k.len
-                });
-                let Some(sink) = c.sink.as_ref().filter(|_| fits) else {
-                    return Err(format!(
-                        "the node sent data for control request {} outside what it asked for (offset {}, {n} bytes)",
-                        d.owner, d.offset
-                    ));
-                };
-                // SAFETY: the sink is a live exclusive borrow of the caller's buffer while
-                // its request is registered (`Pending` unregisters it before the borrow
-                // ends, under this same lock, which is held here), and
-                // `have + n <= len` was checked above.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(
-                        d.bytes.as_ptr(),
-                        sink.ptr.add(c.have as usize),
-                        n,
-                    )
-                };
-                c.have += n as u64;
-                return Ok(());
-            }
-            let f = st
-                .slots
-                .iter()
-                .flatten()
-                .find(|f| f.seq == d.owner)
-                .ok_or_else(|| {
-                    format!(
-                        "the node sent data for task {} which is not in flight",
-                        d.owner
-                    )
-                })?;
-            let seg = f
-                .segments
-                .get(d.segment as usize)
-                .filter(|g| {
-                    g.recv
-                        && d.offset
-                            .checked_add(d.bytes.len() as u64)
-                            .is_some_and(|e| e <= g.len)
-                })
-                .ok_or_else(|| {
-                    format!(
-                        "the node sent data outside the outputs of task {} (segment {}, offset {})",
-                        d.owner, d.segment, d.offset
-                    )
-                })?;
-            write_back(
-                &s.shared,
-                seg.region,
-                seg.start + d.offset,
-                d.bytes,
-                &f.runs[d.segment as usize],
-            )
+            let head = wire::DataHead {
+                owner: d.owner,
+                segment: d.segment,
+                offset: d.offset,
+            };
+            on_data(s, head, Payload::Bytes(d.bytes), &mut Vec::new())
         }
         FrameType::Done => {
             let received_ns = strata_sync::mono_ns();
@@ -1088,10 +1116,10 @@ fn mpi_receiver(s: &Arc<Session>) -> crate::mpi_link::Handler {
 
 /// The session's reader thread: each frame from the node, until the socket ends.
 fn reader(s: Arc<Session>, mut rd: TcpStream) {
-    let mut body = Vec::new();
+    let (mut body, mut scratch) = (Vec::new(), Vec::new());
     loop {
-        let h = match crate::tcp::read_frame(&mut rd, &mut body) {
-            Ok(h) => h,
+        let next = match crate::tcp::read_next(&mut rd, &mut body) {
+            Ok(n) => n,
             Err(e) => {
                 let acked = s.lock().ack.is_some();
                 if !acked {
@@ -1105,7 +1133,12 @@ fn reader(s: Arc<Session>, mut rd: TcpStream) {
             }
         };
         s.last_rx.store(s.now_ms(), Ordering::Release);
-        if let Err(why) = on_frame(&s, &h, &body) {
+        let handled = match next {
+            Incoming::Whole(h) => on_frame(&s, &h, &body),
+            Incoming::Data(h, head, p) => check_session(&s, &h)
+                .and_then(|()| on_data(&s, head, Payload::Socket(p), &mut scratch)),
+        };
+        if let Err(why) = handled {
             s.die(format!("{}: {why}", s.label));
             return;
         }

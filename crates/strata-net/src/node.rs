@@ -16,6 +16,7 @@ use crate::error::NetError;
 #[cfg(feature = "mpi")]
 use crate::io::FrameConn;
 use crate::io::{hostname, runtime};
+use crate::tcp::{Incoming, Payload};
 use crate::wire::{
     self, clip_message, Cancel, Control, ControlAnswer, Data, Done, ErrorBody, ErrorCode,
     FrameType, NodeHello, Ready, Segment, ShutdownAck, Task, MAX_TRACE_BYTES,
@@ -882,8 +883,8 @@ impl NodeRx {
         if self.ended {
             return;
         }
-        let h = match crate::tcp::read_frame(&mut self.sock, &mut self.body) {
-            Ok(h) => h,
+        let next = match crate::tcp::read_next(&mut self.sock, &mut self.body) {
+            Ok(n) => n,
             Err(e) => {
                 self.ended = true;
                 let why = match e {
@@ -911,7 +912,21 @@ impl NodeRx {
         };
         ns.last_rx
             .store(ns.epoch.elapsed().as_millis() as u64, Ordering::Release);
-        if let Err(why) = node_frame(ns, &mut self.landing, &mut self.ctl_landing, &h, &self.body) {
+        let handled = match next {
+            Incoming::Whole(h) => {
+                node_frame(ns, &mut self.landing, &mut self.ctl_landing, &h, &self.body)
+            }
+            Incoming::Data(h, head, p) => check_session(ns, &h).and_then(|()| {
+                node_data(
+                    ns,
+                    &mut self.landing,
+                    &mut self.ctl_landing,
+                    head,
+                    Payload::Socket(p),
+                )
+            }),
+        };
+        if let Err(why) = handled {
             self.ended = true;
             ns.send(
                 Lane::Prio,
@@ -1008,6 +1023,110 @@ fn read_helper(ns: Arc<NodeShared>) {
     }
 }
 
+/// Lands a DATA frame's payload in the staging area — read from the socket straight to
+/// its place — for the task or copy-to request it belongs to; a copy-to that did not fit
+/// has its bytes swallowed. Hands the job over once all its bytes are in.
+fn node_data(
+    ns: &Arc<NodeShared>,
+    landing: &mut HashMap<u64, Landing>,
+    ctl_landing: &mut HashMap<u64, ControlLanding>,
+    d: wire::DataHead,
+    payload: Payload<'_, '_>,
+) -> Result<(), String> {
+    let n = payload.len() as u64;
+    if let Some(c) = ctl_landing.get_mut(&d.owner) {
+        if d.segment != 0 || d.offset != c.have || c.have + n > c.len {
+            return Err(format!(
+                "data for control request {} outside its bytes (offset {}, {n} bytes, {} expected)",
+                d.owner, d.offset, c.len
+            ));
+        }
+        match c.place {
+            Some(at) => {
+                let dst = ns
+                    .shared
+                    .ptr(ns.staging.region, at + c.have, n)
+                    .map_err(|e| e.to_string())?;
+                // SAFETY: `ptr` checked the range lies in the staging region, inside the
+                // request's allocation; nothing reads it before the request runs.
+                payload.land(unsafe { std::slice::from_raw_parts_mut(dst, n as usize) })?;
+            }
+            None => {
+                payload.bytes(&mut Vec::new())?;
+            }
+        }
+        c.have += n;
+        if c.have == c.len {
+            if let Some(c) = ctl_landing.remove(&d.owner) {
+                ns.hand(Job::Control {
+                    seq: d.owner,
+                    control: c.control,
+                    place: c.place,
+                });
+            }
+        }
+        return Ok(());
+    }
+    let l = landing
+        .get_mut(&d.owner)
+        .ok_or_else(|| format!("data for task {} which is not arriving", d.owner))?;
+    if n > l.remaining {
+        return Err(format!(
+            "more data for task {} than its segments hold",
+            d.owner
+        ));
+    }
+    match (
+        l.task.segments.get(d.segment as usize),
+        l.places.get(d.segment as usize),
+    ) {
+        (Some(s), Some(&at)) => {
+            if !s.send || d.offset.checked_add(n).is_none_or(|e| e > s.len) {
+                return Err(format!(
+                    "data outside the inputs of task {} (segment {}, offset {})",
+                    d.owner, d.segment, d.offset
+                ));
+            }
+            let dst = ns
+                .shared
+                .ptr(ns.staging.region, at + d.offset, n)
+                .map_err(|e| e.to_string())?;
+            // SAFETY: `ptr` checked the range lies in the staging region, which this
+            // task's allocation covers; nothing reads it before the task runs.
+            payload.land(unsafe { std::slice::from_raw_parts_mut(dst, n as usize) })?;
+        }
+        // A refused task's inputs: swallowed.
+        _ => {
+            payload.bytes(&mut Vec::new())?;
+        }
+    }
+    l.remaining -= n;
+    if l.remaining == 0 {
+        if let Some(l) = landing.remove(&d.owner) {
+            if !l.places.is_empty() {
+                ns.hand(Job::Task {
+                    seq: d.owner,
+                    task: l.task,
+                    places: l.places,
+                    received_ns: l.received_ns,
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A frame of another session on this one ends it.
+fn check_session(ns: &NodeShared, h: &wire::Header) -> Result<(), String> {
+    if h.session != ns.session {
+        return Err(format!(
+            "a frame of session {:#x} on session {:#x}",
+            h.session, ns.session
+        ));
+    }
+    Ok(())
+}
+
 fn node_frame(
     ns: &Arc<NodeShared>,
     landing: &mut HashMap<u64, Landing>,
@@ -1015,12 +1134,7 @@ fn node_frame(
     h: &wire::Header,
     body: &[u8],
 ) -> Result<(), String> {
-    if h.session != ns.session {
-        return Err(format!(
-            "a frame of session {:#x} on session {:#x}",
-            h.session, ns.session
-        ));
-    }
+    check_session(ns, h)?;
     match h.kind {
         FrameType::Heartbeat => Ok(()),
         FrameType::Task => {
@@ -1094,77 +1208,12 @@ fn node_frame(
         }
         FrameType::Data => {
             let d: Data<'_> = wire::decode_body(h.kind, body).map_err(|e| e.to_string())?;
-            if let Some(c) = ctl_landing.get_mut(&d.owner) {
-                let n = d.bytes.len() as u64;
-                if d.segment != 0 || d.offset != c.have || c.have + n > c.len {
-                    return Err(format!(
-                        "data for control request {} outside its bytes (offset {}, {n} bytes, {} expected)",
-                        d.owner, d.offset, c.len
-                    ));
-                }
-                if let Some(at) = c.place {
-                    let dst = ns
-                        .shared
-                        .ptr(ns.staging.region, at + c.have, n)
-                        .map_err(|e| e.to_string())?;
-                    // SAFETY: `ptr` checked the range lies in the staging region, inside
-                    // the request's allocation; nothing reads it before the request runs.
-                    unsafe { std::ptr::copy_nonoverlapping(d.bytes.as_ptr(), dst, d.bytes.len()) };
-                }
-                c.have += n;
-                if c.have == c.len {
-                    if let Some(c) = ctl_landing.remove(&d.owner) {
-                        ns.hand(Job::Control {
-                            seq: d.owner,
-                            control: c.control,
-                            place: c.place,
-                        });
-                    }
-                }
-                return Ok(());
-            }
-            let l = landing
-                .get_mut(&d.owner)
-                .ok_or_else(|| format!("data for task {} which is not arriving", d.owner))?;
-            let n = d.bytes.len() as u64;
-            if n > l.remaining {
-                return Err(format!(
-                    "more data for task {} than its segments hold",
-                    d.owner
-                ));
-            }
-            if let (Some(s), Some(&at)) = (
-                l.task.segments.get(d.segment as usize),
-                l.places.get(d.segment as usize),
-            ) {
-                if !s.send || d.offset.checked_add(n).is_none_or(|e| e > s.len) {
-                    return Err(format!(
-                        "data outside the inputs of task {} (segment {}, offset {})",
-                        d.owner, d.segment, d.offset
-                    ));
-                }
-                let dst = ns
-                    .shared
-                    .ptr(ns.staging.region, at + d.offset, n)
-                    .map_err(|e| e.to_string())?;
-                // SAFETY: `ptr` checked the range lies in the staging region, which this
-                // task's allocation covers; nothing reads it before the task runs.
-                unsafe { std::ptr::copy_nonoverlapping(d.bytes.as_ptr(), dst, d.bytes.len()) };
-            }
-            l.remaining -= n;
-            if l.remaining == 0 {
-                if let Some(l) = landing.remove(&d.owner) {
-                    if !l.places.is_empty() {
-                        ns.hand(Job::Task {
-                            seq: d.owner,
-                            task: l.task,
-                            places: l.places,
-                            received_ns: l.received_ns,
-                        });
-                    }
-                }
-            }
-            Ok(())
+            let head = wire::DataHead {
+                owner: d.owner,
+                segment: d.segment,
+                offset: d.offset,
+            };
+            node_data(ns, landing, ctl_landing, head, Payload::Bytes(d.bytes))
         }
         FrameType::Cancel => {
             let c: Cancel = wire::decode_body(h.kind, body).map_err(|e| e.to_string())?;

@@ -19,12 +19,16 @@
 //!   `send` when the socket is full: that is the back-pressure. It ends once the lanes
 //!   are closed and drained, or the socket fails (a cut session's socket is shut down,
 //!   which ends a blocked `send` at once).
-//! - **The reader** is each side's own loop ([`read_frame`] then its frame handler); it
-//!   ends when the socket is shut down or fails.
+//! - **The reader** is each side's own loop ([`read_next`] then its frame handler); it
+//!   ends when the socket is shut down or fails. A DATA frame's payload is read from the
+//!   socket straight to where it lands (the staging area, a task's output tensor, the
+//!   buffer of a copy), and a bulk sender writes the frame's head and then the payload
+//!   straight from shared memory: the kernel's copies and the checksum are the only
+//!   passes over the bytes.
 
 use crate::client::{Lane, Out};
 use crate::error::NetError;
-use crate::wire::{self, encode_data, Header, CHUNK_BYTES, HEADER_BYTES};
+use crate::wire::{self, Header, CHUNK_BYTES, HEADER_BYTES};
 use std::collections::VecDeque;
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -249,7 +253,6 @@ fn pump(
     shared: &SharedMemory,
     session: u64,
 ) -> std::io::Result<()> {
-    let mut buf = Vec::with_capacity(CHUNK_BYTES + 64);
     loop {
         let out = {
             let mut st = lanes.lock();
@@ -268,9 +271,7 @@ fn pump(
         };
         match out {
             Out::Frame(f) => sock.write_all(&f)?,
-            Out::Bulk { owner, parts } => {
-                stream_bulk(lanes, sock, shared, session, &mut buf, owner, &parts)?
-            }
+            Out::Bulk { owner, parts } => stream_bulk(lanes, sock, shared, session, owner, &parts)?,
             Out::Then(f) => f(),
         }
         lanes.done();
@@ -285,7 +286,6 @@ fn stream_bulk(
     sock: &mut TcpStream,
     shared: &SharedMemory,
     session: u64,
-    buf: &mut Vec<u8>,
     owner: u64,
     parts: &[(u32, u64, u64, u64)],
 ) -> std::io::Result<()> {
@@ -300,47 +300,193 @@ fn stream_bulk(
             let src = shared
                 .ptr(region, start + off, n as u64)
                 .map_err(|e| std::io::Error::other(e.to_string()))?;
+            // SAFETY: `ptr` checked the range lies in the region; the task (or request)
+            // holds the region in use, and nothing writes these bytes while they are sent.
+            let payload = unsafe { std::slice::from_raw_parts(src.cast_const(), n) };
             let head = wire::DataHead {
                 owner,
                 segment,
                 offset: off,
             };
-            encode_data(buf, session, owner, head, n, |dst| {
-                // SAFETY: `ptr` checked the range lies in the region; the task holds the
-                // region in use, and no task writes these bytes while it may read them.
-                unsafe { std::ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), n) }
-            });
-            sock.write_all(buf)?;
+            // The frame's head, then the payload straight from shared memory: no copy
+            // into a frame buffer (the checksum is the one pass over the bytes).
+            let (bytes, used) = wire::data_head_bytes(session, owner, head, payload);
+            write_all_vectored(sock, &bytes[..used], payload)?;
             off += n as u64;
         }
     }
     Ok(())
 }
 
-/// Reads one frame from a blocking socket (no deadline: session liveness is the
-/// heartbeat's job), into `body` (reused).
+/// Writes `head` then `payload` in as few `writev` calls as the socket allows.
+fn write_all_vectored(sock: &mut TcpStream, head: &[u8], payload: &[u8]) -> std::io::Result<()> {
+    let (mut head, mut payload) = (head, payload);
+    while !head.is_empty() || !payload.is_empty() {
+        let parts = [std::io::IoSlice::new(head), std::io::IoSlice::new(payload)];
+        let n = match sock.write_vectored(&parts) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        let from_head = n.min(head.len());
+        head = &head[from_head..];
+        payload = &payload[n - from_head..];
+    }
+    Ok(())
+}
+
+/// A frame read from a session's socket: whole (its body in the caller's buffer), or a
+/// DATA frame whose payload is still in the socket, to be read straight to where it
+/// lands ([`Payload`]).
+pub(crate) enum Incoming<'s> {
+    /// The header; the body is in the buffer given to [`read_next`], checksum checked.
+    Whole(Header),
+    /// A DATA frame's header, head, and its payload still in the socket.
+    Data(Header, wire::DataHead, SocketPayload<'s>),
+}
+
+/// The payload of a DATA frame not yet read from the socket (its prefix was).
+pub(crate) struct SocketPayload<'s> {
+    sock: &'s mut TcpStream,
+    raw: [u8; HEADER_BYTES],
+    /// The body's first bytes: the prefix, then possibly the payload's first bytes.
+    start: [u8; wire::DATA_PREFIX_MAX],
+    got: usize,
+    /// Where the payload begins in `start`.
+    at: usize,
+    len: usize,
+}
+
+impl SocketPayload<'_> {
+    /// Reads the payload into `dst` (exactly its length) and checks the frame's
+    /// checksum. On an error the bytes in `dst` are unspecified and the session must end.
+    fn read_into(self, dst: &mut [u8]) -> Result<(), String> {
+        debug_assert_eq!(dst.len(), self.len);
+        let early = &self.start[self.at..self.got];
+        dst[..early.len()].copy_from_slice(early);
+        self.sock
+            .read_exact(&mut dst[early.len()..])
+            .map_err(|e| format!("reading a DATA frame's payload: {e}"))?;
+        let sum = wire::checksum(&[&self.raw[0..28], &self.start[..self.at], dst]);
+        let expected = u32::from_le_bytes([self.raw[28], self.raw[29], self.raw[30], self.raw[31]]);
+        if sum != expected {
+            return Err(format!(
+                "a DATA frame's checksum does not match (computed {sum:#010x}, header {expected:#010x}): the frame was damaged"
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Where a DATA frame's payload is: in memory (a whole frame, e.g. over MPI), or still in
+/// the socket. The frame handlers land it with [`Payload::land`] — from the socket that
+/// is one kernel copy straight to its destination — or take it as bytes where it must be
+/// split up ([`Payload::bytes`]).
+pub(crate) enum Payload<'a, 's> {
+    /// The bytes, checksum checked.
+    Bytes(&'a [u8]),
+    /// Still in the socket.
+    Socket(SocketPayload<'s>),
+}
+
+impl Payload<'_, '_> {
+    /// The payload's length.
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            Payload::Bytes(b) => b.len(),
+            Payload::Socket(p) => p.len,
+        }
+    }
+
+    /// Puts the payload in `dst` (exactly [`Payload::len`] bytes).
+    ///
+    /// # Errors
+    /// The socket failed or the checksum does not match: `dst` holds unspecified bytes
+    /// and the session must end.
+    pub(crate) fn land(self, dst: &mut [u8]) -> Result<(), String> {
+        match self {
+            Payload::Bytes(b) => {
+                dst.copy_from_slice(b);
+                Ok(())
+            }
+            Payload::Socket(p) => p.read_into(dst),
+        }
+    }
+
+    /// The payload as bytes, read into `scratch` if it is still in the socket.
+    ///
+    /// # Errors
+    /// As [`Payload::land`].
+    pub(crate) fn bytes<'b>(self, scratch: &'b mut Vec<u8>) -> Result<&'b [u8], String>
+    where
+        Self: 'b,
+    {
+        match self {
+            Payload::Bytes(b) => Ok(b),
+            Payload::Socket(p) => {
+                scratch.clear();
+                scratch.resize(p.len, 0);
+                p.read_into(scratch)?;
+                Ok(scratch)
+            }
+        }
+    }
+}
+
+/// Reads the next frame from a blocking socket: a DATA frame's header and prefix only
+/// ([`Incoming::Data`], its payload left in the socket), any other frame whole into
+/// `body` (reused). A DATA frame whose prefix does not parse is read whole, for the
+/// decoder to refuse.
 ///
 /// # Errors
 /// The socket failed or closed, or the frame is malformed.
-pub(crate) fn read_frame(r: &mut impl Read, body: &mut Vec<u8>) -> Result<Header, NetError> {
-    let failed = |what: &str, e: std::io::Error| {
-        let e = if e.kind() == std::io::ErrorKind::UnexpectedEof {
-            std::io::Error::new(e.kind(), "the peer closed the connection")
-        } else {
-            e
-        };
-        NetError::io(what.to_owned(), e)
-    };
+pub(crate) fn read_next<'s>(
+    sock: &'s mut TcpStream,
+    body: &mut Vec<u8>,
+) -> Result<Incoming<'s>, NetError> {
     let mut raw = [0u8; HEADER_BYTES];
-    r.read_exact(&mut raw)
-        .map_err(|e| failed("reading a frame header", e))?;
+    sock.read_exact(&mut raw)
+        .map_err(|e| read_failed("reading a frame header", e))?;
     let header = wire::decode_header(&raw)?;
+    let length = header.length as usize;
+    let mut start = [0u8; wire::DATA_PREFIX_MAX];
+    let mut got = 0;
+    if header.kind == wire::FrameType::Data {
+        got = length.min(wire::DATA_PREFIX_MAX);
+        sock.read_exact(&mut start[..got])
+            .map_err(|e| read_failed("reading a frame body", e))?;
+        if let Some((head, len, at)) = wire::parse_data_prefix(&start[..got], length) {
+            return Ok(Incoming::Data(
+                header,
+                head,
+                SocketPayload {
+                    sock,
+                    raw,
+                    start,
+                    got,
+                    at,
+                    len,
+                },
+            ));
+        }
+    }
     body.clear();
-    body.resize(header.length as usize, 0);
-    r.read_exact(body)
-        .map_err(|e| failed("reading a frame body", e))?;
+    body.extend_from_slice(&start[..got]);
+    body.resize(length, 0);
+    sock.read_exact(&mut body[got..])
+        .map_err(|e| read_failed("reading a frame body", e))?;
     wire::check_body(&raw, &header, body)?;
-    Ok(header)
+    Ok(Incoming::Whole(header))
+}
+
+fn read_failed(what: &str, e: std::io::Error) -> NetError {
+    let e = if e.kind() == std::io::ErrorKind::UnexpectedEof {
+        std::io::Error::new(e.kind(), "the peer closed the connection")
+    } else {
+        e
+    };
+    NetError::io(what.to_owned(), e)
 }
 
 /// Starts a session's reader thread running `run` over the socket.
@@ -361,7 +507,7 @@ pub(crate) fn spawn_reader(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::FrameType;
+    use crate::wire::{encode_data, FrameType};
     use std::time::Duration;
 
     /// Frames sent through a [`TcpTx`] — written directly by the sender when the writer is

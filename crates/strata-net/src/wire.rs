@@ -293,29 +293,91 @@ pub fn encode_data(
     len: usize,
     fill: impl FnOnce(&mut [u8]),
 ) {
-    let DataHead {
-        owner,
-        segment,
-        offset,
-    } = head;
     out.clear();
     out.resize(HEADER_BYTES, 0);
-    // The postcard form of `Data { owner, segment, offset, bytes }`: varints, then the
-    // byte string's varint length and the bytes, filled in place (no staging copy).
-    let mut prefix = [0u8; 48];
-    let used = {
-        let mut n = 0;
-        for v in [owner, segment as u64, offset, len as u64] {
-            n += put_varint(&mut prefix[n..], v);
-        }
-        n
-    };
+    let (prefix, used) = data_prefix(head, len);
     out.extend_from_slice(&prefix[..used]);
     let at = out.len();
     out.resize(at + len, 0);
     fill(&mut out[at..]);
     let (head, body) = out.split_at_mut(HEADER_BYTES);
     write_header(head, FrameType::Data, session, sequence, body);
+}
+
+/// The most bytes a DATA body's prefix (four varints) takes.
+pub const DATA_PREFIX_MAX: usize = 40;
+
+/// The head of a DATA frame carrying `payload` for `head`: the frame's header and its
+/// body's prefix, `(bytes, length)`. Sent before `payload` itself, it makes the same
+/// frame as [`encode_data`] without copying the payload into a frame buffer.
+pub fn data_head_bytes(
+    session: u64,
+    sequence: u64,
+    head: DataHead,
+    payload: &[u8],
+) -> ([u8; HEADER_BYTES + DATA_PREFIX_MAX], usize) {
+    let mut out = [0u8; HEADER_BYTES + DATA_PREFIX_MAX];
+    let (prefix, used) = data_prefix(head, payload.len());
+    out[HEADER_BYTES..HEADER_BYTES + used].copy_from_slice(&prefix[..used]);
+    let (h, rest) = out.split_at_mut(HEADER_BYTES);
+    h[0..4].copy_from_slice(&MAGIC);
+    h[4..6].copy_from_slice(&PROTOCOL_VERSION.to_le_bytes());
+    h[6] = FrameType::Data as u8;
+    h[7] = 0;
+    h[8..16].copy_from_slice(&session.to_le_bytes());
+    h[16..24].copy_from_slice(&sequence.to_le_bytes());
+    h[24..28].copy_from_slice(&((used + payload.len()) as u32).to_le_bytes());
+    let sum = checksum(&[&h[0..28], &rest[..used], payload]);
+    h[28..32].copy_from_slice(&sum.to_le_bytes());
+    (out, HEADER_BYTES + used)
+}
+
+/// The postcard form of `Data { owner, segment, offset, bytes }` up to the bytes: the
+/// varints, then the byte string's varint length.
+fn data_prefix(head: DataHead, len: usize) -> ([u8; DATA_PREFIX_MAX], usize) {
+    let mut prefix = [0u8; DATA_PREFIX_MAX];
+    let mut n = 0;
+    for v in [head.owner, head.segment as u64, head.offset, len as u64] {
+        n += put_varint(&mut prefix[n..], v);
+    }
+    (prefix, n)
+}
+
+/// Parses the prefix of a DATA body from its first bytes (`start`, at most
+/// [`DATA_PREFIX_MAX`] of them, or the whole body if shorter) given the body's length:
+/// the head, the payload's length and where the payload starts. `None` if the prefix is
+/// malformed or its length does not match the body's.
+pub fn parse_data_prefix(start: &[u8], body_len: usize) -> Option<(DataHead, usize, usize)> {
+    let mut at = 0usize;
+    let mut next = || -> Option<u64> {
+        let mut v = 0u64;
+        for shift in (0..64).step_by(7) {
+            let b = *start.get(at)?;
+            at += 1;
+            // The tenth byte holds the top bit only: more would overflow.
+            if shift == 63 && b > 1 {
+                return None;
+            }
+            v |= u64::from(b & 0x7f) << shift;
+            if b & 0x80 == 0 {
+                return Some(v);
+            }
+        }
+        None
+    };
+    let owner = next()?;
+    let segment = u32::try_from(next()?).ok()?;
+    let offset = next()?;
+    let len = usize::try_from(next()?).ok()?;
+    (at.checked_add(len)? == body_len).then_some((
+        DataHead {
+            owner,
+            segment,
+            offset,
+        },
+        len,
+        at,
+    ))
 }
 
 /// postcard's unsigned varint (LEB128); returns the bytes written.
@@ -716,6 +778,76 @@ pub fn decode_frame(bytes: &[u8]) -> Result<(Header, Body<'_>), WireError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A DATA frame sent as its head bytes then the payload is the frame `encode_data`
+    /// builds, byte for byte, and the receiver's prefix parser finds the head, length and
+    /// payload offset postcard's decoder finds — at the varints' one-byte and ten-byte
+    /// extremes.
+    #[test]
+    fn a_data_frame_sent_in_two_parts_is_the_encoded_one_and_parses_alike() {
+        for (owner, segment, offset, len) in [
+            (1u64, 0u32, 0u64, 0usize),
+            (7, 3, 300, 1),
+            (u64::MAX, u32::MAX, u64::MAX - 1, 4097),
+            (1 << 35, 127, 128, CHUNK_BYTES),
+        ] {
+            let head = DataHead {
+                owner,
+                segment,
+                offset,
+            };
+            let payload: Vec<u8> = (0..len).map(|i| (i * 31 + 7) as u8).collect();
+            let mut whole = Vec::new();
+            encode_data(&mut whole, 0xabc, 99, head, len, |d| {
+                d.copy_from_slice(&payload)
+            });
+            let (bytes, used) = data_head_bytes(0xabc, 99, head, &payload);
+            let mut parts = bytes[..used].to_vec();
+            parts.extend_from_slice(&payload);
+            assert_eq!(parts, whole, "{head:?} {len}");
+            let (h, Body::Data(d)) = decode_frame(&whole).unwrap() else {
+                panic!("not DATA")
+            };
+            let body = &whole[HEADER_BYTES..];
+            let start = &body[..body.len().min(DATA_PREFIX_MAX)];
+            let (parsed, n, at) = parse_data_prefix(start, h.length as usize).unwrap();
+            assert_eq!(parsed, head);
+            assert_eq!((n, &body[at..]), (d.bytes.len(), d.bytes));
+        }
+    }
+
+    /// The prefix parser refuses truncated varints, values past their type and a length
+    /// that disagrees with the body's, and never panics on arbitrary bytes.
+    #[test]
+    fn the_data_prefix_parser_refuses_malformed_prefixes() {
+        assert_eq!(parse_data_prefix(&[], 0), None);
+        assert_eq!(parse_data_prefix(&[1, 0, 0], 3), None);
+        // Length 2 declared, body of 4 prefix bytes + 1.
+        assert_eq!(parse_data_prefix(&[1, 0, 0, 2, 9], 5), None);
+        assert_eq!(parse_data_prefix(&[0xff; DATA_PREFIX_MAX], 100), None);
+        // An owner past u64 (a tenth byte above 1).
+        let mut big = [0xffu8; 14];
+        big[9] = 2;
+        big[10..].copy_from_slice(&[0, 0, 0, 0]);
+        assert_eq!(parse_data_prefix(&big, 14), None);
+        // A segment past u32.
+        assert_eq!(
+            parse_data_prefix(&[1, 0x80, 0x80, 0x80, 0x80, 0x10, 0, 0], 8),
+            None
+        );
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        for _ in 0..20_000 {
+            let mut b = [0u8; DATA_PREFIX_MAX];
+            for v in b.iter_mut() {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                *v = x as u8;
+            }
+            let n = (x >> 8) as usize % (DATA_PREFIX_MAX + 1);
+            let _ = parse_data_prefix(&b[..n], (x >> 16) as usize % 1000);
+        }
+    }
 
     fn roundtrip(kind: FrameType, frame: Vec<u8>) -> Header {
         let (h, _) = decode_frame(&frame).expect("decodes");
