@@ -24,13 +24,14 @@ use crate::wire::{
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc as std_mpsc;
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use strata_dist::{
     CopyDirection, DeviceTensor, DistError, DistWorker, HostOrchHandle, NodeContext,
 };
 use strata_host::SharedMemory;
 use strata_mailbox::codes;
+use strata_sync::{OwnerFirst, OwnerTurn};
 use strata_types::wire::{decode_args, decode_config, CALL_CONFIG_WIRE_BYTES};
 use strata_types::{
     ArgLimits, BufferDesc, BufferIdentity, BufferLocation, CallableId, DataType, IdentityMinter,
@@ -112,6 +113,9 @@ enum Job {
     },
     Shutdown,
     Abort(String),
+    /// A no-op: the helper gave the socket back while the main thread may have waited
+    /// for a job; it takes another turn (and reads the socket itself).
+    Reread,
 }
 
 /// A copy-to request whose bytes are still arriving.
@@ -452,7 +456,7 @@ fn run_session(
     // holds the session, so the lanes are closed here rather than by the last drop.)
     ns.tx.close();
     if let Some(role) = &ns.role {
-        role.ask.notify_all();
+        role.reader.close();
     }
     drop(ns);
     writer.wait(Duration::from_secs(5));
@@ -590,6 +594,8 @@ fn serve_jobs(
                 place,
             } => serve_control(worker, ns, &mut table, seq, control, place),
             Job::Shutdown => break true,
+            // (`next_job` takes these itself.)
+            Job::Reread => {}
             Job::Abort(why) => {
                 eprintln!("strata-node: the session ends: {why}");
                 break false;
@@ -816,21 +822,16 @@ fn mpi_receiver(ns: &Arc<NodeShared>) -> crate::mpi_link::Handler {
 /// Who reads a TCP session's socket. A frame's wake-up is the largest part of a remote
 /// round trip, so the thread that acts on a task should be the one the frame wakes: the
 /// main thread reads the socket itself whenever it has no job (a TASK it reads, it runs
-/// at once — no hand-off between a reader and the main thread). While a job runs, nobody
-/// reads: what the root sends meanwhile waits in the socket (the next pipelined task is
-/// then read as soon as the job ends). Only a job that runs past a heartbeat tick
-/// brings in the helper thread ([`read_helper`]), which reads — liveness, cancellations,
-/// the next task's inputs — until the main thread waits for a job again.
+/// at once — no hand-off between a reader and the main thread). While a job runs, a
+/// helper thread ([`read_helper`]) reads only when asked: when more is on its way as the
+/// job starts (the next task, a copy's next bytes: the transfer then overlaps the job), or
+/// when the job runs past a heartbeat tick (liveness, cancellations). Strata-sync's
+/// [`OwnerFirst`] is the protocol (loom-checked): a main thread that waits for a job is
+/// never left with nobody reading.
 struct ReadRole {
-    /// The socket's reading side, held by the thread that reads.
-    rx: Mutex<NodeRx>,
+    reader: OwnerFirst<NodeRx>,
     /// A clone of the socket, to end a blocked read ([`ReadRole::stop_reading`]).
     sock: std::net::TcpStream,
-    /// The helper is asked to read.
-    takeover: Mutex<bool>,
-    ask: Condvar,
-    /// The main thread is blocked waiting for a job the helper reads.
-    main_waits: AtomicBool,
     /// When the main thread's current job started (ms since the session's epoch, + 1;
     /// 0: no job).
     busy_since: AtomicU64,
@@ -839,7 +840,7 @@ struct ReadRole {
 impl ReadRole {
     fn new(sock: std::net::TcpStream) -> std::io::Result<ReadRole> {
         Ok(ReadRole {
-            rx: Mutex::new(NodeRx {
+            reader: OwnerFirst::new(NodeRx {
                 sock: sock.try_clone()?,
                 body: Vec::new(),
                 landing: HashMap::new(),
@@ -847,9 +848,6 @@ impl ReadRole {
                 ended: false,
             }),
             sock,
-            takeover: Mutex::new(false),
-            ask: Condvar::new(),
-            main_waits: AtomicBool::new(false),
             busy_since: AtomicU64::new(0),
         })
     }
@@ -857,12 +855,33 @@ impl ReadRole {
     /// Ends reading: a thread blocked in the socket's read returns (end of stream).
     fn stop_reading(&self) {
         let _ = self.sock.shutdown(std::net::Shutdown::Read);
-        self.ask_helper();
+        self.reader.ask_helper();
     }
 
-    fn ask_helper(&self) {
-        *self.takeover.lock().unwrap_or_else(|e| e.into_inner()) = true;
-        self.ask.notify_one();
+    /// Whether more of the root's frames are on their way and nobody reads them: bytes of
+    /// a task or copy still arriving, or bytes waiting in the socket. `false` while the
+    /// helper reads already.
+    fn more_coming(&self) -> bool {
+        let Some(rx) = self.reader.try_take() else {
+            return false;
+        };
+        if rx.ended {
+            return false;
+        }
+        if !rx.landing.is_empty() || !rx.ctl_landing.is_empty() {
+            return true;
+        }
+        let mut byte = 0u8;
+        // SAFETY: a one-byte peek into a valid local buffer on the open socket.
+        let n = unsafe {
+            libc::recv(
+                std::os::fd::AsRawFd::as_raw_fd(&rx.sock),
+                (&mut byte as *mut u8).cast(),
+                1,
+                libc::MSG_PEEK | libc::MSG_DONTWAIT,
+            )
+        };
+        n > 0
     }
 }
 
@@ -949,22 +968,41 @@ fn next_job(ns: &Arc<NodeShared>, jobs_rx: &std_mpsc::Receiver<Job>) -> Option<J
     let Some(role) = &ns.role else {
         return jobs_rx.recv().ok();
     };
+    let waited = |j: Result<Job, std_mpsc::RecvError>| {
+        role.reader.owner_woken();
+        j.ok()
+    };
     loop {
-        match jobs_rx.try_recv() {
-            Ok(j) => return Some(j),
+        let job = match jobs_rx.try_recv() {
+            Ok(j) => j,
             Err(std_mpsc::TryRecvError::Disconnected) => return None,
-            Err(std_mpsc::TryRecvError::Empty) => {}
+            Err(std_mpsc::TryRecvError::Empty) => match role.reader.owner_turn() {
+                // A job the helper handed just before it let go comes first.
+                OwnerTurn::Use(mut rx) => match jobs_rx.try_recv() {
+                    Ok(j) => j,
+                    Err(std_mpsc::TryRecvError::Disconnected) => return None,
+                    Err(std_mpsc::TryRecvError::Empty) if !rx.ended => {
+                        rx.read_one(ns);
+                        continue;
+                    }
+                    // Reading ended: the abort's job is on its way.
+                    Err(std_mpsc::TryRecvError::Empty) => {
+                        drop(rx);
+                        jobs_rx.recv().ok()?
+                    }
+                },
+                OwnerTurn::Wait => waited(jobs_rx.recv())?,
+            },
+        };
+        if matches!(job, Job::Reread) {
+            continue;
         }
-        if let Ok(mut rx) = role.rx.try_lock() {
-            if !rx.ended {
-                rx.read_one(ns);
-                continue;
-            }
+        // More is on its way (the next task's or copy's bytes, the next task): the helper
+        // reads it while this job runs, so the transfer overlaps the job.
+        if role.more_coming() {
+            role.reader.ask_helper();
         }
-        role.main_waits.store(true, Ordering::SeqCst);
-        let j = jobs_rx.recv().ok();
-        role.main_waits.store(false, Ordering::SeqCst);
-        return j;
+        return Some(job);
     }
 }
 
@@ -986,39 +1024,24 @@ impl Drop for Busy<'_> {
     }
 }
 
-/// The helper reader of a TCP session: parked until a job has run past a heartbeat tick
-/// (or the session ends), then reads the socket until it has handed the main thread a
-/// job while the main thread waited for one — the main thread then reads again.
+/// The helper reader of a TCP session: parked until asked, then reads the socket until it
+/// has handed the main thread a job while the main thread waited for one (or reading
+/// ended); then the main thread reads again.
 fn read_helper(ns: Arc<NodeShared>) {
     let Some(role) = &ns.role else {
         return;
     };
-    loop {
-        {
-            let mut asked = role.takeover.lock().unwrap_or_else(|e| e.into_inner());
-            while !*asked {
-                if ns.ending.load(Ordering::Acquire) {
-                    return;
-                }
-                asked = role
-                    .ask
-                    .wait_timeout(asked, HEARTBEAT_INTERVAL)
-                    .unwrap_or_else(|e| e.into_inner())
-                    .0;
-            }
-            *asked = false;
-        }
-        let mut rx = role.rx.lock().unwrap_or_else(|e| e.into_inner());
-        loop {
-            if rx.ended || ns.ending.load(Ordering::Acquire) {
-                return;
-            }
+    while role.reader.helper_wait_asked(HEARTBEAT_INTERVAL) {
+        let mut rx = role.reader.helper_take();
+        while !rx.ended && !ns.ending.load(Ordering::Acquire) {
             let before = ns.handed.load(Ordering::SeqCst);
             rx.read_one(&ns);
-            if ns.handed.load(Ordering::SeqCst) != before && role.main_waits.load(Ordering::SeqCst)
-            {
+            if ns.handed.load(Ordering::SeqCst) != before && role.reader.owner_waits() {
                 break;
             }
+        }
+        if role.reader.helper_release(rx) {
+            ns.hand(Job::Reread);
         }
     }
 }
@@ -1276,7 +1299,7 @@ async fn node_heartbeat(ns: Arc<NodeShared>, timeout: Duration) {
             let now = ns.epoch.elapsed().as_millis() as u64 + 1;
             if since != 0 && now.saturating_sub(since) >= HEARTBEAT_INTERVAL.as_millis() as u64 / 2
             {
-                role.ask_helper();
+                role.reader.ask_helper();
             }
         }
         let last = ns.last_rx.load(Ordering::Acquire);

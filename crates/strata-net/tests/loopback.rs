@@ -63,6 +63,7 @@ const CASES: &[&str] = &[
     "remote_device_memory_round_trips_at_offsets_and_feeds_tasks",
     "remote_device_memory_misuse_is_a_typed_error_naming_the_worker",
     "tasks_longer_than_the_heartbeat_timeout_complete_two_in_flight",
+    "large_copies_in_many_pieces_round_trip_both_ways",
     "a_node_on_ipv6_loopback_serves",
     "a_node_named_by_host_name_is_resolved_within_the_bound",
     "closed_sessions_leave_no_descriptor_behind_in_the_root",
@@ -267,6 +268,7 @@ fn run_case(name: &str) -> Result<(), String> {
         "closed_sessions_leave_no_descriptor_behind_in_the_root" => no_fd_leak(),
         "a_stalled_remote_task_says_what_it_waited_for" => stalled(),
         "tasks_longer_than_the_heartbeat_timeout_complete_two_in_flight" => long_tasks(),
+        "large_copies_in_many_pieces_round_trip_both_ways" => many_pieces(),
         "launched" => launched(),
         other => Err(format!("no case {other}")),
     }
@@ -527,6 +529,41 @@ fn long_tasks() -> Result<(), String> {
             && y.to_vec::<u64>().map_err(|e| e.to_string())? == vec![21],
         "a long task's result did not come back",
     )?;
+    top.close().map_err(|e| format!("close: {e}"))?;
+    no_children()
+}
+
+/// Copies of 12 MiB through a 1 MiB staging area — 48 pieces of 256 KiB each way, two in
+/// flight, the node's main thread copying one piece while its helper reads the next — round trip
+/// byte for byte, four times over, within a 1 s heartbeat timeout: a hand-back between
+/// the node's readers that left nobody reading would stall a copy until the timeout cut
+/// the session (as it did, once in a few runs, before the protocol was model-checked).
+fn many_pieces() -> Result<(), String> {
+    let mut top = DistWorker::new(DistConfig::l4(0)).map_err(|e| e.to_string())?;
+    let spec = spec()
+        .chips(1)
+        .staging_bytes(1 << 20)
+        .heartbeat_timeout(Duration::from_secs(1));
+    let w = add_remote_worker(&mut top, spec).map_err(|e| e.to_string())?;
+    top.init().map_err(|e| format!("init: {e}"))?;
+    let err = |e: strata_net::NetError| e.to_string();
+    let n = 12usize << 20;
+    let t = w
+        .alloc(&mut top, 0, &[n as u64], strata_types::DataType::U8)
+        .map_err(err)?;
+    let mut back = vec![0u8; n];
+    for round in 0..4u32 {
+        let bytes: Vec<u8> = (0..n as u32)
+            .map(|i| (i.wrapping_mul(2_654_435_761).wrapping_add(round) >> 13) as u8)
+            .collect();
+        w.copy_to(&mut top, &t, 0, &bytes)
+            .map_err(|e| format!("round {round}: copy_to: {}", err(e)))?;
+        back.fill(0);
+        w.copy_from(&mut top, &t, 0, &mut back)
+            .map_err(|e| format!("round {round}: copy_from: {}", err(e)))?;
+        check(back == bytes, format!("round {round}: the bytes differ"))?;
+    }
+    w.free(&mut top, t).map_err(err)?;
     top.close().map_err(|e| format!("close: {e}"))?;
     no_children()
 }

@@ -9,7 +9,8 @@
 //! * [`Spin`] — the one spin budget (pause, clock every 64 polls, yield after
 //!   [`YIELD_AFTER`] or at once when the peer's [`CpuHint`] shares this CPU, then give up
 //!   so the caller parks).
-//! * In-process hand-offs: [`ThreadBell`], [`Idle`], [`Slot`], [`Queue`].
+//! * In-process hand-offs: [`ThreadBell`], [`Idle`], [`Slot`], [`Queue`], and
+//!   [`OwnerFirst`] (a resource its owner uses when idle, a helper while it is busy).
 //! * [`DriverSeat`] — the caller-runs driver seat of a scheduler loop: a waiting caller
 //!   drives the loop's passes; a panic in a pass breaks the loop for everyone.
 //! * [`panic_message`] and the monotonic clock [`mono_ns`].
@@ -20,6 +21,7 @@ mod handoff;
 mod loom_tests;
 #[cfg(loom)]
 pub mod model;
+mod owner_first;
 mod seat;
 mod spin;
 pub mod sync;
@@ -27,6 +29,7 @@ mod wait;
 
 pub use futex::FutexError;
 pub use handoff::{Idle, Queue, Slot, ThreadBell};
+pub use owner_first::{Held, OwnerFirst, OwnerTurn};
 pub use seat::{Broken, Driven, DriverSeat, SeatWaker, Turn};
 pub use spin::{push_retry, spin_polls, CpuHint, Spin, SpinStep, POLLS_PER_CLOCK, YIELD_AFTER};
 pub use wait::{wait_until, WaitOptions, WaitWord, WakeCounter};

@@ -379,3 +379,112 @@ fn dormant_hand_over_model(done_at_entry: bool) {
         lp.join().unwrap();
     });
 }
+
+/// [`crate::OwnerFirst`] as a network node uses it: the owner (this thread) runs jobs; the
+/// resource yields one job per frame; the peer sends frame `k + 2` only once the owner
+/// finished job `k` (a window of two, as a root waiting for replies), so a reader blocked
+/// on a frame holds the resource until the owner makes progress. The helper starts asked
+/// (the owner was busy), reads until it handed a job while the owner waited, gives the
+/// resource back and wakes a waiting owner with a no-op; the owner asks it again whenever
+/// it takes a job while frames wait unread. Every job must reach the owner: an owner
+/// left waiting with nobody reading is a deadlock, which loom reports.
+#[test]
+fn loom_owner_first_never_leaves_a_waiting_owner_without_a_reader() {
+    use crate::sync::Condvar;
+    use crate::{OwnerFirst, OwnerTurn};
+    use std::collections::VecDeque;
+    const FRAMES: u32 = 3;
+    /// Frames read so far.
+    struct Source {
+        read: u32,
+    }
+    /// Frames the peer has sent, and the jobs handed to the owner (`None`: a no-op).
+    struct Shared {
+        sent: crate::sync::Mutex<u32>,
+        sent_cv: Condvar,
+        jobs: crate::sync::Mutex<VecDeque<Option<u32>>>,
+        jobs_cv: Condvar,
+    }
+    impl Shared {
+        fn hand(&self, job: Option<u32>) {
+            self.jobs.lock().push_back(job);
+            self.jobs_cv.notify_one();
+        }
+        /// Reads the next frame (blocking until the peer sent it) and hands its job.
+        fn read_one(&self, src: &mut Source) {
+            let mut sent = self.sent.lock();
+            while *sent <= src.read {
+                sent = self.sent_cv.wait(sent).unwrap_or_else(|e| e.into_inner());
+            }
+            drop(sent);
+            src.read += 1;
+            self.hand(Some(src.read));
+        }
+    }
+    loom::model(|| {
+        let reader = Arc::new(OwnerFirst::new(Source { read: 0 }));
+        let sh = Arc::new(Shared {
+            sent: crate::sync::Mutex::new(2),
+            sent_cv: Condvar::new(),
+            jobs: crate::sync::Mutex::new(VecDeque::new()),
+            jobs_cv: Condvar::new(),
+        });
+        reader.ask_helper();
+        let helper = {
+            let (reader, sh) = (reader.clone(), sh.clone());
+            thread::spawn(move || {
+                while reader.helper_wait_asked(Duration::from_secs(1)) {
+                    let mut src = reader.helper_take();
+                    while src.read < FRAMES {
+                        sh.read_one(&mut src);
+                        if reader.owner_waits() {
+                            break;
+                        }
+                    }
+                    if reader.helper_release(src) {
+                        sh.hand(None);
+                    }
+                }
+            })
+        };
+        let mut done = 0;
+        while done < FRAMES {
+            let job = sh.jobs.lock().pop_front();
+            match job {
+                Some(Some(k)) => {
+                    assert_eq!(k, done + 1, "jobs in frame order");
+                    done += 1;
+                    if let Some(src) = reader.try_take() {
+                        let waiting = *sh.sent.lock() > src.read;
+                        drop(src);
+                        if waiting {
+                            reader.ask_helper();
+                        }
+                    }
+                    // The job's reply lets the peer send one more frame.
+                    *sh.sent.lock() = (done + 2).min(FRAMES);
+                    sh.sent_cv.notify_all();
+                }
+                Some(None) => {}
+                None => match reader.owner_turn() {
+                    OwnerTurn::Use(mut src) => {
+                        // A job the helper handed just before it let go comes first.
+                        if src.read < FRAMES && sh.jobs.lock().is_empty() {
+                            sh.read_one(&mut src);
+                        }
+                    }
+                    OwnerTurn::Wait => {
+                        let mut jobs = sh.jobs.lock();
+                        while jobs.is_empty() {
+                            jobs = sh.jobs_cv.wait(jobs).unwrap_or_else(|e| e.into_inner());
+                        }
+                        drop(jobs);
+                        reader.owner_woken();
+                    }
+                },
+            }
+        }
+        reader.close();
+        helper.join().unwrap();
+    });
+}
