@@ -264,10 +264,16 @@ fn start_daemon(dir: &std::path::Path) -> (Child, String) {
     (child, addr)
 }
 
-fn stop(mut c: Child) {
-    // SAFETY: signalling a child this bench started.
-    unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
-    let _ = c.wait();
+/// The daemon, stopped (SIGTERM, reaped) when dropped — also when the bench panics, so a
+/// failed run leaves no daemon behind.
+struct Daemon(Child);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        // SAFETY: signalling a child this bench started.
+        unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
+        let _ = self.0.wait();
+    }
 }
 
 fn main() {
@@ -284,6 +290,7 @@ fn main() {
     let dir = std::env::temp_dir().join(format!("strata-bench-net-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let (daemon, addr) = start_daemon(&dir);
+    let daemon = Daemon(daemon);
     std::env::set_var(ENV_DAEMON, &addr);
     let mut server = Command::new(std::env::current_exe().expect("exe"))
         .arg("--raw-server")
@@ -420,7 +427,7 @@ fn main() {
     top.close().expect("close");
     drop(raw);
     let _ = server.wait();
-    stop(daemon);
+    drop(daemon);
     let _ = std::fs::remove_dir_all(&dir);
 
     println!("{}", machine.line());

@@ -99,6 +99,18 @@ fn runs(top: &mut DistWorker, orch: &HostOrchHandle, n: usize) -> Vec<f64> {
         .collect()
 }
 
+/// The daemon, stopped (SIGTERM, reaped) when dropped — also when the bench panics, so a
+/// failed run leaves no daemon behind.
+struct Daemon(Child);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        // SAFETY: signalling a child this bench started.
+        unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
+        let _ = self.0.wait();
+    }
+}
+
 fn start_daemon(dir: &std::path::Path) -> (Child, String) {
     let secret = dir.join("secret");
     std::fs::write(&secret, "bench-net-mpi-secret-0123456789abcdef\n").expect("secret");
@@ -183,7 +195,8 @@ fn main() {
     let machine = Machine::now();
     let dir = std::env::temp_dir().join(format!("strata-bench-net-mpi-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
-    let (mut daemon, addr) = start_daemon(&dir);
+    let (daemon, addr) = start_daemon(&dir);
+    let daemon = Daemon(daemon);
     std::env::set_var(ENV_DAEMON, &addr);
     let mut t = build(&addr);
     t.top.init().expect("init");
@@ -281,9 +294,7 @@ fn main() {
     tcp.free(&mut top.borrow_mut(), dt).expect("free");
     let top = top.into_inner();
     top.close().expect("close");
-    // SAFETY: signalling a child this bench started.
-    unsafe { libc::kill(daemon.id() as i32, libc::SIGTERM) };
-    let _ = daemon.wait();
+    drop(daemon);
     let _ = std::fs::remove_dir_all(&dir);
 
     println!("{}", machine.line());

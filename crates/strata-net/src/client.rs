@@ -10,7 +10,7 @@
 
 use crate::error::NetError;
 use crate::io::runtime;
-use crate::tcp::{Incoming, Payload};
+use crate::tcp::{DataError, Incoming, Payload};
 use crate::wire::{
     self, encode_data, Cancel, ControlAnswer, Data, Done, ErrorBody, FrameType, Segment,
     ShutdownAck, Task, CHUNK_BYTES,
@@ -183,8 +183,12 @@ const COPY_WINDOW: u64 = 4 << 20;
 struct State {
     slots: [Option<InFlight>; 2],
     dead: Option<String>,
+    /// The reader is landing a DATA payload — read from the socket outside this lock —
+    /// in a registered request's buffer or a task's outputs: neither may be given back
+    /// meanwhile ([`Session::unregister`], [`Session::die`] wait for it).
     controls: HashMap<u64, ControlWait>,
     ack: Option<ShutdownAck>,
+    landing: bool,
 }
 
 /// What the endpoint, the reader, the writer and the heartbeat share.
@@ -226,19 +230,41 @@ impl Session {
     }
 
     /// The session ends with `why` (first reason kept); the socket is cut so both tasks
-    /// and the node see it.
+    /// and the node see it. Once it returns, no payload lands any more: a landing in
+    /// progress ended (the cut ends the read it waits in), and the reader starts none
+    /// after `dead` is set.
     pub(crate) fn die(&self, why: String) {
         {
+            // (The reader never holds the lock while it reads from the socket.)
             let mut st = self.lock();
             if st.dead.is_none() {
                 st.dead = Some(why);
             }
         }
-        self.dead_flag.store(true, Ordering::Release);
         self.sock.cut();
         self.tx.close();
+        drop(self.settled());
+        self.dead_flag.store(true, Ordering::Release);
         self.changed.notify_all();
         self.doorbell.ring();
+    }
+
+    /// The state once no payload is landing.
+    fn settled(&self) -> std::sync::MutexGuard<'_, State> {
+        let mut st = self.lock();
+        while st.landing {
+            st = self
+                .changed
+                .wait_timeout(st, Duration::from_millis(50))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        st
+    }
+
+    /// Unregisters request `seq`: its buffer is never written after this returns.
+    fn unregister(&self, seq: u64) {
+        self.settled().controls.remove(&seq);
     }
 
     fn send_prio(&self, frame: Vec<u8>) {
@@ -373,12 +399,12 @@ impl Session {
             }
             if let Some(d) = &st.dead {
                 let why = d.clone();
-                st.controls.remove(&seq);
+                drop(st);
+                self.unregister(seq);
                 return Err(ControlWaitError::Lost(why));
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                st.controls.remove(&seq);
                 drop(st);
                 // The node may still be working on it: a later reply would find no
                 // request, and the chip's memory is in an unknown state. End the session,
@@ -387,6 +413,7 @@ impl Session {
                     "{}: no answer to a device-memory request in time; the session was cut",
                     self.label
                 ));
+                self.unregister(seq);
                 return Err(ControlWaitError::Timeout);
             }
             drop(st);
@@ -423,7 +450,7 @@ impl Pending<'_> {
 
 impl Drop for Pending<'_> {
     fn drop(&mut self) {
-        self.s.lock().controls.remove(&self.seq);
+        self.s.unregister(self.seq);
     }
 }
 
@@ -894,33 +921,41 @@ fn write_back(
 /// Handles a DATA frame from the node: a copy-from's bytes go into the caller's buffer, a
 /// task's outputs into the root's shared memory — read from the socket straight to their
 /// place when one write-back run holds the whole chunk. `scratch` holds a payload that
-/// must be split up.
+/// must be split up. The payload is read outside the session's lock, under the `landing`
+/// mark, so the scheduler and the callers never wait for the network behind it.
 fn on_data(
     s: &Session,
     d: wire::DataHead,
     payload: Payload<'_, '_>,
     scratch: &mut Vec<u8>,
-) -> Result<(), String> {
+) -> Result<(), DataError> {
     let n = payload.len();
     let mut st = s.lock();
+    if let Some(why) = &st.dead {
+        // The session ended: nothing lands any more (`die`).
+        return Err(DataError::Protocol(why.clone()));
+    }
     if let Some(c) = st.controls.get_mut(&d.owner) {
         let fits = c
             .sink
             .as_ref()
             .is_some_and(|k| d.segment == 0 && d.offset == c.have && c.have as usize + n <= k.len);
         let Some(sink) = c.sink.as_ref().filter(|_| fits) else {
-            return Err(format!(
+            return Err(DataError::Protocol(format!(
                 "the node sent data for control request {} outside what it asked for (offset {}, {n} bytes)",
                 d.owner, d.offset
-            ));
+            )));
         };
         // SAFETY: the sink is a live exclusive borrow of the caller's buffer while its
-        // request is registered (`Pending` unregisters it before the borrow ends, under
-        // this same lock, which is held until the bytes are in), and `have + n <= len`
-        // was checked above.
+        // request is registered; `Session::unregister` (the only way out, before the
+        // borrow ends) waits while a payload lands, and `have + n <= len` was checked.
         let dst = unsafe { std::slice::from_raw_parts_mut(sink.ptr.add(c.have as usize), n) };
+        let landing = Landing::begin(s, st);
         payload.land(dst)?;
-        c.have += n as u64;
+        let mut st = landing.end();
+        if let Some(c) = st.controls.get_mut(&d.owner) {
+            c.have += n as u64;
+        }
         return Ok(());
     }
     let f = st
@@ -949,9 +984,10 @@ fn on_data(
     let whole = runs
         .iter()
         .any(|&(o, len)| o <= at && at + n as u64 <= o + len);
-    // The bytes land in memory the task holds (below): the lock is not needed for them.
     let runs = if whole { Vec::new() } else { runs.clone() };
-    drop(st);
+    // The task holds its output regions until its lane learns of its end — which the
+    // scheduler does not before DONE, or before `die`, which waits for this landing.
+    let landing = Landing::begin(s, st);
     if whole {
         let dst = s
             .shared
@@ -960,9 +996,44 @@ fn on_data(
         // SAFETY: `ptr` checked `[at, at + n)` lies in the region; the task that writes
         // these bytes holds the region in use (the engine's in-use marks), and no other
         // task may touch them while it runs (dependency tracking).
-        return payload.land(unsafe { std::slice::from_raw_parts_mut(dst, n) });
+        payload.land(unsafe { std::slice::from_raw_parts_mut(dst, n) })?;
+    } else {
+        write_back(&s.shared, region, at, payload.bytes(scratch)?, &runs)?;
     }
-    write_back(&s.shared, region, at, payload.bytes(scratch)?, &runs)
+    drop(landing.end());
+    Ok(())
+}
+
+/// A DATA payload being read outside the session's lock (`State::landing`); ended on
+/// every path, also by an error's early return.
+struct Landing<'a> {
+    s: &'a Session,
+    ended: bool,
+}
+
+impl<'a> Landing<'a> {
+    fn begin(s: &'a Session, mut st: std::sync::MutexGuard<'a, State>) -> Landing<'a> {
+        st.landing = true;
+        Landing { s, ended: false }
+    }
+
+    /// Ends the landing; the state, locked.
+    fn end(mut self) -> std::sync::MutexGuard<'a, State> {
+        self.ended = true;
+        let mut st = self.s.lock();
+        st.landing = false;
+        self.s.changed.notify_all();
+        st
+    }
+}
+
+impl Drop for Landing<'_> {
+    fn drop(&mut self) {
+        if !self.ended {
+            self.s.lock().landing = false;
+            self.s.changed.notify_all();
+        }
+    }
 }
 
 /// A frame of another session on this one ends it.
@@ -988,7 +1059,7 @@ fn on_frame(s: &Session, h: &wire::Header, body: &[u8]) -> Result<(), String> {
                 segment: d.segment,
                 offset: d.offset,
             };
-            on_data(s, head, Payload::Bytes(d.bytes), &mut Vec::new())
+            on_data(s, head, Payload::Bytes(d.bytes), &mut Vec::new()).map_err(|e| e.to_string())
         }
         FrameType::Done => {
             let received_ns = strata_sync::mono_ns();
@@ -1117,30 +1188,38 @@ fn mpi_receiver(s: &Arc<Session>) -> crate::mpi_link::Handler {
 /// The session's reader thread: each frame from the node, until the socket ends.
 fn reader(s: Arc<Session>, mut rd: TcpStream) {
     let (mut body, mut scratch) = (Vec::new(), Vec::new());
-    loop {
+    let broke = |s: &Session, e: &NetError| {
+        if s.lock().ack.is_none() {
+            let why = match e {
+                NetError::Wire(w) => format!(
+                    "{}: the node sent a bad frame ({w}); the session was cut",
+                    s.label
+                ),
+                _ => format!(
+                    "{}: the connection to the node broke ({e}): the node died, or the link failed",
+                    s.label
+                ),
+            };
+            s.die(why);
+        }
+    };
+    // After `die`, nothing more is read (nor lands).
+    while !s.dead_flag.load(Ordering::Acquire) {
         let next = match crate::tcp::read_next(&mut rd, &mut body) {
             Ok(n) => n,
-            Err(e) => {
-                let acked = s.lock().ack.is_some();
-                if !acked {
-                    let why = match &e {
-                        NetError::Wire(w) => format!("{}: the node sent a bad frame ({w}); the session was cut", s.label),
-                        _ => format!("{}: the connection to the node broke ({e}): the node died, or the link failed", s.label),
-                    };
-                    s.die(why);
-                }
-                return;
-            }
+            Err(e) => return broke(&s, &e),
         };
         s.last_rx.store(s.now_ms(), Ordering::Release);
         let handled = match next {
-            Incoming::Whole(h) => on_frame(&s, &h, &body),
+            Incoming::Whole(h) => on_frame(&s, &h, &body).map_err(DataError::Protocol),
             Incoming::Data(h, head, p) => check_session(&s, &h)
+                .map_err(DataError::Protocol)
                 .and_then(|()| on_data(&s, head, Payload::Socket(p), &mut scratch)),
         };
-        if let Err(why) = handled {
-            s.die(format!("{}: {why}", s.label));
-            return;
+        match handled {
+            Ok(()) => {}
+            Err(DataError::Link(e)) => return broke(&s, &e),
+            Err(DataError::Protocol(why)) => return s.die(format!("{}: {why}", s.label)),
         }
     }
 }

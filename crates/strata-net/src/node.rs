@@ -16,7 +16,7 @@ use crate::error::NetError;
 #[cfg(feature = "mpi")]
 use crate::io::FrameConn;
 use crate::io::{hostname, runtime};
-use crate::tcp::{Incoming, Payload};
+use crate::tcp::{DataError, Incoming, Payload};
 use crate::wire::{
     self, clip_message, Cancel, Control, ControlAnswer, Data, Done, ErrorBody, ErrorCode,
     FrameType, NodeHello, Ready, Segment, ShutdownAck, Task, MAX_TRACE_BYTES,
@@ -896,6 +896,32 @@ struct NodeRx {
 }
 
 impl NodeRx {
+    /// The stream broke or brought a malformed frame (`e`): reading ends and the session
+    /// is aborted (a malformed frame is answered with an ERROR first).
+    fn broke(&mut self, ns: &Arc<NodeShared>, e: NetError) {
+        self.ended = true;
+        let why = match e {
+            NetError::Wire(w) => {
+                let msg = format!("the root sent a bad frame: {w}");
+                ns.send(
+                    Lane::Prio,
+                    FrameType::Error,
+                    0,
+                    &ErrorBody {
+                        code: ErrorCode::Protocol,
+                        message: msg.clone(),
+                    },
+                );
+                msg
+            }
+            other => format!("the connection to the root ended ({other})"),
+        };
+        // (Reading ends after an abort too: that abort said why.)
+        if !ns.aborted.load(Ordering::Acquire) {
+            ns.abort(why);
+        }
+    }
+
     /// Reads one frame from the root and acts on it (blocking); a broken stream or a
     /// bad frame aborts the session.
     fn read_one(&mut self, ns: &Arc<NodeShared>) {
@@ -904,30 +930,7 @@ impl NodeRx {
         }
         let next = match crate::tcp::read_next(&mut self.sock, &mut self.body) {
             Ok(n) => n,
-            Err(e) => {
-                self.ended = true;
-                let why = match e {
-                    NetError::Wire(w) => {
-                        let msg = format!("the root sent a bad frame: {w}");
-                        ns.send(
-                            Lane::Prio,
-                            FrameType::Error,
-                            0,
-                            &ErrorBody {
-                                code: ErrorCode::Protocol,
-                                message: msg.clone(),
-                            },
-                        );
-                        msg
-                    }
-                    other => format!("the connection to the root ended ({other})"),
-                };
-                // (Reading ends after an abort too: that abort said why.)
-                if !ns.aborted.load(Ordering::Acquire) {
-                    ns.abort(why);
-                }
-                return;
-            }
+            Err(e) => return self.broke(ns, e),
         };
         ns.last_rx
             .store(ns.epoch.elapsed().as_millis() as u64, Ordering::Release);
@@ -935,15 +938,20 @@ impl NodeRx {
             Incoming::Whole(h) => {
                 node_frame(ns, &mut self.landing, &mut self.ctl_landing, &h, &self.body)
             }
-            Incoming::Data(h, head, p) => check_session(ns, &h).and_then(|()| {
-                node_data(
+            Incoming::Data(h, head, p) => match check_session(ns, &h) {
+                Err(why) => Err(why),
+                Ok(()) => match node_data(
                     ns,
                     &mut self.landing,
                     &mut self.ctl_landing,
                     head,
                     Payload::Socket(p),
-                )
-            }),
+                ) {
+                    Ok(()) => Ok(()),
+                    Err(DataError::Link(e)) => return self.broke(ns, e),
+                    Err(DataError::Protocol(why)) => Err(why),
+                },
+            },
         };
         if let Err(why) = handled {
             self.ended = true;
@@ -1055,14 +1063,15 @@ fn node_data(
     ctl_landing: &mut HashMap<u64, ControlLanding>,
     d: wire::DataHead,
     payload: Payload<'_, '_>,
-) -> Result<(), String> {
+) -> Result<(), DataError> {
     let n = payload.len() as u64;
     if let Some(c) = ctl_landing.get_mut(&d.owner) {
         if d.segment != 0 || d.offset != c.have || c.have + n > c.len {
             return Err(format!(
                 "data for control request {} outside its bytes (offset {}, {n} bytes, {} expected)",
                 d.owner, d.offset, c.len
-            ));
+            )
+            .into());
         }
         match c.place {
             Some(at) => {
@@ -1094,10 +1103,7 @@ fn node_data(
         .get_mut(&d.owner)
         .ok_or_else(|| format!("data for task {} which is not arriving", d.owner))?;
     if n > l.remaining {
-        return Err(format!(
-            "more data for task {} than its segments hold",
-            d.owner
-        ));
+        return Err(format!("more data for task {} than its segments hold", d.owner).into());
     }
     match (
         l.task.segments.get(d.segment as usize),
@@ -1108,7 +1114,8 @@ fn node_data(
                 return Err(format!(
                     "data outside the inputs of task {} (segment {}, offset {})",
                     d.owner, d.segment, d.offset
-                ));
+                )
+                .into());
             }
             let dst = ns
                 .shared
@@ -1237,6 +1244,7 @@ fn node_frame(
                 offset: d.offset,
             };
             node_data(ns, landing, ctl_landing, head, Payload::Bytes(d.bytes))
+                .map_err(|e| e.to_string())
         }
         FrameType::Cancel => {
             let c: Cancel = wire::decode_body(h.kind, body).map_err(|e| e.to_string())?;
@@ -1305,7 +1313,9 @@ async fn node_heartbeat(ns: Arc<NodeShared>, timeout: Duration) {
         let last = ns.last_rx.load(Ordering::Acquire);
         let silent =
             Duration::from_millis((ns.epoch.elapsed().as_millis() as u64).saturating_sub(last));
-        if silent > timeout {
+        // (Once the main thread closes the level-3 worker after SHUTDOWN, nobody reads:
+        // the root waits for the acknowledgement, and silence means nothing.)
+        if silent > timeout && !ns.ending.load(Ordering::Acquire) {
             ns.abort(format!(
                 "no frame from the root for {silent:?} (heartbeat timeout)"
             ));

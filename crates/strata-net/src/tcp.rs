@@ -234,8 +234,15 @@ pub(crate) fn start(
                     let _ = sock.shutdown(std::net::Shutdown::Write);
                 }
                 Err(e) => {
-                    // Later sends fail at once instead of queueing behind a dead writer.
-                    lanes.lock().closed = true;
+                    // Later sends fail at once instead of queueing behind a dead writer, and
+                    // what is queued goes now: its closures may hold the session, which
+                    // holds these lanes (a cycle that would keep both alive for good).
+                    let queued = {
+                        let mut st = lanes.lock();
+                        st.closed = true;
+                        (std::mem::take(&mut st.prio), std::mem::take(&mut st.main))
+                    };
+                    drop(queued);
                     on_error(e);
                 }
             }
@@ -358,22 +365,54 @@ pub(crate) struct SocketPayload<'s> {
     len: usize,
 }
 
+/// Why a DATA frame was not taken: its link failed while its payload was read (the peer
+/// died, the connection broke), or the frame itself is wrong (damaged, or not what the
+/// session expects) — a protocol error the receiver reports as such.
+#[derive(Debug)]
+pub(crate) enum DataError {
+    /// The link failed.
+    Link(NetError),
+    /// The frame is wrong (the reason).
+    Protocol(String),
+}
+
+impl From<String> for DataError {
+    fn from(why: String) -> Self {
+        DataError::Protocol(why)
+    }
+}
+
+impl std::fmt::Display for DataError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DataError::Link(e) => e.fmt(f),
+            DataError::Protocol(why) => f.write_str(why),
+        }
+    }
+}
+
 impl SocketPayload<'_> {
     /// Reads the payload into `dst` (exactly its length) and checks the frame's
     /// checksum. On an error the bytes in `dst` are unspecified and the session must end.
-    fn read_into(self, dst: &mut [u8]) -> Result<(), String> {
-        debug_assert_eq!(dst.len(), self.len);
+    fn read_into(self, dst: &mut [u8]) -> Result<(), DataError> {
+        if dst.len() != self.len {
+            return Err(DataError::Protocol(format!(
+                "a DATA payload of {} bytes has a destination of {}",
+                self.len,
+                dst.len()
+            )));
+        }
         let early = &self.start[self.at..self.got];
         dst[..early.len()].copy_from_slice(early);
         self.sock
             .read_exact(&mut dst[early.len()..])
-            .map_err(|e| format!("reading a DATA frame's payload: {e}"))?;
+            .map_err(|e| DataError::Link(read_failed("reading a DATA frame's payload", e)))?;
         let sum = wire::checksum(&[&self.raw[0..28], &self.start[..self.at], dst]);
         let expected = u32::from_le_bytes([self.raw[28], self.raw[29], self.raw[30], self.raw[31]]);
         if sum != expected {
-            return Err(format!(
+            return Err(DataError::Protocol(format!(
                 "a DATA frame's checksum does not match (computed {sum:#010x}, header {expected:#010x}): the frame was damaged"
-            ));
+            )));
         }
         Ok(())
     }
@@ -404,12 +443,17 @@ impl Payload<'_, '_> {
     /// # Errors
     /// The socket failed or the checksum does not match: `dst` holds unspecified bytes
     /// and the session must end.
-    pub(crate) fn land(self, dst: &mut [u8]) -> Result<(), String> {
+    pub(crate) fn land(self, dst: &mut [u8]) -> Result<(), DataError> {
         match self {
-            Payload::Bytes(b) => {
+            Payload::Bytes(b) if b.len() == dst.len() => {
                 dst.copy_from_slice(b);
                 Ok(())
             }
+            Payload::Bytes(b) => Err(DataError::Protocol(format!(
+                "a DATA payload of {} bytes has a destination of {}",
+                b.len(),
+                dst.len()
+            ))),
             Payload::Socket(p) => p.read_into(dst),
         }
     }
@@ -418,7 +462,7 @@ impl Payload<'_, '_> {
     ///
     /// # Errors
     /// As [`Payload::land`].
-    pub(crate) fn bytes<'b>(self, scratch: &'b mut Vec<u8>) -> Result<&'b [u8], String>
+    pub(crate) fn bytes<'b>(self, scratch: &'b mut Vec<u8>) -> Result<&'b [u8], DataError>
     where
         Self: 'b,
     {

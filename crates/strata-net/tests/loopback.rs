@@ -64,6 +64,7 @@ const CASES: &[&str] = &[
     "remote_device_memory_misuse_is_a_typed_error_naming_the_worker",
     "tasks_longer_than_the_heartbeat_timeout_complete_two_in_flight",
     "large_copies_in_many_pieces_round_trip_both_ways",
+    "a_node_stopped_mid_copy_fails_the_copy_within_the_heartbeat_bound",
     "a_node_on_ipv6_loopback_serves",
     "a_node_named_by_host_name_is_resolved_within_the_bound",
     "closed_sessions_leave_no_descriptor_behind_in_the_root",
@@ -269,6 +270,7 @@ fn run_case(name: &str) -> Result<(), String> {
         "a_stalled_remote_task_says_what_it_waited_for" => stalled(),
         "tasks_longer_than_the_heartbeat_timeout_complete_two_in_flight" => long_tasks(),
         "large_copies_in_many_pieces_round_trip_both_ways" => many_pieces(),
+        "a_node_stopped_mid_copy_fails_the_copy_within_the_heartbeat_bound" => stopped_mid_copy(),
         "launched" => launched(),
         other => Err(format!("no case {other}")),
     }
@@ -566,6 +568,100 @@ fn many_pieces() -> Result<(), String> {
     w.free(&mut top, t).map_err(err)?;
     top.close().map_err(|e| format!("close: {e}"))?;
     no_children()
+}
+
+/// A node is stopped (SIGSTOP) while a 64 MiB `copy_from` streams — four times, with a
+/// fresh level-4 worker each (a lost remote child makes its worker unusable), stopped 3,
+/// 10, 17 and 24 ms into the copy: while its chip copies a piece, between frames, or
+/// (when its writer was waiting for socket space) in the middle of a DATA payload the
+/// root's reader reads straight into the caller's buffer. Each copy fails with a typed
+/// error once the heartbeat timeout passes (or completes, if the stop came after its last
+/// byte), and the worker closes: ending a session never waits behind a stalled read (`die`
+/// cuts the socket before it waits for a landing payload). A watchdog fails the case if
+/// anything hangs.
+fn stopped_mid_copy() -> Result<(), String> {
+    for k in 0..4u64 {
+        stop_mid_copy(Duration::from_millis(3 + 7 * k))?;
+    }
+    no_children()
+}
+
+fn stop_mid_copy(delay: Duration) -> Result<(), String> {
+    let timeout = Duration::from_secs(1);
+    let mut top = DistWorker::new(DistConfig::l4(0)).map_err(|e| e.to_string())?;
+    // The node says its pid: its orchestration (on the node process's main thread) has
+    // its sub-worker write it into the root's tensor.
+    let report = top.register_sub("report_pid", |c| {
+        let pid = c.scalar::<u64>(0).ok_or("no pid")?;
+        c.tensor_mut::<u64>(0)?.update(|_| pid);
+        Ok(())
+    });
+    let pid_of = top.register_orchestration("pid_of", move |o, a| {
+        let mut b = a.clone();
+        b.push_scalar(u64::from(std::process::id()))?;
+        o.submit_sub(&report, &b)?;
+        Ok(())
+    });
+    let w = add_remote_worker(&mut top, spec().chips(1).heartbeat_timeout(timeout))
+        .map_err(|e| e.to_string())?;
+    let pid = top
+        .shared_tensor_from(&[1], &[0u64])
+        .map_err(|e| e.to_string())?;
+    let (pa, wid) = (pid.clone(), w.id());
+    let ask = top.register_orchestration("ask", move |o, _| {
+        let mut a = TaskArgs::new();
+        a.push_tensor(pa.arg(ArgTag::InOut))?;
+        o.submit_next_level(pid_of, &a, wid)?;
+        Ok(())
+    });
+    top.init().map_err(|e| format!("init: {e}"))?;
+    // (After `init`: a node process of this program never returns from it, and must not
+    // fork its chips with this thread running.)
+    std::thread::spawn(|| {
+        std::thread::sleep(Duration::from_secs(60));
+        eprintln!("case stopped_mid_copy: hung for 60 s");
+        std::process::exit(2);
+    });
+    top.run(&ask, &TaskArgs::new())
+        .map_err(|e| format!("asking the node's pid: {e}"))?;
+    let pid = pid.to_vec::<u64>().map_err(|e| e.to_string())?[0] as i32;
+    check(pid > 1, format!("pid {pid}"))?;
+    let err = |e: strata_net::NetError| e.to_string();
+    let n = 64usize << 20;
+    let t = w
+        .alloc(&mut top, 0, &[n as u64], strata_types::DataType::U8)
+        .map_err(err)?;
+    w.copy_to(&mut top, &t, 0, &vec![7u8; n]).map_err(err)?;
+    let stopper = std::thread::spawn(move || {
+        std::thread::sleep(delay);
+        // SAFETY: stopping this case's own node process on purpose.
+        unsafe { libc::kill(pid, libc::SIGSTOP) };
+    });
+    let mut back = vec![0u8; n];
+    let started = Instant::now();
+    let r = w.copy_from(&mut top, &t, 0, &mut back);
+    let took = started.elapsed();
+    let _ = stopper.join();
+    // SAFETY: as above; the daemon reaps it.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    println!(
+        "  stopped {delay:?} into the copy: {} after {took:.2?}",
+        r.as_ref()
+            .err()
+            .map_or("completed".into(), |e| e.to_string())
+    );
+    match r {
+        // The stop came after the last byte: the copy is whole.
+        Ok(()) => check(back.iter().all(|&b| b == 7), "the bytes differ")?,
+        Err(e) => check(
+            matches!(e, strata_net::NetError::DeviceMemory { .. })
+                && took < timeout + Duration::from_secs(10),
+            format!("{e} after {took:?}"),
+        )?,
+    }
+    let closed = top.close();
+    println!("  close: {closed:?}");
+    Ok(())
 }
 
 fn expect_init_error(spec: RemoteSpec, needles: &[&str]) -> Result<(), String> {

@@ -238,8 +238,16 @@ impl<L> DriverSeat<L> {
                 // for): if the loop is quiet, its thread stays parked as after a drive —
                 // unparking it only to park again costs a wake-up per call.
                 if let Some(mut g) = self.state.try_lock() {
-                    if self.broken().is_none() && g.as_mut().is_some_and(quiet) {
-                        leave.quiet = Some(&handed_over);
+                    if self.broken().is_none() {
+                        if let Some(state) = g.as_mut() {
+                            // `quiet` runs loop code: a panic in it breaks the loop, as in
+                            // a drive.
+                            match catch_unwind(AssertUnwindSafe(|| quiet(state))) {
+                                Ok(true) => leave.quiet = Some(&handed_over),
+                                Ok(false) => {}
+                                Err(p) => return Driven::Broken(self.break_loop(&*p)),
+                            }
+                        }
                     }
                 }
                 return Driven::Done(r);
