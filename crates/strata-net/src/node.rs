@@ -1073,20 +1073,7 @@ fn node_data(
             )
             .into());
         }
-        match c.place {
-            Some(at) => {
-                let dst = ns
-                    .shared
-                    .ptr(ns.staging.region, at + c.have, n)
-                    .map_err(|e| e.to_string())?;
-                // SAFETY: `ptr` checked the range lies in the staging region, inside the
-                // request's allocation; nothing reads it before the request runs.
-                payload.land(unsafe { std::slice::from_raw_parts_mut(dst, n as usize) })?;
-            }
-            None => {
-                payload.bytes(&mut Vec::new())?;
-            }
-        }
+        land_in_staging(ns, c.place.map(|at| at + c.have), payload)?;
         c.have += n;
         if c.have == c.len {
             if let Some(c) = ctl_landing.remove(&d.owner) {
@@ -1117,18 +1104,10 @@ fn node_data(
                 )
                 .into());
             }
-            let dst = ns
-                .shared
-                .ptr(ns.staging.region, at + d.offset, n)
-                .map_err(|e| e.to_string())?;
-            // SAFETY: `ptr` checked the range lies in the staging region, which this
-            // task's allocation covers; nothing reads it before the task runs.
-            payload.land(unsafe { std::slice::from_raw_parts_mut(dst, n as usize) })?;
+            land_in_staging(ns, Some(at + d.offset), payload)?;
         }
         // A refused task's inputs: swallowed.
-        _ => {
-            payload.bytes(&mut Vec::new())?;
-        }
+        _ => land_in_staging(ns, None, payload)?,
     }
     l.remaining -= n;
     if l.remaining == 0 {
@@ -1144,6 +1123,27 @@ fn node_data(
         }
     }
     Ok(())
+}
+
+/// Lands `payload` at staging offset `at` — inside the allocation of the task or request
+/// it belongs to, which nothing reads before that job runs — or swallows it (`None`: its
+/// job was refused, or did not fit).
+fn land_in_staging(
+    ns: &NodeShared,
+    at: Option<u64>,
+    payload: Payload<'_, '_>,
+) -> Result<(), DataError> {
+    let Some(at) = at else {
+        return payload.bytes(&mut Vec::new()).map(drop);
+    };
+    let n = payload.len();
+    let dst = ns
+        .shared
+        .ptr(ns.staging.region, at, n as u64)
+        .map_err(|e| e.to_string())?;
+    // SAFETY: `ptr` checked `[at, at + n)` lies in the staging region; the caller's
+    // allocation covers it and nothing reads it before its job runs.
+    payload.land(unsafe { std::slice::from_raw_parts_mut(dst, n) })
 }
 
 /// A frame of another session on this one ends it.
