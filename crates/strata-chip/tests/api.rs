@@ -764,9 +764,7 @@ fn a_kernel_that_ignores_cancellation_does_not_hang_run_or_close() {
     let stuck = chip
         .register_kernel_fn("stuck", move |_| {
             // Ignores ctx.cancelled(); only the test can release it.
-            while rel.load(Ordering::SeqCst) == 0 {
-                std::thread::sleep(Duration::from_millis(2));
-            }
+            until_opened(&rel);
             Ok(())
         })
         .unwrap();
@@ -858,9 +856,7 @@ fn a_stuck_orchestration_makes_the_chip_unusable_without_hanging() {
     let g = gate.clone();
     let orch = chip
         .register_orchestration_fn("spins", move |_, _| {
-            while g.load(Ordering::SeqCst) == 0 {
-                std::thread::sleep(Duration::from_millis(2));
-            }
+            until_opened(&g);
             Ok(())
         })
         .unwrap();
@@ -874,6 +870,14 @@ fn a_stuck_orchestration_makes_the_chip_unusable_without_hanging() {
     ));
     chip.close().unwrap();
     gate.store(1, Ordering::SeqCst);
+}
+
+/// Blocks the calling kernel or orchestration until the test opens `gate` (sets it
+/// non-zero).
+fn until_opened(gate: &AtomicUsize) {
+    while gate.load(Ordering::SeqCst) == 0 {
+        std::thread::sleep(Duration::from_millis(2));
+    }
 }
 
 /// An orchestration that submitted a kernel and then never returns: the starvation
@@ -890,18 +894,14 @@ fn a_stuck_orchestration_reports_what_its_tasks_were_doing() {
     let (g, k) = (gate.clone(), gate.clone());
     let busy = chip
         .register_kernel_fn("busy", move |_| {
-            while k.load(Ordering::SeqCst) == 0 {
-                std::thread::sleep(Duration::from_millis(2));
-            }
+            until_opened(&k);
             Ok(())
         })
         .unwrap();
     let orch = chip
         .register_orchestration_fn("submits_then_spins", move |o, _| {
             o.submit_aiv(busy, &CoreArgs::new())?;
-            while g.load(Ordering::SeqCst) == 0 {
-                std::thread::sleep(Duration::from_millis(2));
-            }
+            until_opened(&g);
             Ok(())
         })
         .unwrap();
