@@ -1154,6 +1154,7 @@ fn on_frame(s: &Session, h: &wire::Header, body: &[u8]) -> Result<(), String> {
 fn mpi_receiver(s: &Arc<Session>) -> crate::mpi_link::Handler {
     use crate::mpi_link::{decode_message, Incoming};
     let weak = Arc::downgrade(s);
+    let mut scratch = Vec::new();
     Box::new(move |inc| {
         let Some(s) = weak.upgrade() else {
             return;
@@ -1172,6 +1173,20 @@ fn mpi_receiver(s: &Arc<Session>) -> crate::mpi_link::Handler {
                     s.label
                 )),
             },
+            Incoming::Data(h, head, p) => {
+                s.last_rx.store(s.now_ms(), Ordering::Release);
+                let handled = check_session(&s, &h)
+                    .map_err(DataError::Protocol)
+                    .and_then(|()| on_data(&s, head, Payload::Mpi(p), &mut scratch));
+                match handled {
+                    Ok(()) => {}
+                    Err(DataError::Link(e)) => s.die(format!(
+                        "{}: MPI failed on the link to the node ({e}): the node died, or the fabric failed",
+                        s.label
+                    )),
+                    Err(DataError::Protocol(why)) => s.die(format!("{}: {why}", s.label)),
+                }
+            }
             Incoming::Closed if !acked() => s.die(format!(
                 "{}: the node ended the session before it confirmed a shutdown (its process ended?)",
                 s.label

@@ -14,7 +14,11 @@
 //! **Channels are tags.** Each frame is one MPI message on a private duplicate of
 //! `MPI_COMM_WORLD`, tagged by channel: [`TAG_CONTROL`] (handshake, device-memory
 //! requests, errors, shutdown), [`TAG_TASK`] (TASK, DONE), [`TAG_HEARTBEAT`], [`TAG_BULK`]
-//! (DATA) and [`TAG_CLOSE`] (the sender ended the session). The receiver matches any tag
+//! (DATA) and [`TAG_CLOSE`] (the sender ended the session) — but a DATA frame with a
+//! payload, which is two: its head (header and body prefix, [`TAG_BULK`]), then the
+//! payload ([`TAG_BULK_PAYLOAD`]), which the receiving session takes with `MPI_Mrecv`
+//! straight into its destination (the staging area, the caller's buffer, a task's
+//! output) and checksums there. The receiver matches any tag
 //! from any source, so MPI's non-overtaking rule keeps each sender's frames in the order
 //! they were sent — the session protocol relies on it (outputs before DONE) —, and
 //! checks each frame's tag against its type.
@@ -35,7 +39,8 @@
 use crate::client::{Lane, Out};
 use crate::error::NetError;
 use crate::io::{FrameConn, RawFrame};
-use crate::wire::{self, encode_data, FrameType, Header, CHUNK_BYTES, HEADER_BYTES, MAX_BODY};
+use crate::tcp::DataError;
+use crate::wire::{self, FrameType, Header, CHUNK_BYTES, HEADER_BYTES, MAX_BODY};
 use mpi::ffi;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -50,8 +55,12 @@ pub const TAG_CONTROL: i32 = 1;
 pub const TAG_TASK: i32 = 2;
 /// Tag of heartbeats.
 pub const TAG_HEARTBEAT: i32 = 3;
-/// Tag of DATA frames (bulk chunks).
+/// Tag of a DATA frame's head: its header and body prefix, without the payload, which
+/// follows as its own message ([`TAG_BULK_PAYLOAD`]) so the receiver can take it straight
+/// into its destination.
 pub const TAG_BULK: i32 = 4;
+/// Tag of a DATA frame's payload, sent right after its head ([`TAG_BULK`]).
+pub const TAG_BULK_PAYLOAD: i32 = 7;
 /// Tag of the empty message that ends a session (what a closed socket says over TCP).
 pub const TAG_CLOSE: i32 = 5;
 
@@ -130,6 +139,9 @@ pub fn decode_message(buf: &[u8], tag: i32) -> Result<(Header, &[u8]), NetError>
 pub(crate) enum Incoming<'a> {
     /// One message's bytes (a frame, not yet decoded) and its tag.
     Frame(&'a [u8], i32),
+    /// A DATA frame's header (checked but for the checksum, which covers the payload) and
+    /// head, and its payload, matched but not yet received: the session lands it.
+    Data(Header, wire::DataHead, MpiPayload),
     /// The peer ended the session ([`TAG_CLOSE`]).
     Closed,
     /// MPI failed on this peer (the message says how).
@@ -359,9 +371,11 @@ impl std::fmt::Debug for Hub {
     }
 }
 
-/// A send MPI has not completed: its request and the bytes it reads.
+/// A send MPI has not completed: its request, the bytes it counts against the window,
+/// and the buffer it reads (a DATA frame's payload is the tail of its frame's buffer).
 struct InFlight {
     req: ffi::MPI_Request,
+    len: usize,
     _buf: Vec<u8>,
 }
 
@@ -376,9 +390,158 @@ struct Cursor {
     off: u64,
 }
 
+/// A DATA frame's head whose payload message is still to be matched.
+struct PendingHead {
+    header: Header,
+    head: wire::DataHead,
+    raw: [u8; HEADER_BYTES],
+    prefix: [u8; wire::DATA_PREFIX_MAX],
+    used: usize,
+    len: usize,
+}
+
+/// A DATA payload MPI matched but has not received: [`MpiPayload::land`] receives it
+/// straight into its destination and checks the frame's checksum. Dropped unlanded, it is
+/// received and discarded (a matched message must be received).
+pub(crate) struct MpiPayload {
+    msg: ffi::MPI_Message,
+    received: bool,
+    /// The payload's length.
+    pub(crate) len: usize,
+    raw: [u8; HEADER_BYTES],
+    prefix: [u8; wire::DATA_PREFIX_MAX],
+    used: usize,
+}
+
+impl MpiPayload {
+    /// Receives the message into `dst` (exactly `len` bytes).
+    fn receive(&mut self, dst: &mut [u8]) -> Result<(), String> {
+        debug_assert_eq!(dst.len(), self.len);
+        self.received = true;
+        mrecv(&mut self.msg, dst)
+    }
+
+    /// Receives the payload into `dst` (exactly its length) and checks the frame's
+    /// checksum. On an error `dst` holds unspecified bytes and the session must end.
+    pub(crate) fn land(mut self, dst: &mut [u8]) -> Result<(), DataError> {
+        if dst.len() != self.len {
+            return Err(DataError::Protocol(format!(
+                "a DATA payload of {} bytes has a destination of {}",
+                self.len,
+                dst.len()
+            )));
+        }
+        self.receive(dst).map_err(|why| {
+            DataError::Link(NetError::io(
+                "receiving a DATA frame's payload over MPI",
+                std::io::Error::other(why),
+            ))
+        })?;
+        let sum = wire::checksum(&[&self.raw[0..28], &self.prefix[..self.used], dst]);
+        let expected = u32::from_le_bytes([self.raw[28], self.raw[29], self.raw[30], self.raw[31]]);
+        if sum != expected {
+            return Err(DataError::Protocol(format!(
+                "a DATA frame's checksum does not match (computed {sum:#010x}, header {expected:#010x}): the frame was damaged"
+            )));
+        }
+        Ok(())
+    }
+
+    /// The whole frame (header, prefix, payload), as one buffer, checksum unchecked.
+    fn into_frame(mut self) -> Result<Vec<u8>, String> {
+        let at = HEADER_BYTES + self.used;
+        let mut f = Vec::with_capacity(at + self.len);
+        f.extend_from_slice(&self.raw);
+        f.extend_from_slice(&self.prefix[..self.used]);
+        f.resize(at + self.len, 0);
+        self.receive(&mut f[at..])?;
+        Ok(f)
+    }
+}
+
+impl Drop for MpiPayload {
+    fn drop(&mut self) {
+        if !self.received {
+            let _ = self.receive(&mut vec![0; self.len]);
+        }
+    }
+}
+
+/// Receives the matched message `msg` into `dst`, which holds all of it.
+fn mrecv(msg: &mut ffi::MPI_Message, dst: &mut [u8]) -> Result<(), String> {
+    let count = i32::try_from(dst.len()).map_err(|_| "a message past 2 GiB".to_owned())?;
+    // SAFETY: a plain C struct MPI fills in.
+    let mut status: ffi::MPI_Status = unsafe { std::mem::zeroed() };
+    // SAFETY: `msg` came from a probe on the progress thread (where this runs) and is
+    // received once; `dst` holds `count` bytes.
+    let rc = unsafe {
+        ffi::MPI_Mrecv(
+            dst.as_mut_ptr().cast(),
+            count,
+            ffi::RSMPI_UINT8_T,
+            msg,
+            &mut status,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(error_string(rc))
+    }
+}
+
+/// Receives and drops a matched message of `count` bytes.
+fn discard(mut msg: ffi::MPI_Message, count: usize) {
+    let _ = mrecv(&mut msg, &mut vec![0; count]);
+}
+
+/// A DATA frame's head, if `msg` (a [`TAG_BULK`] message) is one; `None` for anything
+/// else — a whole frame, or bytes the frame decoder refuses.
+///
+/// # Errors
+/// A DATA header followed by bytes that are neither its whole body nor its prefix.
+fn data_head(msg: &[u8]) -> Result<Option<PendingHead>, String> {
+    let Some(raw) = msg
+        .get(..HEADER_BYTES)
+        .and_then(|r| <[u8; HEADER_BYTES]>::try_from(r).ok())
+    else {
+        return Ok(None);
+    };
+    let Ok(header) = wire::decode_header(&raw) else {
+        return Ok(None);
+    };
+    let body = &msg[HEADER_BYTES..];
+    if header.kind != FrameType::Data || body.len() == header.length as usize {
+        return Ok(None);
+    }
+    let parsed = (body.len() <= wire::DATA_PREFIX_MAX)
+        .then(|| wire::parse_data_prefix(body, header.length as usize))
+        .flatten()
+        .filter(|&(_, _, at)| at == body.len());
+    let Some((head, len, used)) = parsed else {
+        return Err(format!(
+            "a DATA head message of {} bytes is neither its frame ({} body bytes) nor the frame's head",
+            msg.len(),
+            header.length
+        ));
+    };
+    let mut prefix = [0; wire::DATA_PREFIX_MAX];
+    prefix[..used].copy_from_slice(body);
+    Ok(Some(PendingHead {
+        header,
+        head,
+        raw,
+        prefix,
+        used,
+        len,
+    }))
+}
+
 /// The progress thread's own state for one peer.
 #[derive(Default)]
 struct Wire {
+    /// A DATA head received, its payload next.
+    head: Option<PendingHead>,
     inflight: VecDeque<InFlight>,
     bytes: usize,
     bulk: Option<Cursor>,
@@ -557,7 +720,7 @@ fn progress(hub: &'static Hub, comm: ffi::MPI_Comm) {
                 active |= pump(p, w, comm);
             }
         }
-        active |= receive(hub, comm, &mut buf);
+        active |= receive(hub, comm, &mut buf, &mut wires);
         active |= deliver(hub);
         let job = hub.raw.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(job) = job {
@@ -615,15 +778,30 @@ fn isend(
     frame: Vec<u8>,
     tag: i32,
 ) -> Result<(), String> {
-    let len = i32::try_from(frame.len()).map_err(|_| "a frame past 2 GiB".to_owned())?;
+    isend_part(p, w, comm, frame, 0, tag)
+}
+
+/// Starts a send of `buf[from..]` to `p` with `tag`.
+fn isend_part(
+    p: &Peer,
+    w: &mut Wire,
+    comm: ffi::MPI_Comm,
+    buf: Vec<u8>,
+    from: usize,
+    tag: i32,
+) -> Result<(), String> {
+    let part = buf.get(from..).unwrap_or_default();
+    let (at, len) = (part.as_ptr(), part.len());
+    let count = i32::try_from(len).map_err(|_| "a message past 2 GiB".to_owned())?;
     // SAFETY: reading one of MPI's constant handles.
     let mut req: ffi::MPI_Request = unsafe { ffi::RSMPI_REQUEST_NULL };
-    // SAFETY: the buffer stays alive and unmoved (its heap block) in `inflight` until
-    // MPI reports the send complete; the handles are MPI's.
+    // SAFETY: the buffer stays alive and unmoved (a heap block does not move with its
+    // `Vec`) in `inflight` until MPI reports the send complete, or for good in `failed`;
+    // the handles are MPI's.
     let rc = unsafe {
         ffi::MPI_Isend(
-            frame.as_ptr().cast(),
-            len,
+            at.cast(),
+            count,
             ffi::RSMPI_UINT8_T,
             p.rank,
             tag,
@@ -632,16 +810,52 @@ fn isend(
         )
     };
     if rc != 0 {
-        w.failed.push(InFlight { req, _buf: frame });
+        w.failed.push(InFlight {
+            req,
+            len,
+            _buf: buf,
+        });
         return Err(format!(
             "MPI_Isend to rank {}: {}",
             p.rank,
             error_string(rc)
         ));
     }
-    w.bytes += frame.len();
-    w.inflight.push_back(InFlight { req, _buf: frame });
+    w.bytes += len;
+    w.inflight.push_back(InFlight {
+        req,
+        len,
+        _buf: buf,
+    });
     Ok(())
+}
+
+/// Sends a whole DATA frame as its head, then its payload from the frame's own buffer:
+/// the receiver takes the payload straight into its destination. A frame without payload
+/// (or one that does not parse, for the receiver to refuse) goes whole.
+fn send_data_frame(
+    p: &Peer,
+    w: &mut Wire,
+    comm: ffi::MPI_Comm,
+    frame: Vec<u8>,
+) -> Result<(), String> {
+    match payload_start(&frame) {
+        Some(at) => {
+            isend(p, w, comm, frame[..at].to_vec(), TAG_BULK)?;
+            isend_part(p, w, comm, frame, at, TAG_BULK_PAYLOAD)
+        }
+        None => isend(p, w, comm, frame, TAG_BULK),
+    }
+}
+
+/// Where the payload of DATA frame `frame` starts, if it has one (and parses).
+fn payload_start(frame: &[u8]) -> Option<usize> {
+    let body = frame.get(HEADER_BYTES..)?;
+    let start = &body[..body.len().min(wire::DATA_PREFIX_MAX)];
+    match wire::parse_data_prefix(start, body.len()) {
+        Some((_, len, at)) if len > 0 => Some(HEADER_BYTES + at),
+        _ => None,
+    }
 }
 
 /// MPI failed on `p`: its session is told (by [`deliver`]), nothing more is sent.
@@ -674,7 +888,7 @@ fn pump(p: &Peer, w: &mut Wire, comm: ffi::MPI_Comm) -> bool {
             break;
         }
         if let Some(f) = w.inflight.pop_front() {
-            w.bytes -= f._buf.len();
+            w.bytes -= f.len;
         }
         active = true;
     }
@@ -728,7 +942,11 @@ fn pump(p: &Peer, w: &mut Wire, comm: ffi::MPI_Comm) -> bool {
                     .get(6)
                     .and_then(|&b| FrameType::from_u8(b))
                     .map_or(TAG_CONTROL, tag_of);
-                isend(p, w, comm, f, tag)
+                if tag == TAG_BULK {
+                    send_data_frame(p, w, comm, f)
+                } else {
+                    isend(p, w, comm, f, tag)
+                }
             }
             Some(Out::Bulk { owner, parts }) => {
                 w.bulk = Some(Cursor {
@@ -763,8 +981,10 @@ fn pump(p: &Peer, w: &mut Wire, comm: ffi::MPI_Comm) -> bool {
     active
 }
 
-/// Sends the next chunk of the bulk item being streamed, read from shared memory now
-/// (the window paces the reads).
+/// Sends the next chunk of the bulk item being streamed, copied from shared memory into a
+/// frame now (the window paces the reads). Copied, not sent in place: measured, sending
+/// straight from the staging area made `copy_from` a third slower — the receiver's
+/// single-copy read (CMA) of pages another process wrote costs more than this copy.
 fn next_chunk(
     p: &Peer,
     w: &mut Wire,
@@ -781,22 +1001,8 @@ fn next_chunk(
     };
     let shared = shared.ok_or("bulk data queued before the session started")?;
     let n = (len - c.off).min(CHUNK_BYTES as u64) as usize;
-    let mut f = Vec::with_capacity(n + 64);
-    if n > 0 {
-        let src = shared
-            .ptr(region, start + c.off, n as u64)
-            .map_err(|e| e.to_string())?;
-        let head = wire::DataHead {
-            owner: c.owner,
-            segment,
-            offset: c.off,
-        };
-        encode_data(&mut f, session, c.owner, head, n, |dst| {
-            // SAFETY: `ptr` checked the range lies in the region; the task (or request)
-            // that queued the item holds the bytes until its `Then` after it ran.
-            unsafe { std::ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), n) }
-        });
-    }
+    let offset = c.off;
+    let owner = c.owner;
     c.off += n as u64;
     if c.off >= len {
         c.part += 1;
@@ -805,15 +1011,31 @@ fn next_chunk(
             w.bulk = None;
         }
     }
-    if f.is_empty() {
+    if n == 0 {
         return Ok(());
     }
-    isend(p, w, comm, f, TAG_BULK)
+    let src = shared
+        .ptr(region, start + offset, n as u64)
+        .map_err(|e| e.to_string())?;
+    let head = wire::DataHead {
+        owner,
+        segment,
+        offset,
+    };
+    let mut f = Vec::with_capacity(n + 64);
+    wire::encode_data(&mut f, session, owner, head, n, |dst| {
+        // SAFETY: `ptr` checked the range lies in the region; the task (or request) that
+        // queued the item holds the bytes until its `Then` after it ran.
+        unsafe { std::ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), n) }
+    });
+    send_data_frame(p, w, comm, f)
 }
 
 /// Matches and receives what arrived (up to a batch), handing each frame to its peer's
-/// session, or to its inbox while none is installed. Whether anything arrived.
-fn receive(hub: &'static Hub, comm: ffi::MPI_Comm, buf: &mut [u8]) -> bool {
+/// session, or to its inbox while none is installed; a DATA payload is handed over
+/// matched, not received (the session receives it at its destination). Whether anything
+/// arrived.
+fn receive(hub: &'static Hub, comm: ffi::MPI_Comm, buf: &mut [u8], wires: &mut [Wire]) -> bool {
     let mut any = false;
     for _ in 0..64 {
         let mut flag = 0;
@@ -840,6 +1062,16 @@ fn receive(hub: &'static Hub, comm: ffi::MPI_Comm, buf: &mut [u8]) -> bool {
         // SAFETY: the status MPI just filled in.
         unsafe { ffi::MPI_Get_count(&status, ffi::RSMPI_UINT8_T, &mut count) };
         let (src, tag) = (status.MPI_SOURCE, status.MPI_TAG);
+        let from = usize::try_from(src)
+            .ok()
+            .and_then(|i| Some((hub.peers.get(i)?, wires.get_mut(i)?)));
+        if tag == TAG_BULK_PAYLOAD {
+            match from {
+                Some((p, w)) => payload_arrived(p, w, msg, count.max(0) as usize),
+                None => discard(msg, count.max(0) as usize),
+            }
+            continue;
+        }
         let n = (count.max(0) as usize).min(buf.len());
         // SAFETY: `buf` holds at least `n` bytes; the message handle came from the probe.
         // A message longer than `buf` is cut (MPI_ERR_TRUNCATE) and refused below.
@@ -852,11 +1084,12 @@ fn receive(hub: &'static Hub, comm: ffi::MPI_Comm, buf: &mut [u8]) -> bool {
                 &mut status,
             )
         };
-        let Some(p) = usize::try_from(src).ok().and_then(|s| hub.peers.get(s)) else {
+        let Some((p, w)) = from else {
             continue;
         };
         let mut q = p.lock();
         if q.cut || q.closed.is_some() {
+            w.head = None;
             continue;
         }
         if rc != 0 || count as usize > buf.len() {
@@ -870,6 +1103,26 @@ fn receive(hub: &'static Hub, comm: ffi::MPI_Comm, buf: &mut [u8]) -> bool {
             );
             broken(p, &mut q, why);
             continue;
+        }
+        if w.head.is_some() {
+            // (MPI keeps a sender's messages in order: the payload was next.)
+            let why =
+                format!("rank {src} sent a message between a DATA frame's head and its payload");
+            broken(p, &mut q, why);
+            continue;
+        }
+        if tag == TAG_BULK {
+            match data_head(&buf[..n]) {
+                Ok(Some(head)) => {
+                    w.head = Some(head);
+                    continue;
+                }
+                Ok(None) => {}
+                Err(why) => {
+                    broken(p, &mut q, format!("rank {src}: {why}"));
+                    continue;
+                }
+            }
         }
         // Raw exchanges only with a peer whose session is up (a rank of this job that
         // passed the handshake), so nothing else can hold the progress thread in one.
@@ -905,6 +1158,58 @@ fn receive(hub: &'static Hub, comm: ffi::MPI_Comm, buf: &mut [u8]) -> bool {
         }
     }
     any
+}
+
+/// A DATA payload from `p` was matched: handed to its session with the head received
+/// before it, or into the inbox as a whole frame while no session is installed.
+fn payload_arrived(p: &Peer, w: &mut Wire, msg: ffi::MPI_Message, count: usize) {
+    let head = w.head.take();
+    let mut q = p.lock();
+    if q.cut || q.closed.is_some() {
+        return discard(msg, count);
+    }
+    let Some(h) = head.filter(|h| h.len == count) else {
+        discard(msg, count);
+        let why = format!(
+            "rank {} sent a DATA payload of {count} bytes without a head announcing it",
+            p.rank
+        );
+        return broken(p, &mut q, why);
+    };
+    let payload = MpiPayload {
+        msg,
+        received: false,
+        len: count,
+        raw: h.raw,
+        prefix: h.prefix,
+        used: h.used,
+    };
+    if q.handler.is_some() && q.inbox.is_empty() {
+        let mut handler = q.handler.take();
+        drop(q);
+        if let Some(handler) = handler.as_mut() {
+            handler(Incoming::Data(h.header, h.head, payload));
+        }
+        let mut q = p.lock();
+        if !q.cut && q.handler.is_none() {
+            q.handler = handler;
+        }
+        return;
+    }
+    if q.inbox.len() >= INBOX_LIMIT {
+        let why = format!(
+            "rank {} sent {INBOX_LIMIT} frames before its session started",
+            p.rank
+        );
+        return broken(p, &mut q, why);
+    }
+    match payload.into_frame() {
+        Ok(frame) => {
+            q.inbox.push_back((frame, TAG_BULK));
+            p.changed.notify_all();
+        }
+        Err(why) => broken(p, &mut q, format!("receiving a DATA payload: {why}")),
+    }
 }
 
 /// Hands each session with a handler the frames its inbox still holds, then its end if
@@ -1150,6 +1455,43 @@ fn serve_raw(comm: ffi::MPI_Comm, src: i32, head: &[u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_data_frame_split_in_head_and_payload_is_the_same_frame() {
+        let payload: Vec<u8> = (0..5000u32).map(|i| (i * 7 % 256) as u8).collect();
+        let head = wire::DataHead {
+            owner: 1 << 33,
+            segment: 2,
+            offset: 300,
+        };
+        let mut f = Vec::new();
+        wire::encode_data(&mut f, 9, 1 << 33, head, payload.len(), |d| {
+            d.copy_from_slice(&payload)
+        });
+        let at = payload_start(&f).expect("a DATA frame with a payload splits");
+        assert_eq!(&f[at..], &payload[..]);
+        // Its head message parses as the head announcing exactly that payload, and the
+        // checksum the receiver computes over the landed payload is the frame's.
+        let h = data_head(&f[..at]).unwrap().expect("a DATA head");
+        assert_eq!(
+            (h.len, h.head.owner, h.head.segment, h.head.offset),
+            (5000, 1 << 33, 2, 300)
+        );
+        assert_eq!(h.header.length as usize, f.len() - HEADER_BYTES);
+        let sum = wire::checksum(&[&h.raw[0..28], &h.prefix[..h.used], &f[at..]]);
+        assert_eq!(sum.to_le_bytes(), f[28..32]);
+        // The frame in one piece is no head (it is decoded whole), nor is another type.
+        assert!(data_head(&f).unwrap().is_none());
+        assert!(data_head(&frame(FrameType::Heartbeat)).unwrap().is_none());
+        // A head with bytes cut off, or with bytes of the payload, is refused.
+        assert!(data_head(&f[..at - 1]).is_err());
+        assert!(data_head(&f[..at + 1]).is_err());
+        // A frame without payload is sent whole.
+        let mut empty = Vec::new();
+        wire::encode_data(&mut empty, 9, 1, head, 0, |_| {});
+        assert_eq!(payload_start(&empty), None);
+        assert!(data_head(&empty).unwrap().is_none());
+    }
 
     fn frame(kind: FrameType) -> Vec<u8> {
         match kind {

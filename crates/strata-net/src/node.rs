@@ -813,6 +813,22 @@ fn mpi_receiver(ns: &Arc<NodeShared>) -> crate::mpi_link::Handler {
                 }
                 Err(e) => protocol_error(format!("the root sent a bad frame: {e}")),
             },
+            Incoming::Data(h, head, p) => {
+                ns.last_rx
+                    .store(ns.epoch.elapsed().as_millis() as u64, Ordering::Release);
+                let landed = check_session(&ns, &h)
+                    .map_err(DataError::Protocol)
+                    .and_then(|()| {
+                        node_data(&ns, &mut landing, &mut ctl_landing, head, Payload::Mpi(p))
+                    });
+                match landed {
+                    Ok(()) => {}
+                    Err(DataError::Link(e)) => {
+                        ns.abort(format!("MPI failed on the link to the root: {e}"))
+                    }
+                    Err(DataError::Protocol(why)) => protocol_error(why),
+                }
+            }
             Incoming::Closed => ns.abort("the root ended the session".into()),
             Incoming::Broken(why) => ns.abort(format!("MPI failed on the link to the root: {why}")),
         }

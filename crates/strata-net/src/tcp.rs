@@ -427,6 +427,9 @@ pub(crate) enum Payload<'a, 's> {
     Bytes(&'a [u8]),
     /// Still in the socket.
     Socket(SocketPayload<'s>),
+    /// Matched by MPI, not yet received.
+    #[cfg(feature = "mpi")]
+    Mpi(crate::mpi_link::MpiPayload),
 }
 
 impl Payload<'_, '_> {
@@ -435,6 +438,8 @@ impl Payload<'_, '_> {
         match self {
             Payload::Bytes(b) => b.len(),
             Payload::Socket(p) => p.len,
+            #[cfg(feature = "mpi")]
+            Payload::Mpi(p) => p.len,
         }
     }
 
@@ -455,6 +460,8 @@ impl Payload<'_, '_> {
                 dst.len()
             ))),
             Payload::Socket(p) => p.read_into(dst),
+            #[cfg(feature = "mpi")]
+            Payload::Mpi(p) => p.land(dst),
         }
     }
 
@@ -472,6 +479,13 @@ impl Payload<'_, '_> {
                 scratch.clear();
                 scratch.resize(p.len, 0);
                 p.read_into(scratch)?;
+                Ok(scratch)
+            }
+            #[cfg(feature = "mpi")]
+            Payload::Mpi(p) => {
+                scratch.clear();
+                scratch.resize(p.len, 0);
+                p.land(scratch)?;
                 Ok(scratch)
             }
         }
