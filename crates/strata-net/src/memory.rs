@@ -136,10 +136,13 @@ impl RemoteWorker {
     }
 
     fn fault(&self, fault: MemoryFault, message: impl Into<String>) -> NetError {
+        let label = self.link.label();
+        // A session's end reason starts with its label, which `worker` already gives.
+        let message = message.into().replacen(&format!("{label}: "), "", 1);
         NetError::DeviceMemory {
-            worker: format!("worker {}: {}", self.id, self.link.label()),
+            worker: format!("worker {}: {label}", self.id),
             fault,
-            message: message.into(),
+            message,
         }
     }
 

@@ -574,19 +574,26 @@ fn many_pieces() -> Result<(), String> {
 /// fresh level-4 worker each (a lost remote child makes its worker unusable), stopped 3,
 /// 10, 17 and 24 ms into the copy: while its chip copies a piece, between frames, or
 /// (when its writer was waiting for socket space) in the middle of a DATA payload the
-/// root's reader reads straight into the caller's buffer. Each copy fails with a typed
-/// error once the heartbeat timeout passes (or completes, if the stop came after its last
-/// byte), and the worker closes: ending a session never waits behind a stalled read (`die`
-/// cuts the socket before it waits for a landing payload). A watchdog fails the case if
-/// anything hangs.
+/// root's reader reads straight into the caller's buffer — then three times into a 64 MiB
+/// `copy_to`, whose bytes the caller's thread writes itself until the stopped node's
+/// socket is full. Each copy fails with a typed error once the heartbeat timeout passes
+/// (or completes, if the stop came after its last byte: its bytes are checked), and the
+/// worker closes: ending a session never waits behind a stalled read (`die` cuts the
+/// socket before it waits for a landing payload) or a full socket. A watchdog fails the
+/// case if anything hangs.
 fn stopped_mid_copy() -> Result<(), String> {
     for k in 0..4u64 {
-        stop_mid_copy(Duration::from_millis(3 + 7 * k))?;
+        stop_mid_copy(Duration::from_millis(3 + 7 * k), false)?;
+    }
+    // And into a `copy_to`, which the root writes from the caller's buffer itself: it
+    // meets a full socket and must give up on the node's silence, not block in `send`.
+    for ms in [3, 10, 24] {
+        stop_mid_copy(Duration::from_millis(ms), true)?;
     }
     no_children()
 }
 
-fn stop_mid_copy(delay: Duration) -> Result<(), String> {
+fn stop_mid_copy(delay: Duration, to_device: bool) -> Result<(), String> {
     let timeout = Duration::from_secs(1);
     let mut top = DistWorker::new(DistConfig::l4(0)).map_err(|e| e.to_string())?;
     // The node says its pid: its orchestration (on the node process's main thread) has
@@ -618,8 +625,8 @@ fn stop_mid_copy(delay: Duration) -> Result<(), String> {
     // (After `init`: a node process of this program never returns from it, and must not
     // fork its chips with this thread running.)
     std::thread::spawn(|| {
-        std::thread::sleep(Duration::from_secs(60));
-        eprintln!("case stopped_mid_copy: hung for 60 s");
+        std::thread::sleep(Duration::from_secs(90));
+        eprintln!("case stopped_mid_copy: hung for 90 s");
         std::process::exit(2);
     });
     top.run(&ask, &TaskArgs::new())
@@ -639,18 +646,38 @@ fn stop_mid_copy(delay: Duration) -> Result<(), String> {
     });
     let mut back = vec![0u8; n];
     let started = Instant::now();
-    let r = w.copy_from(&mut top, &t, 0, &mut back);
+    let r = if to_device {
+        w.copy_to(&mut top, &t, 0, &vec![9u8; n])
+    } else {
+        w.copy_from(&mut top, &t, 0, &mut back)
+    };
     let took = started.elapsed();
     let _ = stopper.join();
+    if to_device && r.is_ok() {
+        // The stop came after the last byte: the node, resumed, holds all of them.
+        // SAFETY: as above.
+        unsafe { libc::kill(pid, libc::SIGCONT) };
+        w.copy_from(&mut top, &t, 0, &mut back).map_err(err)?;
+        check(
+            back.iter().all(|&b| b == 9),
+            "copy_to completed with other bytes",
+        )?;
+    }
     // SAFETY: as above; the daemon reaps it.
     unsafe { libc::kill(pid, libc::SIGKILL) };
     println!(
-        "  stopped {delay:?} into the copy: {} after {took:.2?}",
+        "  stopped {delay:?} into the copy {}: {} after {took:.2?}",
+        if to_device {
+            "to the node"
+        } else {
+            "from the node"
+        },
         r.as_ref()
             .err()
             .map_or("completed".into(), |e| e.to_string())
     );
     match r {
+        Ok(()) if to_device => {}
         // The stop came after the last byte: the copy is whole.
         Ok(()) => check(back.iter().all(|&b| b == 7), "the bytes differ")?,
         Err(e) => check(
