@@ -1221,6 +1221,20 @@ impl DistWorker {
         Ok(())
     }
 
+    /// Records that remote next-level child `worker` was lost while the caller did
+    /// device-memory work on it — its session ended, and that call's error told the
+    /// caller (`why`, which names the child) —: the worker becomes unusable at once, as
+    /// when the scheduler finds a child dead, so later calls say so and `close` does not
+    /// report the same loss again (whether or not the scheduler had noticed it first).
+    /// A worker not initialised, or unusable already, is left as it is.
+    pub fn remote_child_lost(&mut self, worker: usize, why: &str) {
+        if let Some(rt) = self.rt.as_ref() {
+            if worker < rt.ctx.next.len() {
+                rt.ctx.link.set_unusable(format!("worker {worker}: {why}"));
+            }
+        }
+    }
+
     /// Test-only fault injection: a later pass of the scheduler loop panics with
     /// `message` (after its intake, so mid-pass) — on a caller's pass (a thread driving
     /// the loop while it waits for a run) if `on_caller`, else on the scheduler thread's.

@@ -184,6 +184,28 @@ impl RemoteWorker {
         Ok(s)
     }
 
+    /// Runs device-memory operation `op` against `top`; a loss of the session that it
+    /// reports to the caller also makes `top` unusable
+    /// ([`DistWorker::remote_child_lost`]), as the scheduler does when it finds a child
+    /// dead — so later calls say so, and `close` does not report the loss again, whether
+    /// or not the scheduler had seen it first.
+    fn settle<T>(
+        &self,
+        top: &mut DistWorker,
+        op: impl FnOnce(&mut DistWorker) -> Result<T, NetError>,
+    ) -> Result<T, NetError> {
+        let r = op(top);
+        if let Err(NetError::DeviceMemory {
+            fault: MemoryFault::SessionLost | MemoryFault::Timeout,
+            message,
+            ..
+        }) = &r
+        {
+            top.remote_child_lost(self.id, &format!("{}: {message}", self.link.label()));
+        }
+        r
+    }
+
     /// One request without bytes either way, and its result word.
     fn call(&self, s: &Arc<Session>, control: &Control) -> Result<u64, NetError> {
         let p = s
@@ -221,36 +243,38 @@ impl RemoteWorker {
         shape: &[u64],
         dtype: DataType,
     ) -> Result<RemoteTensor, NetError> {
-        let s = self.ready(top, "alloc")?;
-        let view = TensorView::contiguous(dtype, shape)
-            .map_err(|e| NetError::Dist(strata_dist::DistError::Types(e)))?;
-        let chip32 = self.chip(chip)?;
-        let handle = self.call(
-            &s,
-            &Control::Alloc {
-                chip: chip32,
-                bytes: view.nbytes(),
-            },
-        )?;
-        let desc = match top.admit_remote_device(self.id, handle, view.nbytes()) {
-            Ok(d) => d,
-            Err(e) => {
-                // Do not leak the node's allocation.
-                let _ = self.call(&s, &Control::Free { id: handle });
-                return Err(e.into());
-            }
-        };
-        self.link
-            .live
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(handle, (chip, desc));
-        Ok(RemoteTensor {
-            worker: self.id,
-            chip,
-            handle,
-            desc,
-            view,
+        self.settle(top, |top| {
+            let s = self.ready(top, "alloc")?;
+            let view = TensorView::contiguous(dtype, shape)
+                .map_err(|e| NetError::Dist(strata_dist::DistError::Types(e)))?;
+            let chip32 = self.chip(chip)?;
+            let handle = self.call(
+                &s,
+                &Control::Alloc {
+                    chip: chip32,
+                    bytes: view.nbytes(),
+                },
+            )?;
+            let desc = match top.admit_remote_device(self.id, handle, view.nbytes()) {
+                Ok(d) => d,
+                Err(e) => {
+                    // Do not leak the node's allocation.
+                    let _ = self.call(&s, &Control::Free { id: handle });
+                    return Err(e.into());
+                }
+            };
+            self.link
+                .live
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(handle, (chip, desc));
+            Ok(RemoteTensor {
+                worker: self.id,
+                chip,
+                handle,
+                desc,
+                view,
+            })
         })
     }
 
@@ -296,16 +320,18 @@ impl RemoteWorker {
     /// # Errors
     /// A run in flight; a tensor of another worker, or already freed; the session ended.
     pub fn free(&self, top: &mut DistWorker, t: RemoteTensor) -> Result<(), NetError> {
-        let s = self.ready(top, "free")?;
-        self.check(&t, 0, 0, "free")?;
-        top.retire_remote_device(&t.desc)?;
-        self.link
-            .live
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&t.handle);
-        self.call(&s, &Control::Free { id: t.handle })?;
-        Ok(())
+        self.settle(top, |top| {
+            let s = self.ready(top, "free")?;
+            self.check(&t, 0, 0, "free")?;
+            top.retire_remote_device(&t.desc)?;
+            self.link
+                .live
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&t.handle);
+            self.call(&s, &Control::Free { id: t.handle })?;
+            Ok(())
+        })
     }
 
     /// The size of each piece a copy is cut into.
@@ -326,41 +352,43 @@ impl RemoteWorker {
         dev_offset: u64,
         src: &[u8],
     ) -> Result<(), NetError> {
-        let s = self.ready(top, "copy_to")?;
-        self.check(dst, dev_offset, src.len() as u64, "copy_to")?;
-        let piece = Self::piece(&s) as usize;
-        let mut inflight: VecDeque<Pending<'_>> = VecDeque::with_capacity(2);
-        let mut result = Ok(());
-        for (k, chunk) in src.chunks(piece).enumerate() {
-            if inflight.len() == 2 {
-                if let Some(p) = inflight.pop_front() {
-                    if let Err(e) = self.wait(p) {
-                        result = Err(e);
+        self.settle(top, |top| {
+            let s = self.ready(top, "copy_to")?;
+            self.check(dst, dev_offset, src.len() as u64, "copy_to")?;
+            let piece = Self::piece(&s) as usize;
+            let mut inflight: VecDeque<Pending<'_>> = VecDeque::with_capacity(2);
+            let mut result = Ok(());
+            for (k, chunk) in src.chunks(piece).enumerate() {
+                if inflight.len() == 2 {
+                    if let Some(p) = inflight.pop_front() {
+                        if let Err(e) = self.wait(p) {
+                            result = Err(e);
+                            break;
+                        }
+                    }
+                }
+                let control = Control::CopyTo {
+                    id: dst.handle,
+                    offset: dev_offset + (k * piece) as u64,
+                    len: chunk.len() as u64,
+                };
+                match s.post_control(&control, chunk, None) {
+                    Ok(p) => inflight.push_back(p),
+                    Err(why) => {
+                        result = Err(self.fault(MemoryFault::SessionLost, why));
                         break;
                     }
                 }
             }
-            let control = Control::CopyTo {
-                id: dst.handle,
-                offset: dev_offset + (k * piece) as u64,
-                len: chunk.len() as u64,
-            };
-            match s.post_control(&control, chunk, None) {
-                Ok(p) => inflight.push_back(p),
-                Err(why) => {
-                    result = Err(self.fault(MemoryFault::SessionLost, why));
-                    break;
+            // Every request posted is waited for, even after an error.
+            for p in inflight {
+                let r = self.wait(p);
+                if result.is_ok() {
+                    result = r.map(drop);
                 }
             }
-        }
-        // Every request posted is waited for, even after an error.
-        for p in inflight {
-            let r = self.wait(p);
-            if result.is_ok() {
-                result = r.map(drop);
-            }
-        }
-        result
+            result
+        })
     }
 
     /// Copies `dst.len()` bytes of `src` from its byte `dev_offset` on into `dst`
@@ -375,56 +403,58 @@ impl RemoteWorker {
         dev_offset: u64,
         dst: &mut [u8],
     ) -> Result<(), NetError> {
-        let s = self.ready(top, "copy_from")?;
-        self.check(src, dev_offset, dst.len() as u64, "copy_from")?;
-        let piece = Self::piece(&s) as usize;
-        // Each piece's bytes land straight in its part of `dst` (the reader writes them
-        // there as they arrive); two pieces in flight.
-        let mut inflight: VecDeque<(usize, Pending<'_>)> = VecDeque::with_capacity(2);
-        let mut result = Ok(());
-        let land = |want: usize, p: Pending<'_>, result: &mut Result<(), NetError>| {
-            let r = self.wait(p);
-            if result.is_err() {
-                return;
-            }
-            match r {
-                Ok((_, got)) if got == want as u64 => {}
-                Ok((_, got)) => {
-                    *result = Err(self.fault(
-                        MemoryFault::Node,
-                        format!("copy_from: the node sent {got} bytes for a piece of {want}"),
-                    ))
+        self.settle(top, |top| {
+            let s = self.ready(top, "copy_from")?;
+            self.check(src, dev_offset, dst.len() as u64, "copy_from")?;
+            let piece = Self::piece(&s) as usize;
+            // Each piece's bytes land straight in its part of `dst` (the reader writes them
+            // there as they arrive); two pieces in flight.
+            let mut inflight: VecDeque<(usize, Pending<'_>)> = VecDeque::with_capacity(2);
+            let mut result = Ok(());
+            let land = |want: usize, p: Pending<'_>, result: &mut Result<(), NetError>| {
+                let r = self.wait(p);
+                if result.is_err() {
+                    return;
                 }
-                Err(e) => *result = Err(e),
-            }
-        };
-        for (k, part) in dst.chunks_mut(piece).enumerate() {
-            if inflight.len() == 2 {
-                if let Some((want, p)) = inflight.pop_front() {
-                    land(want, p, &mut result);
+                match r {
+                    Ok((_, got)) if got == want as u64 => {}
+                    Ok((_, got)) => {
+                        *result = Err(self.fault(
+                            MemoryFault::Node,
+                            format!("copy_from: the node sent {got} bytes for a piece of {want}"),
+                        ))
+                    }
+                    Err(e) => *result = Err(e),
                 }
-            }
-            if result.is_err() {
-                break;
-            }
-            let len = part.len();
-            let control = Control::CopyFrom {
-                id: src.handle,
-                offset: dev_offset + (k * piece) as u64,
-                len: len as u64,
             };
-            match s.post_control(&control, &[], Some(part)) {
-                Ok(p) => inflight.push_back((len, p)),
-                Err(why) => {
-                    result = Err(self.fault(MemoryFault::SessionLost, why));
+            for (k, part) in dst.chunks_mut(piece).enumerate() {
+                if inflight.len() == 2 {
+                    if let Some((want, p)) = inflight.pop_front() {
+                        land(want, p, &mut result);
+                    }
+                }
+                if result.is_err() {
                     break;
                 }
+                let len = part.len();
+                let control = Control::CopyFrom {
+                    id: src.handle,
+                    offset: dev_offset + (k * piece) as u64,
+                    len: len as u64,
+                };
+                match s.post_control(&control, &[], Some(part)) {
+                    Ok(p) => inflight.push_back((len, p)),
+                    Err(why) => {
+                        result = Err(self.fault(MemoryFault::SessionLost, why));
+                        break;
+                    }
+                }
             }
-        }
-        while let Some((want, p)) = inflight.pop_front() {
-            land(want, p, &mut result);
-        }
-        result
+            while let Some((want, p)) = inflight.pop_front() {
+                land(want, p, &mut result);
+            }
+            result
+        })
     }
 
     /// Bytes chip `chip`'s device allocator holds (outside any run).
@@ -436,9 +466,11 @@ impl RemoteWorker {
         top: &mut DistWorker,
         chip: usize,
     ) -> Result<u64, NetError> {
-        let s = self.ready(top, "committed_device_memory")?;
-        let chip32 = self.chip(chip)?;
-        self.call(&s, &Control::Committed { chip: chip32 })
+        self.settle(top, |top| {
+            let s = self.ready(top, "committed_device_memory")?;
+            let chip32 = self.chip(chip)?;
+            self.call(&s, &Control::Committed { chip: chip32 })
+        })
     }
 
     /// `(free, total)` bytes of chip `chip`'s emulated card on the node (outside any
@@ -451,11 +483,13 @@ impl RemoteWorker {
         top: &mut DistWorker,
         chip: usize,
     ) -> Result<(u64, u64), NetError> {
-        let s = self.ready(top, "device_memory_info")?;
-        let chip = self.chip(chip)?;
-        let free = self.call(&s, &Control::FreeBytes { chip })?;
-        let total = self.call(&s, &Control::Capacity { chip })?;
-        Ok((free, total))
+        self.settle(top, |top| {
+            let s = self.ready(top, "device_memory_info")?;
+            let chip = self.chip(chip)?;
+            let free = self.call(&s, &Control::FreeBytes { chip })?;
+            let total = self.call(&s, &Control::Capacity { chip })?;
+            Ok((free, total))
+        })
     }
 
     /// Whether `t` is a live allocation of this worker (allocated here, not freed: a

@@ -680,11 +680,31 @@ fn stop_mid_copy(delay: Duration, to_device: bool) -> Result<(), String> {
         Ok(()) if to_device => {}
         // The stop came after the last byte: the copy is whole.
         Ok(()) => check(back.iter().all(|&b| b == 7), "the bytes differ")?,
-        Err(e) => check(
-            matches!(e, strata_net::NetError::DeviceMemory { .. })
-                && took < timeout + Duration::from_secs(10),
-            format!("{e} after {took:?}"),
-        )?,
+        Err(e) => {
+            check(
+                matches!(e, strata_net::NetError::DeviceMemory { .. })
+                    && took < timeout + Duration::from_secs(10),
+                format!("{e} after {took:?}"),
+            )?;
+            // The copy's error told of the loss: the worker is unusable from then on,
+            // and `close` does not report it again — whether or not the scheduler had
+            // found the session dead by then.
+            let later = w
+                .committed_device_memory(&mut top, 0)
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            check(
+                later.contains("unusable") && later.contains("worker 0"),
+                format!("a device-memory call after the loss: {later:?}"),
+            )?;
+            let closed = top.close();
+            println!("  close: {closed:?}");
+            return check(
+                closed.is_ok(),
+                format!("close after a reported loss: {closed:?}"),
+            );
+        }
     }
     let closed = top.close();
     println!("  close: {closed:?}");
