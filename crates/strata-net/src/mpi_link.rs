@@ -424,27 +424,14 @@ impl MpiPayload {
     /// Receives the payload into `dst` (exactly its length) and checks the frame's
     /// checksum. On an error `dst` holds unspecified bytes and the session must end.
     pub(crate) fn land(mut self, dst: &mut [u8]) -> Result<(), DataError> {
-        if dst.len() != self.len {
-            return Err(DataError::Protocol(format!(
-                "a DATA payload of {} bytes has a destination of {}",
-                self.len,
-                dst.len()
-            )));
-        }
+        DataError::check_destination(self.len, dst)?;
         self.receive(dst).map_err(|why| {
             DataError::Link(NetError::io(
                 "receiving a DATA frame's payload over MPI",
                 std::io::Error::other(why),
             ))
         })?;
-        let sum = wire::checksum(&[&self.raw[0..28], &self.prefix[..self.used], dst]);
-        let expected = u32::from_le_bytes([self.raw[28], self.raw[29], self.raw[30], self.raw[31]]);
-        if sum != expected {
-            return Err(DataError::Protocol(format!(
-                "a DATA frame's checksum does not match (computed {sum:#010x}, header {expected:#010x}): the frame was damaged"
-            )));
-        }
-        Ok(())
+        crate::tcp::check_landed(&self.raw, &self.prefix[..self.used], dst)
     }
 
     /// The whole frame (header, prefix, payload), as one buffer, checksum unchecked.

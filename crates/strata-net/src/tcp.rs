@@ -382,6 +382,19 @@ impl From<String> for DataError {
     }
 }
 
+impl DataError {
+    /// A payload of `len` bytes lands only in a destination of exactly that length.
+    pub(crate) fn check_destination(len: usize, dst: &[u8]) -> Result<(), DataError> {
+        if dst.len() == len {
+            return Ok(());
+        }
+        Err(DataError::Protocol(format!(
+            "a DATA payload of {len} bytes has a destination of {}",
+            dst.len()
+        )))
+    }
+}
+
 impl std::fmt::Display for DataError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
@@ -395,27 +408,31 @@ impl SocketPayload<'_> {
     /// Reads the payload into `dst` (exactly its length) and checks the frame's
     /// checksum. On an error the bytes in `dst` are unspecified and the session must end.
     fn read_into(self, dst: &mut [u8]) -> Result<(), DataError> {
-        if dst.len() != self.len {
-            return Err(DataError::Protocol(format!(
-                "a DATA payload of {} bytes has a destination of {}",
-                self.len,
-                dst.len()
-            )));
-        }
+        DataError::check_destination(self.len, dst)?;
         let early = &self.start[self.at..self.got];
         dst[..early.len()].copy_from_slice(early);
         self.sock
             .read_exact(&mut dst[early.len()..])
             .map_err(|e| DataError::Link(read_failed("reading a DATA frame's payload", e)))?;
-        let sum = wire::checksum(&[&self.raw[0..28], &self.start[..self.at], dst]);
-        let expected = u32::from_le_bytes([self.raw[28], self.raw[29], self.raw[30], self.raw[31]]);
-        if sum != expected {
-            return Err(DataError::Protocol(format!(
-                "a DATA frame's checksum does not match (computed {sum:#010x}, header {expected:#010x}): the frame was damaged"
-            )));
-        }
-        Ok(())
+        check_landed(&self.raw, &self.start[..self.at], dst)
     }
+}
+
+/// Checks the checksum of a DATA frame whose header bytes are `raw`, body prefix
+/// `prefix`, and payload `landed` (read to its place).
+pub(crate) fn check_landed(
+    raw: &[u8; HEADER_BYTES],
+    prefix: &[u8],
+    landed: &[u8],
+) -> Result<(), DataError> {
+    let sum = wire::checksum(&[&raw[0..28], prefix, landed]);
+    let expected = u32::from_le_bytes([raw[28], raw[29], raw[30], raw[31]]);
+    if sum != expected {
+        return Err(DataError::Protocol(format!(
+            "a DATA frame's checksum does not match (computed {sum:#010x}, header {expected:#010x}): the frame was damaged"
+        )));
+    }
+    Ok(())
 }
 
 /// Where a DATA frame's payload is: in memory (a whole frame, e.g. over MPI), or still in
@@ -450,15 +467,11 @@ impl Payload<'_, '_> {
     /// and the session must end.
     pub(crate) fn land(self, dst: &mut [u8]) -> Result<(), DataError> {
         match self {
-            Payload::Bytes(b) if b.len() == dst.len() => {
+            Payload::Bytes(b) => {
+                DataError::check_destination(b.len(), dst)?;
                 dst.copy_from_slice(b);
                 Ok(())
             }
-            Payload::Bytes(b) => Err(DataError::Protocol(format!(
-                "a DATA payload of {} bytes has a destination of {}",
-                b.len(),
-                dst.len()
-            ))),
             Payload::Socket(p) => p.read_into(dst),
             #[cfg(feature = "mpi")]
             Payload::Mpi(p) => p.land(dst),
