@@ -139,6 +139,24 @@ pub trait Endpoint: Send {
         true
     }
 
+    /// Waits up to `timeout` for the child's news on the calling thread, reading the
+    /// child's link itself — so the answer's arrival wakes the waiting caller directly,
+    /// not a reader thread that would then wake it — or returns at once when `kick` (a
+    /// descriptor the engine makes readable when anything else needs the loop) is
+    /// readable. Returns whether it waited (the caller steps the loop again); `false`
+    /// when it cannot (another thread is reading the link, or the link has no descriptor)
+    /// — the caller then parks on the doorbell as usual. The engine calls it only while
+    /// this child is the one that holds tasks. `false` by default.
+    fn wait_answer(&mut self, kick: std::os::fd::RawFd, timeout: std::time::Duration) -> bool {
+        let _ = (kick, timeout);
+        false
+    }
+
+    /// The engine waits elsewhere from now on (on the doorbell): whatever the child's
+    /// link brings must be read by the endpoint's own means again, at once — a reader
+    /// that stood aside while callers waited in the link takes over. A no-op by default.
+    fn release_read(&mut self) {}
+
     /// What the child is doing, for the message of a missed deadline (e.g. that the
     /// process is stopped), when that can be told.
     fn state_note(&self) -> Option<String> {
@@ -329,6 +347,20 @@ impl Endpoint for AnyEndpoint {
         match self {
             AnyEndpoint::Local(_) => true,
             AnyEndpoint::Remote(r) => r.answers_soon(),
+        }
+    }
+
+    fn wait_answer(&mut self, kick: std::os::fd::RawFd, timeout: std::time::Duration) -> bool {
+        match self {
+            AnyEndpoint::Local(_) => false,
+            AnyEndpoint::Remote(r) => r.wait_answer(kick, timeout),
+        }
+    }
+
+    #[inline]
+    fn release_read(&mut self) {
+        if let AnyEndpoint::Remote(r) = self {
+            r.release_read();
         }
     }
 

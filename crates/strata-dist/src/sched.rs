@@ -29,7 +29,7 @@ use crate::task::{DistTask, Route, Target};
 use crate::trace::{TaskStart, TraceBook};
 use crate::worker::CHIP_FAILED_BELOW;
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use strata_graph::{
@@ -120,6 +120,58 @@ pub(crate) struct Link {
     thread_fault_flag: AtomicBool,
     /// The traces of the traced runs in flight.
     pub(crate) trace: TraceBook,
+    /// Wakes a caller that waits in a remote child's link ([`Endpoint::wait_answer`])
+    /// when work is handed to the loop; `None` if no eventfd could be made (callers then
+    /// always park on the doorbell).
+    kick: Option<Kick>,
+}
+
+/// An eventfd the loop's own rings also write while a caller waits in a remote child's
+/// link instead of on the doorbell's futex. Rings from this process (work handed over, a
+/// run's phase change, a stop) are the ones such a caller could otherwise miss: the other
+/// ringers are the child it waits for, and children that hold no task.
+///
+/// The hand-shake is a store-buffering pair: a ringer bumps the doorbell (a fence follows
+/// the bump) and then reads `pollers`; a caller counts itself in `pollers`, fences, and
+/// then reads the doorbell and `pending`. One of the two sees the other: the ringer kicks,
+/// or the caller does not wait.
+struct Kick {
+    fd: std::os::fd::OwnedFd,
+    pollers: AtomicU32,
+}
+
+impl Kick {
+    fn new() -> Option<Kick> {
+        use std::os::fd::FromRawFd;
+        // SAFETY: plain syscall; a valid descriptor is owned from here on.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return None;
+        }
+        Some(Kick {
+            // SAFETY: `fd` is a fresh descriptor nothing else owns.
+            fd: unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) },
+            pollers: AtomicU32::new(0),
+        })
+    }
+
+    fn kick(&self) {
+        use std::os::fd::AsRawFd;
+        if self.pollers.load(Ordering::Relaxed) != 0 {
+            let one = 1u64;
+            // SAFETY: writes 8 bytes from a live u64 to the eventfd this owns. A full
+            // counter (EAGAIN) is already readable: nothing is lost.
+            unsafe { libc::write(self.fd.as_raw_fd(), (&raw const one).cast(), 8) };
+        }
+    }
+
+    /// Resets the eventfd after a wait.
+    fn drain(&self) {
+        use std::os::fd::AsRawFd;
+        let mut n = 0u64;
+        // SAFETY: reads 8 bytes into a live u64 from the eventfd this owns (non-blocking).
+        unsafe { libc::read(self.fd.as_raw_fd(), (&raw mut n).cast(), 8) };
+    }
 }
 
 impl Link {
@@ -137,6 +189,7 @@ impl Link {
             hungry: AtomicBool::new(true),
             waker: OnceLock::new(),
             thread_fault: Mutex::new(None),
+            kick: Kick::new(),
             thread_fault_flag: AtomicBool::new(false),
         }
     }
@@ -177,7 +230,7 @@ impl Link {
         }
         self.inbox().ready.append(batch);
         self.pending.store(true, Ordering::SeqCst);
-        self.doorbell.ring();
+        self.ring();
         if wake {
             self.wake_dormant();
         }
@@ -197,7 +250,7 @@ impl Link {
     pub(crate) fn push_control(&self, job: ControlJob) {
         self.inbox().controls.push(job);
         self.pending.store(true, Ordering::SeqCst);
-        self.doorbell.ring();
+        self.ring();
         self.wake_dormant();
     }
 
@@ -207,7 +260,7 @@ impl Link {
     pub(crate) fn stop(&self, deadline: std::time::Instant) {
         self.inbox().stop = Some(deadline);
         self.pending.store(true, Ordering::SeqCst);
-        self.doorbell.ring();
+        self.ring();
         self.wake_dormant();
     }
 
@@ -215,7 +268,7 @@ impl Link {
     pub(crate) fn inject_pass_panic(&self, fault: PassFault) {
         self.inbox().fault = Some(fault);
         self.pending.store(true, Ordering::SeqCst);
-        self.doorbell.ring();
+        self.ring();
         self.wake_dormant();
     }
 
@@ -225,7 +278,7 @@ impl Link {
     pub(crate) fn inject_thread_panic(&self, message: String) {
         *self.thread_fault.lock().unwrap_or_else(|e| e.into_inner()) = Some(message);
         self.thread_fault_flag.store(true, Ordering::SeqCst);
-        self.doorbell.ring();
+        self.ring();
         self.wake_dormant();
     }
 
@@ -241,11 +294,21 @@ impl Link {
         }
     }
 
+    /// Rings the doorbell, and kicks a caller that waits in a remote child's link.
+    #[inline]
+    fn ring(&self) {
+        // (The bump ends with a SeqCst fence: the `pollers` read cannot move before it.)
+        self.doorbell.ring();
+        if let Some(k) = &self.kick {
+            k.kick();
+        }
+    }
+
     /// Wakes the scheduler (a run changed phase). A dormant scheduler thread stays
     /// parked: the loop was left with nothing queued, so a phase change gives it nothing
     /// to dispatch.
     pub(crate) fn nudge(&self) {
-        self.doorbell.ring();
+        self.ring();
     }
 
     /// Why the worker is unusable, if it is.
@@ -550,6 +613,43 @@ impl<E: Endpoint> SchedLoop<E> {
             .zip(&self.endpoints)
             .any(|(l, e)| l.is_busy() && e.answers_soon());
         Step::Idle { busy, spin }
+    }
+
+    /// Waits up to `timeout` in the link of the one child that holds tasks (a remote
+    /// one: [`Endpoint::wait_answer`]) rather than on the doorbell, unless the doorbell
+    /// moved past `seen` or work was handed over. Whether it waited.
+    fn wait_answer(&mut self, seen: u32, timeout: Duration) -> bool {
+        let Some(kick) = self.link.kick.as_ref() else {
+            return false;
+        };
+        let mut busy = self.lanes.iter().enumerate().filter(|(_, l)| l.is_busy());
+        let (Some((lane, _)), None) = (busy.next(), busy.next()) else {
+            return false;
+        };
+        kick.pollers.fetch_add(1, Ordering::SeqCst);
+        std::sync::atomic::fence(Ordering::SeqCst);
+        let quiet = !self.link.pending.load(Ordering::SeqCst) && self.link.doorbell.seq() == seen;
+        let waited = quiet && {
+            use std::os::fd::AsRawFd;
+            self.endpoints[lane].wait_answer(kick.fd.as_raw_fd(), timeout)
+        };
+        kick.pollers.fetch_sub(1, Ordering::SeqCst);
+        if waited {
+            kick.drain();
+        }
+        waited
+    }
+
+    /// The link of every child that holds tasks is read by its own reader again
+    /// ([`Endpoint::release_read`]): the driver is about to wait on the doorbell, and
+    /// their answers must wake it. (An idle child's link brings nothing a driver waits
+    /// for: its reader takes it back by itself soon enough.)
+    fn release_reads(&mut self) {
+        for (l, e) in self.lanes.iter().zip(&mut self.endpoints) {
+            if l.is_busy() {
+                e.release_read();
+            }
+        }
     }
 
     /// Whether the loop has nothing to do until it is handed new work (nothing in the
@@ -1330,7 +1430,16 @@ impl Driver {
                 continue;
             }
             let seen = self.link.doorbell.seq();
-            match self.seat.pass(SchedLoop::step) {
+            // This thread waits on the doorbell only: a remote child's link is read by
+            // its own reader while it does (a caller's link wait may have left it aside).
+            let pass = |lp: &mut SchedLoop| {
+                let step = lp.step();
+                if matches!(step, Step::Idle { .. }) {
+                    lp.release_reads();
+                }
+                step
+            };
+            match self.seat.pass(pass) {
                 Err(b) => {
                     self.broke(&b);
                     break;
@@ -1401,7 +1510,10 @@ impl Driver {
                         if wait.is_zero() {
                             Turn::HandBack
                         } else {
-                            link.doorbell.wait(seen, Duration::ZERO, wait);
+                            if !lp.wait_answer(seen, wait) {
+                                lp.release_reads();
+                                link.doorbell.wait(seen, Duration::ZERO, wait);
+                            }
                             Turn::Again
                         }
                     }
@@ -1415,6 +1527,7 @@ impl Driver {
                         if left.is_zero() {
                             Turn::HandBack
                         } else {
+                            lp.release_reads();
                             link.doorbell.wait(seen, left, left);
                             Turn::Again
                         }

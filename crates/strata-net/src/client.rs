@@ -214,6 +214,9 @@ pub(crate) struct Session {
     tx: Tx,
     /// Cuts the link from any thread.
     sock: Cut,
+    /// Who reads a TCP session's socket (`None` over MPI): the reader thread, or a
+    /// caller waiting for this node's answer ([`crate::tcp::ReadRole`]).
+    read_role: Option<crate::tcp::ReadRole>,
 }
 
 impl Session {
@@ -475,6 +478,8 @@ pub struct RemoteEndpoint {
     /// The node's host name and pid (its track in traces).
     node_host: String,
     node_pid: u32,
+    /// Frame buffers of a caller that reads the session's socket itself.
+    bufs: (Vec<u8>, Vec<u8>),
 }
 
 impl std::fmt::Debug for RemoteEndpoint {
@@ -523,6 +528,7 @@ impl RemoteEndpoint {
                 out_pending: AtomicU64::new(0),
                 tx,
                 sock,
+                read_role: None,
             })
         };
         // (One arm without the `mpi` feature.)
@@ -537,6 +543,7 @@ impl RemoteEndpoint {
                 return Ok(RemoteEndpoint {
                     s,
                     traces: [None, None],
+                    bufs: (Vec::new(), Vec::new()),
                     clock: None,
                     node_host: node.0,
                     node_pid: node.1,
@@ -558,15 +565,19 @@ impl RemoteEndpoint {
             }
         };
         let (tx, _writer, rd) = crate::tcp::start(stream, writer_shared, session, on_error)?;
-        let s = new(Tx::Tcp(tx), Cut::Tcp(sock));
+        let mut s = new(Tx::Tcp(tx), Cut::Tcp(sock));
+        if let Some(m) = Arc::get_mut(&mut s) {
+            m.read_role = Some(crate::tcp::ReadRole::new(rd)?);
+        }
         let _ = died.set(Arc::downgrade(&s));
         let rs = s.clone();
-        crate::tcp::spawn_reader(rd, move |rd| reader(rs, rd))?;
+        crate::tcp::spawn_reader(move || reader(rs))?;
         let rt = runtime();
         rt.spawn(heartbeat(s.clone()));
         Ok(RemoteEndpoint {
             s,
             traces: [None, None],
+            bufs: (Vec::new(), Vec::new()),
             clock: None,
             node_host: node.0,
             node_pid: node.1,
@@ -791,6 +802,26 @@ impl Endpoint for RemoteEndpoint {
             self.s.label
         ));
         true
+    }
+
+    fn wait_answer(&mut self, kick: std::os::fd::RawFd, timeout: Duration) -> bool {
+        let s = &self.s;
+        let Some(role) = s.read_role.as_ref() else {
+            return false;
+        };
+        if s.dead_flag.load(Ordering::Acquire) {
+            return false;
+        }
+        let (body, scratch) = &mut self.bufs;
+        role.wait(kick, timeout, |sock| {
+            read_one(s, sock, body, scratch).is_ok()
+        })
+    }
+
+    fn release_read(&mut self) {
+        if let Some(role) = &self.s.read_role {
+            role.release();
+        }
     }
 
     fn answers_soon(&self) -> bool {
@@ -1200,9 +1231,26 @@ fn mpi_receiver(s: &Arc<Session>) -> crate::mpi_link::Handler {
     })
 }
 
-/// The session's reader thread: each frame from the node, until the socket ends.
-fn reader(s: Arc<Session>, mut rd: TcpStream) {
+/// The session's reader thread: each frame from the node that no waiting caller reads
+/// ([`crate::tcp::ReadRole`]), until the session ends.
+fn reader(s: Arc<Session>) {
+    let Some(role) = s.read_role.as_ref() else {
+        return;
+    };
     let (mut body, mut scratch) = (Vec::new(), Vec::new());
+    role.run_reader(
+        || !s.dead_flag.load(Ordering::Acquire),
+        |sock| read_one(&s, sock, &mut body, &mut scratch).is_ok(),
+    );
+}
+
+/// One frame from the node, handled; `Err` once the session ended.
+fn read_one(
+    s: &Arc<Session>,
+    rd: &mut TcpStream,
+    body: &mut Vec<u8>,
+    scratch: &mut Vec<u8>,
+) -> Result<(), ()> {
     let broke = |s: &Session, e: &NetError| {
         if s.lock().ack.is_none() {
             let why = match e {
@@ -1218,23 +1266,32 @@ fn reader(s: Arc<Session>, mut rd: TcpStream) {
             s.die(why);
         }
     };
-    // After `die`, nothing more is read (nor lands).
-    while !s.dead_flag.load(Ordering::Acquire) {
-        let next = match crate::tcp::read_next(&mut rd, &mut body) {
-            Ok(n) => n,
-            Err(e) => return broke(&s, &e),
-        };
-        s.last_rx.store(s.now_ms(), Ordering::Release);
-        let handled = match next {
-            Incoming::Whole(h) => on_frame(&s, &h, &body).map_err(DataError::Protocol),
-            Incoming::Data(h, head, p) => check_session(&s, &h)
-                .map_err(DataError::Protocol)
-                .and_then(|()| on_data(&s, head, Payload::Socket(p), &mut scratch)),
-        };
-        match handled {
-            Ok(()) => {}
-            Err(DataError::Link(e)) => return broke(&s, &e),
-            Err(DataError::Protocol(why)) => return s.die(format!("{}: {why}", s.label)),
+    if s.dead_flag.load(Ordering::Acquire) {
+        return Err(());
+    }
+    let next = match crate::tcp::read_next(rd, body) {
+        Ok(n) => n,
+        Err(e) => {
+            broke(s, &e);
+            return Err(());
+        }
+    };
+    s.last_rx.store(s.now_ms(), Ordering::Release);
+    let handled = match next {
+        Incoming::Whole(h) => on_frame(s, &h, body).map_err(DataError::Protocol),
+        Incoming::Data(h, head, p) => check_session(s, &h)
+            .map_err(DataError::Protocol)
+            .and_then(|()| on_data(s, head, Payload::Socket(p), scratch)),
+    };
+    match handled {
+        Ok(()) => Ok(()),
+        Err(DataError::Link(e)) => {
+            broke(s, &e);
+            Err(())
+        }
+        Err(DataError::Protocol(why)) => {
+            s.die(format!("{}: {why}", s.label));
+            Err(())
         }
     }
 }
