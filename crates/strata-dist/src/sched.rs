@@ -29,7 +29,7 @@ use crate::task::{DistTask, Route, Target};
 use crate::trace::{TaskStart, TraceBook};
 use crate::worker::CHIP_FAILED_BELOW;
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use strata_graph::{
@@ -131,13 +131,13 @@ pub(crate) struct Link {
 /// run's phase change, a stop) are the ones such a caller could otherwise miss: the other
 /// ringers are the child it waits for, and children that hold no task.
 ///
-/// The hand-shake is a store-buffering pair: a ringer bumps the doorbell (a fence follows
-/// the bump) and then reads `pollers`; a caller counts itself in `pollers`, fences, and
-/// then reads the doorbell and `pending`. One of the two sees the other: the ringer kicks,
-/// or the caller does not wait.
+/// The hand-shake is strata-sync's [`strata_sync::KickGate`] (loom-checked): a ringer
+/// publishes (`pending`, the doorbell's bump) and then asks the gate; a caller enters the
+/// gate and then re-checks `pending` and the doorbell. One of the two sees the other: the
+/// ringer kicks, or the caller does not wait.
 struct Kick {
     fd: std::os::fd::OwnedFd,
-    pollers: AtomicU32,
+    gate: strata_sync::KickGate,
 }
 
 impl Kick {
@@ -151,13 +151,13 @@ impl Kick {
         Some(Kick {
             // SAFETY: `fd` is a fresh descriptor nothing else owns.
             fd: unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) },
-            pollers: AtomicU32::new(0),
+            gate: strata_sync::KickGate::new(),
         })
     }
 
     fn kick(&self) {
         use std::os::fd::AsRawFd;
-        if self.pollers.load(Ordering::Relaxed) != 0 {
+        if self.gate.should_kick() {
             let one = 1u64;
             // SAFETY: writes 8 bytes from a live u64 to the eventfd this owns. A full
             // counter (EAGAIN) is already readable: nothing is lost.
@@ -297,7 +297,6 @@ impl Link {
     /// Rings the doorbell, and kicks a caller that waits in a remote child's link.
     #[inline]
     fn ring(&self) {
-        // (The bump ends with a SeqCst fence: the `pollers` read cannot move before it.)
         self.doorbell.ring();
         if let Some(k) = &self.kick {
             k.kick();
@@ -626,14 +625,13 @@ impl<E: Endpoint> SchedLoop<E> {
         let (Some((lane, _)), None) = (busy.next(), busy.next()) else {
             return false;
         };
-        kick.pollers.fetch_add(1, Ordering::SeqCst);
-        std::sync::atomic::fence(Ordering::SeqCst);
+        let inside = kick.gate.enter();
         let quiet = !self.link.pending.load(Ordering::SeqCst) && self.link.doorbell.seq() == seen;
         let waited = quiet && {
             use std::os::fd::AsRawFd;
             self.endpoints[lane].wait_answer(kick.fd.as_raw_fd(), timeout)
         };
-        kick.pollers.fetch_sub(1, Ordering::SeqCst);
+        drop(inside);
         if waited {
             kick.drain();
         }

@@ -17,6 +17,7 @@
 
 pub mod futex;
 mod handoff;
+mod kick_gate;
 #[cfg(all(test, loom))]
 mod loom_tests;
 #[cfg(loom)]
@@ -29,6 +30,7 @@ mod wait;
 
 pub use futex::FutexError;
 pub use handoff::{Idle, Queue, Slot, ThreadBell};
+pub use kick_gate::{Inside, KickGate};
 pub use owner_first::{Held, OwnerFirst, OwnerTurn};
 pub use seat::{Broken, Driven, DriverSeat, SeatWaker, Turn};
 pub use spin::{push_retry, spin_polls, CpuHint, Spin, SpinStep, POLLS_PER_CLOCK, YIELD_AFTER};

@@ -488,3 +488,37 @@ fn loom_owner_first_never_leaves_a_waiting_owner_without_a_reader() {
         helper.join().unwrap();
     });
 }
+
+/// [`crate::KickGate`]: a waiter that enters the gate, finds no event and sleeps (as in a
+/// `poll` a ring cannot reach; here a park, the kick an unpark after setting a sticky flag,
+/// as an eventfd stays readable) is kicked by the ringer that publishes the event: a
+/// waiter left asleep is a deadlock, which loom reports.
+#[test]
+fn loom_kick_gate_a_waiter_that_sleeps_is_kicked() {
+    use crate::sync::AtomicBool;
+    use crate::KickGate;
+    loom::model(|| {
+        let gate = Arc::new(KickGate::new());
+        let event = Arc::new(AtomicBool::new(false));
+        let kicked = Arc::new(AtomicBool::new(false));
+        let waiter = thread::current();
+        let ringer = {
+            let (gate, event, kicked) = (gate.clone(), event.clone(), kicked.clone());
+            thread::spawn(move || {
+                event.store(true, Ordering::Relaxed);
+                if gate.should_kick() {
+                    kicked.store(true, Ordering::Release);
+                    waiter.unpark();
+                }
+            })
+        };
+        let inside = gate.enter();
+        if !event.load(Ordering::Relaxed) {
+            while !kicked.load(Ordering::Acquire) {
+                thread::park();
+            }
+        }
+        drop(inside);
+        ringer.join().unwrap();
+    });
+}
