@@ -23,7 +23,7 @@ pub const NOISE: f64 = 0.10;
 /// The rule, as printed beside the verdicts.
 pub fn noise_rule() -> String {
     format!(
-        "within noise = the per-round ratios head/base span 1.0 (min <= 1 <= max) or their median is within {:.0}% of 1; otherwise slower / faster (figures with gbps in their name are higher-is-better, all others lower-is-better)",
+        "within noise = the per-round ratios head/base span 1.0 (min <= 1 <= max) or their median is within {:.0}% of 1; otherwise slower / faster (rates — gbps, per_s — and copy_…_ratio figures are higher-is-better, all others lower-is-better)",
         NOISE * 100.0
     )
 }
@@ -183,9 +183,12 @@ pub fn median(v: &[f64]) -> f64 {
     }
 }
 
-/// Whether a larger value of the figure is better (bandwidths).
+/// Whether a larger value of the figure is better: rates (bandwidths, `gbps`; tasks per
+/// second, `per_s`) and a copy's throughput against its floor (`copy_…_ratio`).
 pub fn higher_is_better(key: &str) -> bool {
     key.contains("gbps")
+        || key.contains("per_s")
+        || (key.starts_with("copy_") && key.ends_with("_ratio"))
 }
 
 /// The comparison of one figure.
@@ -686,6 +689,16 @@ mod tests {
             fig("bw_gbps", &[1.0, 2.0, 1.0], &[1.2, 2.4, 1.2]).verdict(),
             "faster"
         );
+        // More tasks per second, and a copy nearer its floor: faster, too.
+        assert_eq!(
+            fig("tasks_per_s_1", &[1.0; 3], &[1.3; 3]).verdict(),
+            "faster"
+        );
+        assert_eq!(
+            fig("copy_to_ratio", &[0.8; 3], &[0.9; 3]).verdict(),
+            "faster"
+        );
+        assert_eq!(fig("rtt_ratio", &[2.0; 3], &[2.5; 3]).verdict(), "slower");
         // 5 % more time: within the 10 % band.
         assert_eq!(fig("t_us", &[1.0; 3], &[1.05; 3]).verdict(), "within noise");
         // Ratios 0.7 and 1.4 straddle 1: within noise although the median is 1.4.
