@@ -121,8 +121,8 @@ pub(crate) struct Link {
     /// The traces of the traced runs in flight.
     pub(crate) trace: TraceBook,
     /// Wakes a caller that waits in a remote child's link ([`Endpoint::wait_answer`])
-    /// when work is handed to the loop; `None` if no eventfd could be made (callers then
-    /// always park on the doorbell).
+    /// when work is handed to the loop; `None` without remote children, or if no eventfd
+    /// could be made (callers then always park on the doorbell).
     kick: Option<Kick>,
 }
 
@@ -136,46 +136,27 @@ pub(crate) struct Link {
 /// gate and then re-checks `pending` and the doorbell. One of the two sees the other: the
 /// ringer kicks, or the caller does not wait.
 struct Kick {
-    fd: std::os::fd::OwnedFd,
+    fd: strata_sync::EventFd,
     gate: strata_sync::KickGate,
 }
 
 impl Kick {
-    fn new() -> Option<Kick> {
-        use std::os::fd::FromRawFd;
-        // SAFETY: plain syscall; a valid descriptor is owned from here on.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-        if fd < 0 {
-            return None;
-        }
-        Some(Kick {
-            // SAFETY: `fd` is a fresh descriptor nothing else owns.
-            fd: unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) },
-            gate: strata_sync::KickGate::new(),
-        })
-    }
-
     fn kick(&self) {
-        use std::os::fd::AsRawFd;
         if self.gate.should_kick() {
-            let one = 1u64;
-            // SAFETY: writes 8 bytes from a live u64 to the eventfd this owns. A full
-            // counter (EAGAIN) is already readable: nothing is lost.
-            unsafe { libc::write(self.fd.as_raw_fd(), (&raw const one).cast(), 8) };
+            self.fd.signal();
         }
-    }
-
-    /// Resets the eventfd after a wait.
-    fn drain(&self) {
-        use std::os::fd::AsRawFd;
-        let mut n = 0u64;
-        // SAFETY: reads 8 bytes into a live u64 from the eventfd this owns (non-blocking).
-        unsafe { libc::read(self.fd.as_raw_fd(), (&raw mut n).cast(), 8) };
     }
 }
 
 impl Link {
-    pub(crate) fn new(doorbell: Doorbell, next_level_workers: usize, level: u8) -> Self {
+    /// `links_waited`: some children are reached over a link a caller may wait in
+    /// ([`Endpoint::wait_answer`]: remote ones), so the loop's rings must kick it.
+    pub(crate) fn new(
+        doorbell: Doorbell,
+        next_level_workers: usize,
+        level: u8,
+        links_waited: bool,
+    ) -> Self {
         Link {
             trace: TraceBook::new(level),
             held: (0..next_level_workers)
@@ -189,7 +170,13 @@ impl Link {
             hungry: AtomicBool::new(true),
             waker: OnceLock::new(),
             thread_fault: Mutex::new(None),
-            kick: Kick::new(),
+            kick: links_waited
+                .then(strata_sync::EventFd::new)
+                .and_then(Result::ok)
+                .map(|fd| Kick {
+                    fd,
+                    gate: strata_sync::KickGate::new(),
+                }),
             thread_fault_flag: AtomicBool::new(false),
         }
     }
@@ -633,7 +620,7 @@ impl<E: Endpoint> SchedLoop<E> {
         };
         drop(inside);
         if waited {
-            kick.drain();
+            kick.fd.drain();
         }
         waited
     }

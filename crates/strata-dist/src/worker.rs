@@ -575,6 +575,7 @@ impl DistWorker {
                 Level::L3 => 3,
                 Level::L4 => 4,
             },
+            !remote_endpoints.is_empty(),
         ));
         link.trace.set_names(self.programs.callable_names());
         if let Some(n) = &self.trace_name {

@@ -183,11 +183,11 @@ const COPY_WINDOW: u64 = 4 << 20;
 struct State {
     slots: [Option<InFlight>; 2],
     dead: Option<String>,
+    controls: HashMap<u64, ControlWait>,
+    ack: Option<ShutdownAck>,
     /// The reader is landing a DATA payload — read from the socket outside this lock —
     /// in a registered request's buffer or a task's outputs: neither may be given back
     /// meanwhile ([`Session::unregister`], [`Session::die`] wait for it).
-    controls: HashMap<u64, ControlWait>,
-    ack: Option<ShutdownAck>,
     landing: bool,
 }
 
@@ -510,7 +510,7 @@ impl RemoteEndpoint {
         node: (String, u32),
     ) -> Result<RemoteEndpoint, NetError> {
         let writer_shared = shared.clone();
-        let new = |tx: Tx, sock: Cut| {
+        let new = |tx: Tx, sock: Cut, read_role: Option<crate::tcp::ReadRole>| {
             Arc::new(Session {
                 label,
                 session,
@@ -528,7 +528,7 @@ impl RemoteEndpoint {
                 out_pending: AtomicU64::new(0),
                 tx,
                 sock,
-                read_role: None,
+                read_role,
             })
         };
         // (One arm without the `mpi` feature.)
@@ -537,7 +537,7 @@ impl RemoteEndpoint {
             Link::Tcp(stream) => stream,
             #[cfg(feature = "mpi")]
             Link::Mpi(peer) => {
-                let s = new(Tx::Mpi(peer.clone()), Cut::Mpi(peer.clone()));
+                let s = new(Tx::Mpi(peer.clone()), Cut::Mpi(peer.clone()), None);
                 peer.attach(mpi_receiver(&s), s.shared.clone(), session);
                 runtime().spawn(heartbeat(s.clone()));
                 return Ok(RemoteEndpoint {
@@ -565,10 +565,11 @@ impl RemoteEndpoint {
             }
         };
         let (tx, _writer, rd) = crate::tcp::start(stream, writer_shared, session, on_error)?;
-        let mut s = new(Tx::Tcp(tx), Cut::Tcp(sock));
-        if let Some(m) = Arc::get_mut(&mut s) {
-            m.read_role = Some(crate::tcp::ReadRole::new(rd)?);
-        }
+        let s = new(
+            Tx::Tcp(tx),
+            Cut::Tcp(sock),
+            Some(crate::tcp::ReadRole::new(rd)?),
+        );
         let _ = died.set(Arc::downgrade(&s));
         let rs = s.clone();
         crate::tcp::spawn_reader(move || reader(rs))?;
@@ -813,9 +814,7 @@ impl Endpoint for RemoteEndpoint {
             return false;
         }
         let (body, scratch) = &mut self.bufs;
-        role.wait(kick, timeout, |sock| {
-            read_one(s, sock, body, scratch).is_ok()
-        })
+        role.wait(kick, timeout, |sock| read_one(s, sock, body, scratch))
     }
 
     fn release_read(&mut self) {
@@ -1240,18 +1239,14 @@ fn reader(s: Arc<Session>) {
     let (mut body, mut scratch) = (Vec::new(), Vec::new());
     role.run_reader(
         || !s.dead_flag.load(Ordering::Acquire),
-        |sock| read_one(&s, sock, &mut body, &mut scratch).is_ok(),
+        |sock| read_one(&s, sock, &mut body, &mut scratch),
     );
 }
 
-/// One frame from the node, handled; `Err` once the session ended.
-fn read_one(
-    s: &Arc<Session>,
-    rd: &mut TcpStream,
-    body: &mut Vec<u8>,
-    scratch: &mut Vec<u8>,
-) -> Result<(), ()> {
-    let broke = |s: &Session, e: &NetError| {
+/// One frame from the node, handled; `false` once the session ended.
+fn read_one(s: &Session, rd: &mut TcpStream, body: &mut Vec<u8>, scratch: &mut Vec<u8>) -> bool {
+    // The link failed (unless the session had been shut down): the session ends.
+    let broke = |e: &NetError| {
         if s.lock().ack.is_none() {
             let why = match e {
                 NetError::Wire(w) => format!(
@@ -1265,16 +1260,14 @@ fn read_one(
             };
             s.die(why);
         }
+        false
     };
     if s.dead_flag.load(Ordering::Acquire) {
-        return Err(());
+        return false;
     }
     let next = match crate::tcp::read_next(rd, body) {
         Ok(n) => n,
-        Err(e) => {
-            broke(s, &e);
-            return Err(());
-        }
+        Err(e) => return broke(&e),
     };
     s.last_rx.store(s.now_ms(), Ordering::Release);
     let handled = match next {
@@ -1284,14 +1277,11 @@ fn read_one(
             .and_then(|()| on_data(s, head, Payload::Socket(p), scratch)),
     };
     match handled {
-        Ok(()) => Ok(()),
-        Err(DataError::Link(e)) => {
-            broke(s, &e);
-            Err(())
-        }
+        Ok(()) => true,
+        Err(DataError::Link(e)) => broke(&e),
         Err(DataError::Protocol(why)) => {
             s.die(format!("{}: {why}", s.label));
-            Err(())
+            false
         }
     }
 }

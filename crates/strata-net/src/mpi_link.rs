@@ -406,17 +406,19 @@ struct PendingHead {
 pub(crate) struct MpiPayload {
     msg: ffi::MPI_Message,
     received: bool,
-    /// The payload's length.
-    pub(crate) len: usize,
-    raw: [u8; HEADER_BYTES],
-    prefix: [u8; wire::DATA_PREFIX_MAX],
-    used: usize,
+    /// The head that announced it (its length, the bytes its checksum covers).
+    head: PendingHead,
 }
 
 impl MpiPayload {
+    /// The payload's length.
+    pub(crate) fn len(&self) -> usize {
+        self.head.len
+    }
+
     /// Receives the message into `dst` (exactly `len` bytes).
     fn receive(&mut self, dst: &mut [u8]) -> Result<(), String> {
-        debug_assert_eq!(dst.len(), self.len);
+        debug_assert_eq!(dst.len(), self.len());
         self.received = true;
         mrecv(&mut self.msg, dst)
     }
@@ -424,23 +426,25 @@ impl MpiPayload {
     /// Receives the payload into `dst` (exactly its length) and checks the frame's
     /// checksum. On an error `dst` holds unspecified bytes and the session must end.
     pub(crate) fn land(mut self, dst: &mut [u8]) -> Result<(), DataError> {
-        DataError::check_destination(self.len, dst)?;
+        DataError::check_destination(self.len(), dst)?;
         self.receive(dst).map_err(|why| {
             DataError::Link(NetError::io(
                 "receiving a DATA frame's payload over MPI",
                 std::io::Error::other(why),
             ))
         })?;
-        crate::tcp::check_landed(&self.raw, &self.prefix[..self.used], dst)
+        let h = &self.head;
+        crate::tcp::check_landed(&h.raw, &h.prefix[..h.used], dst)
     }
 
     /// The whole frame (header, prefix, payload), as one buffer, checksum unchecked.
     fn into_frame(mut self) -> Result<Vec<u8>, String> {
-        let at = HEADER_BYTES + self.used;
-        let mut f = Vec::with_capacity(at + self.len);
-        f.extend_from_slice(&self.raw);
-        f.extend_from_slice(&self.prefix[..self.used]);
-        f.resize(at + self.len, 0);
+        let h = &self.head;
+        let at = HEADER_BYTES + h.used;
+        let mut f = Vec::with_capacity(at + h.len);
+        f.extend_from_slice(&h.raw);
+        f.extend_from_slice(&h.prefix[..h.used]);
+        f.resize(at + h.len, 0);
         self.receive(&mut f[at..])?;
         Ok(f)
     }
@@ -449,7 +453,7 @@ impl MpiPayload {
 impl Drop for MpiPayload {
     fn drop(&mut self) {
         if !self.received {
-            let _ = self.receive(&mut vec![0; self.len]);
+            let _ = self.receive(&mut vec![0; self.len()]);
         }
     }
 }
@@ -1124,24 +1128,9 @@ fn receive(hub: &'static Hub, comm: ffi::MPI_Comm, buf: &mut [u8], wires: &mut [
             continue;
         }
         if q.handler.is_some() && q.inbox.is_empty() {
-            let mut h = q.handler.take();
-            drop(q);
-            if let Some(h) = h.as_mut() {
-                h(Incoming::Frame(&buf[..n], tag));
-            }
-            let mut q = p.lock();
-            if !q.cut && q.handler.is_none() {
-                q.handler = h;
-            }
-        } else if q.inbox.len() >= INBOX_LIMIT {
-            broken(
-                p,
-                &mut q,
-                format!("rank {src} sent {INBOX_LIMIT} frames before its session started"),
-            );
+            with_handler(p, q, |h| h(Incoming::Frame(&buf[..n], tag)));
         } else {
-            q.inbox.push_back((buf[..n].to_vec(), tag));
-            p.changed.notify_all();
+            to_inbox(p, &mut q, buf[..n].to_vec(), tag);
         }
     }
     any
@@ -1163,40 +1152,53 @@ fn payload_arrived(p: &Peer, w: &mut Wire, msg: ffi::MPI_Message, count: usize) 
         );
         return broken(p, &mut q, why);
     };
+    let (header, head) = (h.header, h.head);
     let payload = MpiPayload {
         msg,
         received: false,
-        len: count,
-        raw: h.raw,
-        prefix: h.prefix,
-        used: h.used,
+        head: h,
     };
     if q.handler.is_some() && q.inbox.is_empty() {
-        let mut handler = q.handler.take();
-        drop(q);
-        if let Some(handler) = handler.as_mut() {
-            handler(Incoming::Data(h.header, h.head, payload));
-        }
-        let mut q = p.lock();
-        if !q.cut && q.handler.is_none() {
-            q.handler = handler;
-        }
-        return;
+        return with_handler(p, q, |handler| {
+            handler(Incoming::Data(header, head, payload));
+        });
     }
+    match payload.into_frame() {
+        Ok(frame) => to_inbox(p, &mut q, frame, TAG_BULK),
+        Err(why) => broken(p, &mut q, format!("receiving a DATA payload: {why}")),
+    }
+}
+
+/// Runs `f` with `p`'s session handler outside the peer's lock (`q`: a handler sends,
+/// which takes it), then puts the handler back unless the session was cut meanwhile.
+fn with_handler(
+    p: &Peer,
+    mut q: std::sync::MutexGuard<'_, PeerQueues>,
+    f: impl FnOnce(&mut Handler),
+) {
+    let mut handler = q.handler.take();
+    drop(q);
+    if let Some(h) = handler.as_mut() {
+        f(h);
+    }
+    let mut q = p.lock();
+    if !q.cut && q.handler.is_none() {
+        q.handler = handler;
+    }
+}
+
+/// Keeps a frame for a session not yet installed (the handshake reads it); past
+/// [`INBOX_LIMIT`] the peer broke the protocol.
+fn to_inbox(p: &Peer, q: &mut PeerQueues, frame: Vec<u8>, tag: i32) {
     if q.inbox.len() >= INBOX_LIMIT {
         let why = format!(
             "rank {} sent {INBOX_LIMIT} frames before its session started",
             p.rank
         );
-        return broken(p, &mut q, why);
+        return broken(p, q, why);
     }
-    match payload.into_frame() {
-        Ok(frame) => {
-            q.inbox.push_back((frame, TAG_BULK));
-            p.changed.notify_all();
-        }
-        Err(why) => broken(p, &mut q, format!("receiving a DATA payload: {why}")),
-    }
+    q.inbox.push_back((frame, tag));
+    p.changed.notify_all();
 }
 
 /// Hands each session with a handler the frames its inbox still holds, then its end if
@@ -1217,9 +1219,7 @@ fn deliver(hub: &'static Hub) -> bool {
         } else {
             None
         };
-        let mut h = q.handler.take();
-        drop(q);
-        if let Some(h) = h.as_mut() {
+        with_handler(p, q, |h| {
             for (frame, tag) in &inbox {
                 h(Incoming::Frame(frame, *tag));
             }
@@ -1228,11 +1228,7 @@ fn deliver(hub: &'static Hub) -> bool {
                 Some(Some(why)) => h(Incoming::Broken(why)),
                 None => {}
             }
-        }
-        let mut q = p.lock();
-        if !q.cut && q.handler.is_none() {
-            q.handler = h;
-        }
+        });
     }
     any
 }

@@ -32,7 +32,7 @@ use crate::wire::{self, Header, CHUNK_BYTES, HEADER_BYTES};
 use std::collections::VecDeque;
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use strata_host::SharedMemory;
@@ -457,7 +457,7 @@ impl Payload<'_, '_> {
             Payload::Bytes(b) => b.len(),
             Payload::Socket(p) => p.len,
             #[cfg(feature = "mpi")]
-            Payload::Mpi(p) => p.len,
+            Payload::Mpi(p) => p.len(),
         }
     }
 
@@ -498,7 +498,7 @@ impl Payload<'_, '_> {
             #[cfg(feature = "mpi")]
             Payload::Mpi(p) => {
                 scratch.clear();
-                scratch.resize(p.len, 0);
+                scratch.resize(p.len(), 0);
                 p.land(scratch)?;
                 Ok(scratch)
             }
@@ -561,10 +561,6 @@ fn read_failed(what: &str, e: std::io::Error) -> NetError {
     NetError::io(what.to_owned(), e)
 }
 
-/// Starts a session's reader thread running `run` over the socket.
-///
-/// # Errors
-/// The thread cannot start.
 /// Who reads a root session's socket: its reader thread, or a caller of the level-4
 /// engine that waits for this node's answer and reads the socket itself
 /// ([`ReadRole::wait`]), so the answer's arrival wakes that caller directly — not a
@@ -583,7 +579,7 @@ pub(crate) struct ReadRole {
     fd: RawFd,
     aside: AtomicBool,
     /// Wakes the reader thread (to stand aside, or to take the socket back).
-    kick: OwnedFd,
+    kick: strata_sync::EventFd,
     /// When a caller last entered the link (µs since `epoch`).
     entered: AtomicU64,
     epoch: std::time::Instant,
@@ -602,18 +598,13 @@ impl ReadRole {
     /// # Errors
     /// No eventfd could be made.
     pub(crate) fn new(sock: TcpStream) -> Result<ReadRole, NetError> {
-        // SAFETY: plain syscall.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-        if fd < 0 {
-            let e = std::io::Error::last_os_error();
-            return Err(NetError::io("creating the session reader's eventfd", e));
-        }
+        let kick = strata_sync::EventFd::new()
+            .map_err(|e| NetError::io("creating the session reader's eventfd", e))?;
         Ok(ReadRole {
             fd: sock.as_raw_fd(),
             sock: Mutex::new(sock),
             aside: AtomicBool::new(false),
-            // SAFETY: `fd` is a fresh descriptor nothing else owns.
-            kick: unsafe { OwnedFd::from_raw_fd(fd) },
+            kick,
             entered: AtomicU64::new(0),
             epoch: std::time::Instant::now(),
             empty_wakes: AtomicU64::new(0),
@@ -622,13 +613,6 @@ impl ReadRole {
 
     fn now_us(&self) -> u64 {
         self.epoch.elapsed().as_micros() as u64
-    }
-
-    fn wake_reader(&self) {
-        let one = 1u64;
-        // SAFETY: writes 8 bytes from a live u64 to the eventfd this owns (a full counter
-        // is readable already: nothing is lost).
-        unsafe { libc::write(self.kick.as_raw_fd(), (&raw const one).cast(), 8) };
     }
 
     /// The reader thread's loop: `read` takes one frame (`false`: the session ended);
@@ -642,7 +626,7 @@ impl ReadRole {
         while go_on() {
             if self.aside.load(Ordering::Acquire) {
                 poll_in(&mut [pollfd(kick)], Some(ASIDE_LAPSE));
-                drain(kick);
+                self.kick.drain();
                 let idle = self
                     .now_us()
                     .saturating_sub(self.entered.load(Ordering::Relaxed))
@@ -659,7 +643,7 @@ impl ReadRole {
             let mut fds = [pollfd(self.fd), pollfd(kick)];
             poll_in(&mut fds, Some(std::time::Duration::from_secs(1)));
             if fds[1].revents != 0 {
-                drain(kick);
+                self.kick.drain();
             }
             if self.aside.load(Ordering::Acquire) {
                 continue;
@@ -692,7 +676,7 @@ impl ReadRole {
         };
         self.entered.store(self.now_us(), Ordering::Relaxed);
         if !self.aside.swap(true, Ordering::AcqRel) {
-            self.wake_reader();
+            self.kick.signal();
         }
         let mut fds = [pollfd(self.fd), pollfd(kick)];
         if poll_in(&mut fds, Some(timeout)) && fds[0].revents != 0 {
@@ -706,7 +690,7 @@ impl ReadRole {
     /// The reader thread reads again, at once.
     pub(crate) fn release(&self) {
         if self.aside.swap(false, Ordering::AcqRel) {
-            self.wake_reader();
+            self.kick.signal();
         }
     }
 }
@@ -741,14 +725,10 @@ fn poll_in(fds: &mut [libc::pollfd], timeout: Option<std::time::Duration>) -> bo
     n > 0
 }
 
-/// Resets eventfd `fd` (non-blocking).
-fn drain(fd: RawFd) {
-    let mut n = 0u64;
-    // SAFETY: reads 8 bytes into a live u64 from an eventfd (non-blocking: EAGAIN when
-    // it was not written).
-    unsafe { libc::read(fd, (&raw mut n).cast(), 8) };
-}
-
+/// Starts a session's reader thread running `run`.
+///
+/// # Errors
+/// The thread cannot start.
 pub(crate) fn spawn_reader(run: impl FnOnce() + Send + 'static) -> Result<(), NetError> {
     std::thread::Builder::new()
         .name("strata-net-rx".into())
@@ -793,8 +773,7 @@ mod tests {
                 )
             })
         };
-        // SAFETY: plain syscall; the descriptor is owned by `kick` from here on.
-        let kick = unsafe { OwnedFd::from_raw_fd(libc::eventfd(0, libc::EFD_NONBLOCK)) };
+        let kick = strata_sync::EventFd::new().unwrap();
         let send = |tx: &mut TcpStream, v: u64| tx.write_all(&v.to_le_bytes()).unwrap();
         let later = |tx: &TcpStream, v: u64| {
             let mut tx = tx.try_clone().unwrap();
@@ -829,12 +808,9 @@ mod tests {
         let empty = role.empty_wakes.load(Ordering::Relaxed);
         assert!(empty < 10, "the reader was woken by {empty} of 50 answers");
         // A kick ends a wait that nothing arrives for.
-        drain(kick.as_raw_fd());
-        let one = 1u64;
-        // SAFETY: 8 bytes from a live u64 to the eventfd.
-        unsafe { libc::write(kick.as_raw_fd(), (&raw const one).cast(), 8) };
+        kick.signal();
         assert!(wait(&mut by_caller));
-        drain(kick.as_raw_fd());
+        kick.drain();
         assert_eq!(by_caller.len(), 50);
         let deadline = std::time::Instant::now() + Duration::from_secs(30);
         let read_by_reader = |v: u64, what: &str| {

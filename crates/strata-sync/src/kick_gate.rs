@@ -4,6 +4,7 @@
 //! system call, when nobody is.
 
 use crate::sync::{AtomicU32, Ordering};
+use std::os::fd::AsRawFd;
 
 /// Counts the waiters in the gate; the store-buffering hand-shake between a ringer and a
 /// waiter.
@@ -65,5 +66,61 @@ impl KickGate {
 impl Drop for Inside<'_> {
     fn drop(&mut self) {
         self.0.inside.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A non-blocking, close-on-exec eventfd: the descriptor a [`KickGate`] waiter polls
+/// beside what it waits for, and ringers [`EventFd::signal`].
+///
+/// ```
+/// use std::os::fd::AsRawFd;
+/// let e = strata_sync::EventFd::new()?;
+/// e.signal();
+/// let mut p = libc::pollfd { fd: e.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+/// // SAFETY: one valid pollfd.
+/// assert_eq!(unsafe { libc::poll(&mut p, 1, 0) }, 1);
+/// e.drain();
+/// // SAFETY: as above.
+/// assert_eq!(unsafe { libc::poll(&mut p, 1, 0) }, 0);
+/// # Ok::<(), std::io::Error>(())
+/// ```
+#[derive(Debug)]
+pub struct EventFd(std::os::fd::OwnedFd);
+
+impl EventFd {
+    /// A fresh eventfd, not readable.
+    ///
+    /// # Errors
+    /// The kernel refused one (descriptor limit).
+    pub fn new() -> std::io::Result<EventFd> {
+        use std::os::fd::FromRawFd;
+        // SAFETY: plain syscall.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: `fd` is a fresh descriptor nothing else owns.
+        Ok(EventFd(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) }))
+    }
+
+    /// Makes it readable (until drained).
+    pub fn signal(&self) {
+        let one = 1u64;
+        // SAFETY: writes 8 bytes from a live u64 to the eventfd this owns; a full counter
+        // (EAGAIN) is readable already, so nothing is lost.
+        unsafe { libc::write(self.as_raw_fd(), (&raw const one).cast(), 8) };
+    }
+
+    /// Makes it not readable (non-blocking: nothing to do if it was not signalled).
+    pub fn drain(&self) {
+        let mut n = 0u64;
+        // SAFETY: reads 8 bytes into a live u64 from the eventfd this owns.
+        unsafe { libc::read(self.as_raw_fd(), (&raw mut n).cast(), 8) };
+    }
+}
+
+impl std::os::fd::AsRawFd for EventFd {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.0.as_raw_fd()
     }
 }

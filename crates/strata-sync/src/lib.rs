@@ -30,7 +30,7 @@ mod wait;
 
 pub use futex::FutexError;
 pub use handoff::{Idle, Queue, Slot, ThreadBell};
-pub use kick_gate::{Inside, KickGate};
+pub use kick_gate::{EventFd, Inside, KickGate};
 pub use owner_first::{Held, OwnerFirst, OwnerTurn};
 pub use seat::{Broken, Driven, DriverSeat, SeatWaker, Turn};
 pub use spin::{push_retry, spin_polls, CpuHint, Spin, SpinStep, POLLS_PER_CLOCK, YIELD_AFTER};
