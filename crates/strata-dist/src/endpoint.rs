@@ -141,13 +141,14 @@ pub trait Endpoint: Send {
 
     /// Waits up to `timeout` for the child's news on the calling thread, reading the
     /// child's link itself — so the answer's arrival wakes the waiting caller directly,
-    /// not a reader thread that would then wake it — or returns at once when `kick` (a
-    /// descriptor the engine makes readable when anything else needs the loop) is
-    /// readable. Returns whether it waited (the caller steps the loop again); `false`
+    /// not a reader thread that would then wake it — or returns at once when `kick` (an
+    /// eventfd the engine signals when anything else needs the loop) is readable, and
+    /// drains it then (only then: a drain that finds nothing is a wasted system call per
+    /// answer). Returns whether it waited (the caller steps the loop again); `false`
     /// when it cannot (another thread is reading the link, or the link has no descriptor)
     /// — the caller then parks on the doorbell as usual. The engine calls it only while
     /// this child is the one that holds tasks. `false` by default.
-    fn wait_answer(&mut self, kick: std::os::fd::RawFd, timeout: std::time::Duration) -> bool {
+    fn wait_answer(&mut self, kick: &strata_sync::EventFd, timeout: std::time::Duration) -> bool {
         let _ = (kick, timeout);
         false
     }
@@ -350,7 +351,7 @@ impl Endpoint for AnyEndpoint {
         }
     }
 
-    fn wait_answer(&mut self, kick: std::os::fd::RawFd, timeout: std::time::Duration) -> bool {
+    fn wait_answer(&mut self, kick: &strata_sync::EventFd, timeout: std::time::Duration) -> bool {
         match self {
             AnyEndpoint::Local(_) => false,
             AnyEndpoint::Remote(r) => r.wait_answer(kick, timeout),

@@ -614,14 +614,8 @@ impl<E: Endpoint> SchedLoop<E> {
         };
         let inside = kick.gate.enter();
         let quiet = !self.link.pending.load(Ordering::SeqCst) && self.link.doorbell.seq() == seen;
-        let waited = quiet && {
-            use std::os::fd::AsRawFd;
-            self.endpoints[lane].wait_answer(kick.fd.as_raw_fd(), timeout)
-        };
+        let waited = quiet && self.endpoints[lane].wait_answer(&kick.fd, timeout);
         drop(inside);
-        if waited {
-            kick.fd.drain();
-        }
         waited
     }
 

@@ -78,6 +78,9 @@ struct Inner {
     /// Runs whose outcome nobody will ask for: forgotten as soon as they finish.
     auto_release: Vec<u64>,
     shutdown: bool,
+    /// Threads waiting on the condition variable: a run that finishes with nobody waiting
+    /// (its caller drives the scheduler and sees it finish) makes no wake-up system call.
+    waiters: usize,
 }
 
 /// The run table.
@@ -109,6 +112,7 @@ impl Runs {
                 done: FxHashMap::default(),
                 auto_release: Vec::new(),
                 shutdown: false,
+                waiters: 0,
             }),
             cv: Condvar::new(),
             cells: std::array::from_fn(|_| RunCell::default()),
@@ -141,7 +145,7 @@ impl Runs {
                 }
                 None => Duration::from_millis(100),
             };
-            g = wait_timeout(&self.cv, g, slice);
+            g = Self::wait_slice(&self.cv, g, slice);
         }
         if g.shutdown {
             return Err(GraphError::Shutdown);
@@ -314,8 +318,22 @@ impl Runs {
                 self.maybe_finish(g, next);
             }
         }
-        self.cv.notify_all();
+        if g.waiters > 0 {
+            self.cv.notify_all();
+        }
         true
+    }
+
+    /// Waits on `cv` for at most `slice`, counted in `waiters` meanwhile.
+    fn wait_slice<'a>(
+        cv: &Condvar,
+        mut g: MutexGuard<'a, Inner>,
+        slice: Duration,
+    ) -> MutexGuard<'a, Inner> {
+        g.waiters += 1;
+        let mut g = wait_timeout(cv, g, slice);
+        g.waiters -= 1;
+        g
     }
 
     /// The phase of run `id`, or `None` if it is unknown or released.
@@ -365,7 +383,7 @@ impl Runs {
                 }
                 None => Duration::from_millis(100),
             };
-            g = wait_timeout(&self.cv, g, slice);
+            g = Self::wait_slice(&self.cv, g, slice);
         }
     }
 

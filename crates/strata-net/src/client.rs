@@ -805,7 +805,7 @@ impl Endpoint for RemoteEndpoint {
         true
     }
 
-    fn wait_answer(&mut self, kick: std::os::fd::RawFd, timeout: Duration) -> bool {
+    fn wait_answer(&mut self, kick: &strata_sync::EventFd, timeout: Duration) -> bool {
         let s = &self.s;
         let Some(role) = s.read_role.as_ref() else {
             return false;
@@ -1244,7 +1244,12 @@ fn reader(s: Arc<Session>) {
 }
 
 /// One frame from the node, handled; `false` once the session ended.
-fn read_one(s: &Session, rd: &mut TcpStream, body: &mut Vec<u8>, scratch: &mut Vec<u8>) -> bool {
+fn read_one(
+    s: &Session,
+    rd: &mut crate::tcp::FrameReader,
+    body: &mut Vec<u8>,
+    scratch: &mut Vec<u8>,
+) -> bool {
     // The link failed (unless the session had been shut down): the session ends.
     let broke = |e: &NetError| {
         if s.lock().ack.is_none() {

@@ -857,7 +857,7 @@ impl ReadRole {
     fn new(sock: std::net::TcpStream) -> std::io::Result<ReadRole> {
         Ok(ReadRole {
             reader: OwnerFirst::new(NodeRx {
-                sock: sock.try_clone()?,
+                sock: crate::tcp::FrameReader::new(sock.try_clone()?),
                 body: Vec::new(),
                 landing: HashMap::new(),
                 ctl_landing: HashMap::new(),
@@ -875,8 +875,10 @@ impl ReadRole {
     }
 
     /// Whether more of the root's frames are on their way and nobody reads them: bytes of
-    /// a task or copy still arriving, or bytes waiting in the socket. `false` while the
-    /// helper reads already.
+    /// a task or copy still arriving, bytes read ahead, or bytes waiting in the socket
+    /// (not asked of the kernel when the last `recv` emptied the socket a moment ago:
+    /// what arrives later is read by the main thread after its job, or by the helper
+    /// once the job runs past a heartbeat tick). `false` while the helper reads already.
     fn more_coming(&self) -> bool {
         let Some(rx) = self.reader.try_take() else {
             return false;
@@ -884,14 +886,17 @@ impl ReadRole {
         if rx.ended {
             return false;
         }
-        if !rx.landing.is_empty() || !rx.ctl_landing.is_empty() {
+        if !rx.landing.is_empty() || !rx.ctl_landing.is_empty() || rx.sock.buffered() {
             return true;
+        }
+        if rx.sock.drained() {
+            return false;
         }
         let mut byte = 0u8;
         // SAFETY: a one-byte peek into a valid local buffer on the open socket.
         let n = unsafe {
             libc::recv(
-                std::os::fd::AsRawFd::as_raw_fd(&rx.sock),
+                std::os::fd::AsRawFd::as_raw_fd(rx.sock.socket()),
                 (&mut byte as *mut u8).cast(),
                 1,
                 libc::MSG_PEEK | libc::MSG_DONTWAIT,
@@ -903,7 +908,7 @@ impl ReadRole {
 
 /// The socket's reading side and the frames half-landed (their inputs still arriving).
 struct NodeRx {
-    sock: std::net::TcpStream,
+    sock: crate::tcp::FrameReader,
     body: Vec<u8>,
     landing: HashMap<u64, Landing>,
     ctl_landing: HashMap<u64, ControlLanding>,

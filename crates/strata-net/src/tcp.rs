@@ -20,11 +20,13 @@
 //!   are closed and drained, or the socket fails (a cut session's socket is shut down,
 //!   which ends a blocked `send` at once).
 //! - **The reader** is each side's own loop ([`read_next`] then its frame handler); it
-//!   ends when the socket is shut down or fails. A DATA frame's payload is read from the
+//!   ends when the socket is shut down or fails. It reads through a small read-ahead
+//!   buffer ([`FrameReader`]: one `recv` per small frame, not one for the header and one
+//!   for the body), and a DATA frame's payload past what was read ahead goes from the
 //!   socket straight to where it lands (the staging area, a task's output tensor, the
-//!   buffer of a copy), and a bulk sender writes the frame's head and then the payload
+//!   buffer of a copy); a bulk sender writes the frame's head and then the payload
 //!   straight from shared memory: the kernel's copies and the checksum are the only
-//!   passes over the bytes.
+//!   passes over the bytes (plus at most the read-ahead's few KiB per frame).
 
 use crate::client::{Lane, Out};
 use crate::error::NetError;
@@ -356,7 +358,7 @@ pub(crate) enum Incoming<'s> {
 
 /// The payload of a DATA frame not yet read from the socket (its prefix was).
 pub(crate) struct SocketPayload<'s> {
-    sock: &'s mut TcpStream,
+    sock: &'s mut FrameReader,
     raw: [u8; HEADER_BYTES],
     /// The body's first bytes: the prefix, then possibly the payload's first bytes.
     start: [u8; wire::DATA_PREFIX_MAX],
@@ -506,7 +508,7 @@ impl Payload<'_, '_> {
     }
 }
 
-/// Reads the next frame from a blocking socket: a DATA frame's header and prefix only
+/// Reads the next frame from a session's socket: a DATA frame's header and prefix only
 /// ([`Incoming::Data`], its payload left in the socket), any other frame whole into
 /// `body` (reused). A DATA frame whose prefix does not parse is read whole, for the
 /// decoder to refuse.
@@ -514,7 +516,7 @@ impl Payload<'_, '_> {
 /// # Errors
 /// The socket failed or closed, or the frame is malformed.
 pub(crate) fn read_next<'s>(
-    sock: &'s mut TcpStream,
+    sock: &'s mut FrameReader,
     body: &mut Vec<u8>,
 ) -> Result<Incoming<'s>, NetError> {
     let mut raw = [0u8; HEADER_BYTES];
@@ -552,6 +554,102 @@ pub(crate) fn read_next<'s>(
     Ok(Incoming::Whole(header))
 }
 
+/// Bytes one `recv` asks for ahead of what a frame needs: a small frame's header and
+/// body (and whatever follows, if it is there already) in one system call. Reads of at
+/// least this much — a DATA payload's bulk — go straight to their destination.
+const READ_AHEAD: usize = 8 << 10;
+
+/// A session socket's reading side, with a small read-ahead buffer: reading a frame's
+/// header and then its body exactly took two `recv`s per small frame; read ahead, it
+/// takes one. A holder that lets go of the reader leaves nothing read ahead
+/// ([`FrameReader::buffered`] is `false`): a socket's readiness says nothing about bytes
+/// already in this buffer, so bytes left there would wait for the next frame.
+pub(crate) struct FrameReader {
+    sock: TcpStream,
+    ahead: Box<[u8]>,
+    /// The unread part of `ahead`.
+    lo: usize,
+    hi: usize,
+    /// The last `recv` returned less than it asked for: the socket held nothing more
+    /// then.
+    drained: bool,
+}
+
+impl FrameReader {
+    pub(crate) fn new(sock: TcpStream) -> FrameReader {
+        FrameReader {
+            sock,
+            ahead: vec![0u8; READ_AHEAD].into_boxed_slice(),
+            lo: 0,
+            hi: 0,
+            drained: false,
+        }
+    }
+
+    /// Whether bytes were read ahead and not taken yet.
+    pub(crate) fn buffered(&self) -> bool {
+        self.hi > self.lo
+    }
+
+    /// Whether the last `recv` emptied the socket (what arrived since, it cannot say).
+    pub(crate) fn drained(&self) -> bool {
+        self.drained
+    }
+
+    /// The socket.
+    pub(crate) fn socket(&self) -> &TcpStream {
+        &self.sock
+    }
+
+    /// Whether another frame is there to read without waiting for the peer: bytes read
+    /// ahead, or bytes in the socket (not asked of the kernel when the last `recv`
+    /// emptied it a moment ago).
+    pub(crate) fn more_ready(&self) -> bool {
+        self.buffered()
+            || (!self.drained
+                && poll_in(
+                    &mut [pollfd(self.sock.as_raw_fd())],
+                    Some(std::time::Duration::ZERO),
+                ))
+    }
+
+    /// Fills `dst` (blocking): read-ahead bytes first, then from the socket.
+    ///
+    /// # Errors
+    /// The socket failed, or closed (`UnexpectedEof`) before `dst` was full.
+    pub(crate) fn read_exact(&mut self, dst: &mut [u8]) -> std::io::Result<()> {
+        let mut at = (self.hi - self.lo).min(dst.len());
+        dst[..at].copy_from_slice(&self.ahead[self.lo..self.lo + at]);
+        self.lo += at;
+        while at < dst.len() {
+            let want = dst.len() - at;
+            let direct = want >= READ_AHEAD;
+            let into: &mut [u8] = if direct {
+                &mut dst[at..]
+            } else {
+                &mut self.ahead
+            };
+            let asked = into.len();
+            let n = match self.sock.read(into) {
+                Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            };
+            self.drained = n < asked;
+            if direct {
+                at += n;
+            } else {
+                let take = n.min(want);
+                dst[at..at + take].copy_from_slice(&self.ahead[..take]);
+                at += take;
+                (self.lo, self.hi) = (take, n);
+            }
+        }
+        Ok(())
+    }
+}
+
 fn read_failed(what: &str, e: std::io::Error) -> NetError {
     let e = if e.kind() == std::io::ErrorKind::UnexpectedEof {
         std::io::Error::new(e.kind(), "the peer closed the connection")
@@ -575,7 +673,7 @@ fn read_failed(what: &str, e: std::io::Error) -> NetError {
 /// the link for [`ASIDE_LAPSE`] and none is in it: so a frame nobody waits for (a
 /// heartbeat, a reply to a device-memory request) is read within that lapse at worst.
 pub(crate) struct ReadRole {
-    sock: Mutex<TcpStream>,
+    sock: Mutex<FrameReader>,
     fd: RawFd,
     aside: AtomicBool,
     /// Wakes the reader thread (to stand aside, or to take the socket back).
@@ -602,7 +700,7 @@ impl ReadRole {
             .map_err(|e| NetError::io("creating the session reader's eventfd", e))?;
         Ok(ReadRole {
             fd: sock.as_raw_fd(),
-            sock: Mutex::new(sock),
+            sock: Mutex::new(FrameReader::new(sock)),
             aside: AtomicBool::new(false),
             kick,
             entered: AtomicU64::new(0),
@@ -620,7 +718,7 @@ impl ReadRole {
     pub(crate) fn run_reader(
         &self,
         go_on: impl Fn() -> bool,
-        mut read: impl FnMut(&mut TcpStream) -> bool,
+        mut read: impl FnMut(&mut FrameReader) -> bool,
     ) {
         let kick = self.kick.as_raw_fd();
         while go_on() {
@@ -655,21 +753,27 @@ impl ReadRole {
                 }
                 continue;
             }
-            if !read(&mut sock) {
-                return;
+            // What was read ahead is taken before the lock goes (see `FrameReader`).
+            loop {
+                if !read(&mut sock) {
+                    return;
+                }
+                if !sock.buffered() {
+                    break;
+                }
             }
         }
     }
 
     /// A caller waits up to `timeout` in the link: reads what arrives (`read` as for
     /// [`ReadRole::run_reader`]) until nothing more is there, or returns when `kick` is
-    /// readable or the time is up. `false` if the reader thread is in the middle of a
-    /// frame (it rings the doorbell when it is done).
+    /// readable (and drains it) or the time is up. `false` if the reader thread is in the
+    /// middle of a frame (it rings the doorbell when it is done).
     pub(crate) fn wait(
         &self,
-        kick: RawFd,
+        kick: &strata_sync::EventFd,
         timeout: std::time::Duration,
-        mut read: impl FnMut(&mut TcpStream) -> bool,
+        mut read: impl FnMut(&mut FrameReader) -> bool,
     ) -> bool {
         let Ok(mut sock) = self.sock.try_lock() else {
             return false;
@@ -678,11 +782,14 @@ impl ReadRole {
         if !self.aside.swap(true, Ordering::AcqRel) {
             self.kick.signal();
         }
-        let mut fds = [pollfd(self.fd), pollfd(kick)];
-        if poll_in(&mut fds, Some(timeout)) && fds[0].revents != 0 {
-            while read(&mut sock)
-                && poll_in(&mut [pollfd(self.fd)], Some(std::time::Duration::ZERO))
-            {}
+        let mut fds = [pollfd(self.fd), pollfd(kick.as_raw_fd())];
+        if poll_in(&mut fds, Some(timeout)) {
+            if fds[1].revents != 0 {
+                kick.drain();
+            }
+            if fds[0].revents != 0 {
+                while read(&mut sock) && sock.more_ready() {}
+            }
         }
         true
     }
@@ -755,7 +862,7 @@ mod tests {
         let role = Arc::new(ReadRole::new(rx).unwrap());
         let by_reader = Arc::new(Mutex::new(Vec::<u64>::new()));
         let stop = Arc::new(AtomicBool::new(false));
-        let take = |sock: &mut TcpStream| {
+        let take = |sock: &mut FrameReader| {
             let mut b = [0u8; 8];
             sock.read_exact(&mut b).ok().map(|()| u64::from_le_bytes(b))
         };
@@ -784,7 +891,7 @@ mod tests {
         };
         let mut by_caller = Vec::new();
         let wait = |by_caller: &mut Vec<u64>| {
-            role.wait(kick.as_raw_fd(), Duration::from_secs(30), |sock| {
+            role.wait(&kick, Duration::from_secs(30), |sock| {
                 take(sock).is_some_and(|v| {
                     by_caller.push(v);
                     true
@@ -807,11 +914,23 @@ mod tests {
         // It stood aside: the answers did not wake it (each would, were it polling too).
         let empty = role.empty_wakes.load(Ordering::Relaxed);
         assert!(empty < 10, "the reader was woken by {empty} of 50 answers");
-        // A kick ends a wait that nothing arrives for.
+        // A kick ends a wait that nothing arrives for, and the wait drains it.
         kick.signal();
         assert!(wait(&mut by_caller));
-        kick.drain();
+        assert!(
+            !poll_in(&mut [pollfd(kick.as_raw_fd())], Some(Duration::ZERO)),
+            "the kick was left readable"
+        );
         assert_eq!(by_caller.len(), 50);
+        // Answers that arrive together are all read by the caller (those read ahead
+        // with the first are not left behind).
+        let mut three = Vec::new();
+        for v in 51..=53u64 {
+            three.extend_from_slice(&v.to_le_bytes());
+        }
+        tx.write_all(&three).unwrap();
+        assert!(wait(&mut by_caller));
+        assert_eq!(by_caller[50..], [51, 52, 53], "one wait reads all three");
         let deadline = std::time::Instant::now() + Duration::from_secs(30);
         let read_by_reader = |v: u64, what: &str| {
             while !by_reader.lock().unwrap().contains(&v) {
@@ -841,7 +960,7 @@ mod tests {
             .copied()
             .collect();
         all.sort_unstable();
-        let mut want: Vec<u64> = (1..=50).collect();
+        let mut want: Vec<u64> = (1..=53).collect();
         want.extend([100, 101, 102]);
         assert_eq!(all, want, "every message read exactly once");
     }
@@ -921,5 +1040,93 @@ mod tests {
             prio,
             (1..=FRAMES).filter(|i| i % 3 == 0).collect::<Vec<_>>()
         );
+    }
+
+    /// A stream of frames — small ones, and DATA frames whose payloads run from nothing
+    /// to several times the read-ahead — written in pieces of any size, some splitting a
+    /// header: [`read_next`] through a [`FrameReader`] gives every frame back whole and
+    /// in order, each payload landed byte for byte (the frame's checksum holds), and
+    /// nothing is left read ahead at the end.
+    #[test]
+    fn frames_read_ahead_arrive_whole_whatever_the_pieces_they_come_in() {
+        for seed in [1u64, 7, 42] {
+            let mut rng = seed;
+            let mut next = move |bound: u64| {
+                rng = rng
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                (rng >> 33) % bound
+            };
+            let mut stream = Vec::new();
+            let mut want = Vec::new();
+            for i in 1..=300u64 {
+                if next(3) == 0 {
+                    stream.extend(wire::encode(FrameType::Heartbeat, 9, i, &()).unwrap());
+                    want.push((i, None));
+                } else {
+                    let n = match next(4) {
+                        0 => next(64),
+                        1 => next(READ_AHEAD as u64),
+                        _ => next(5 * READ_AHEAD as u64),
+                    } as usize;
+                    let head = wire::DataHead {
+                        owner: i,
+                        segment: 0,
+                        offset: 0,
+                    };
+                    let mut f = Vec::new();
+                    encode_data(&mut f, 9, i, head, n, |d| {
+                        for (k, b) in d.iter_mut().enumerate() {
+                            *b = (k as u64 ^ i) as u8;
+                        }
+                    });
+                    stream.extend(f);
+                    want.push((i, Some(n)));
+                }
+            }
+            let mut pieces = Vec::new();
+            let mut at = 0;
+            while at < stream.len() {
+                let k = match next(3) {
+                    0 => 1 + next(40),
+                    _ => 1 + next(3 * READ_AHEAD as u64),
+                } as usize;
+                let end = (at + k).min(stream.len());
+                pieces.push(stream[at..end].to_vec());
+                at = end;
+            }
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let mut tx = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+            tx.set_nodelay(true).unwrap();
+            let (rx, _) = l.accept().unwrap();
+            let writer = std::thread::spawn(move || {
+                for (j, p) in pieces.iter().enumerate() {
+                    tx.write_all(p).unwrap();
+                    if j % 16 == 0 {
+                        std::thread::sleep(Duration::from_micros(50));
+                    }
+                }
+            });
+            let mut reader = FrameReader::new(rx);
+            let mut body = Vec::new();
+            let mut got = Vec::new();
+            for _ in 0..want.len() {
+                match read_next(&mut reader, &mut body).unwrap() {
+                    Incoming::Whole(h) => got.push((h.sequence, None)),
+                    Incoming::Data(h, head, p) => {
+                        assert_eq!(head.owner, h.sequence);
+                        let mut dst = vec![0u8; p.len];
+                        Payload::Socket(p).land(&mut dst).unwrap();
+                        for (k, b) in dst.iter().enumerate() {
+                            assert_eq!(*b, (k as u64 ^ h.sequence) as u8, "frame {}", h.sequence);
+                        }
+                        got.push((h.sequence, Some(dst.len())));
+                    }
+                }
+            }
+            writer.join().unwrap();
+            assert_eq!(got, want, "seed {seed}");
+            assert!(!reader.buffered(), "bytes left read ahead");
+        }
     }
 }
