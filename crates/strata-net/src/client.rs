@@ -12,8 +12,8 @@ use crate::error::NetError;
 use crate::io::runtime;
 use crate::tcp::{DataError, Incoming, Payload};
 use crate::wire::{
-    self, encode_data, Cancel, ControlAnswer, Data, Done, ErrorBody, FrameType, Segment,
-    ShutdownAck, Task, CHUNK_BYTES,
+    self, Cancel, ControlAnswer, Data, Done, ErrorBody, FrameType, Segment, ShutdownAck, Task,
+    CHUNK_BYTES,
 };
 use std::collections::HashMap;
 use std::net::TcpStream;
@@ -324,15 +324,13 @@ impl Session {
             .map_err(|_| gone())?;
         for (k, chunk) in payload.chunks(CHUNK_BYTES).enumerate() {
             self.wait_window()?;
-            let mut f = Vec::with_capacity(chunk.len() + 64);
+            let mut f = Vec::new();
             let head = wire::DataHead {
                 owner: seq,
                 segment: 0,
                 offset: (k * CHUNK_BYTES) as u64,
             };
-            encode_data(&mut f, self.session, seq, head, chunk.len(), |d| {
-                d.copy_from_slice(chunk)
-            });
+            wire::encode_data_copy(&mut f, self.session, seq, head, chunk);
             let n = chunk.len() as u64;
             self.out_pending.fetch_add(n, Ordering::AcqRel);
             self.tx
